@@ -1,0 +1,215 @@
+"""Source configuration: one YAML file per MongoDB source, validated when the DAG file is parsed.
+
+Property names follow the Debezium MongoDB connector where one exists; the rest are ours.
+Every problem is reported as a ``SourceConfigError`` naming the file, the key and what is allowed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+SOURCES_DIR_ENV = "MONGO_CDC_SOURCES_DIR"
+LAKE_ROOT_ENV = "MONGO_CDC_LAKE_ROOT"
+
+SNAPSHOT_MODES = ("initial", "initial_only", "no_data", "never")
+CAPTURE_MODES = ("change_streams_update_full", "change_streams")
+SKIPPABLE_OPERATIONS = ("c", "u", "d", "none")
+# Databases MongoDB uses for itself; Debezium never captures them either.
+SYSTEM_DATABASES = frozenset({"admin", "local", "config"})
+
+
+class SourceConfigError(ValueError):
+    """A source YAML file is invalid; the message names the file, the key and the fix."""
+
+
+@dataclass(frozen=True)
+class SourceConfig:
+    """One validated source: everything a DAG, a pull or the Spark transform needs to know."""
+
+    name: str
+    path: str
+    topic_prefix: str
+    mongo_conn_id: str = "mongo_default"
+    spark_conn_id: str = "spark_default"
+    lake_root: str = ""
+    database_include: tuple[re.Pattern, ...] = ()
+    database_exclude: tuple[re.Pattern, ...] = ()
+    collection_include: tuple[re.Pattern, ...] = ()
+    collection_exclude: tuple[re.Pattern, ...] = ()
+    snapshot_mode: str = "initial"
+    capture_mode: str = "change_streams_update_full"
+    snapshot_max_threads: int = 1
+    snapshot_fetch_size: int = 0
+    max_batch_size: int = 2048
+    tombstones_on_delete: bool = True
+    skipped_operations: frozenset[str] = field(default_factory=frozenset)
+    connect_backoff_initial_delay_ms: int = 1000
+    connect_backoff_max_delay_ms: int = 120_000
+    connect_max_attempts: int = 16
+
+    def captures_database(self, db: str) -> bool:
+        if db in SYSTEM_DATABASES:
+            return False
+        if self.database_include:
+            return any(p.fullmatch(db) for p in self.database_include)
+        return not any(p.fullmatch(db) for p in self.database_exclude)
+
+    def captures_collection(self, db: str, collection: str) -> bool:
+        if not self.captures_database(db) or collection.startswith("system."):
+            return False
+        namespace = f"{db}.{collection}"
+        if self.collection_include:
+            return any(p.fullmatch(namespace) for p in self.collection_include)
+        return not any(p.fullmatch(namespace) for p in self.collection_exclude)
+
+
+def _regex_list(path: str, key: str, value: Any) -> tuple[re.Pattern, ...]:
+    if isinstance(value, str):
+        items = [item.strip() for item in value.split(",") if item.strip()]
+    elif isinstance(value, list) and all(isinstance(item, str) for item in value):
+        items = value
+    else:
+        raise SourceConfigError(
+            f"{path}: key '{key}' must be a list of regular expressions or a comma-separated string"
+        )
+    patterns = []
+    for item in items:
+        try:
+            patterns.append(re.compile(item))
+        except re.error as exc:
+            raise SourceConfigError(f"{path}: key '{key}': invalid regular expression {item!r} ({exc})") from None
+    return tuple(patterns)
+
+
+def _positive_int(path: str, key: str, value: Any, allow_zero: bool = False) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0 or (value == 0 and not allow_zero):
+        bound = "a non-negative" if allow_zero else "a positive"
+        raise SourceConfigError(f"{path}: key '{key}' must be {bound} integer, got {value!r}")
+    return value
+
+
+def _choice(path: str, key: str, value: Any, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise SourceConfigError(f"{path}: key '{key}' is {value!r}; allowed values: {', '.join(allowed)}")
+    return value
+
+
+def _boolean(path: str, key: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise SourceConfigError(f"{path}: key '{key}' must be true or false, got {value!r}")
+    return value
+
+
+def _text(path: str, key: str, value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise SourceConfigError(f"{path}: key '{key}' must be a non-empty string, got {value!r}")
+    return value.strip()
+
+
+def _topic_prefix(path: str, key: str, value: Any) -> str:
+    text = _text(path, key, value)
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.-]*", text):
+        raise SourceConfigError(
+            f"{path}: key '{key}' is {text!r}; use letters, digits, '_', '-' or '.', starting with a letter or '_'"
+        )
+    return text
+
+
+def _skipped_operations(path: str, key: str, value: Any) -> frozenset[str]:
+    items = [v.strip() for v in value.split(",")] if isinstance(value, str) else value
+    if not isinstance(items, list) or any(item not in SKIPPABLE_OPERATIONS for item in items):
+        raise SourceConfigError(
+            f"{path}: key '{key}' is {value!r}; allowed: a list of {', '.join(SKIPPABLE_OPERATIONS)}"
+        )
+    return frozenset(item for item in items if item != "none")
+
+
+# key -> (dataclass field, parser)
+_KEYS = {
+    "topic.prefix": ("topic_prefix", _topic_prefix),
+    "mongodb.connection.id": ("mongo_conn_id", _text),
+    "spark.connection.id": ("spark_conn_id", _text),
+    "lake.root": ("lake_root", _text),
+    "database.include.list": ("database_include", _regex_list),
+    "database.exclude.list": ("database_exclude", _regex_list),
+    "collection.include.list": ("collection_include", _regex_list),
+    "collection.exclude.list": ("collection_exclude", _regex_list),
+    "snapshot.mode": ("snapshot_mode", lambda p, k, v: _choice(p, k, v, SNAPSHOT_MODES)),
+    "capture.mode": ("capture_mode", lambda p, k, v: _choice(p, k, v, CAPTURE_MODES)),
+    "snapshot.max.threads": ("snapshot_max_threads", _positive_int),
+    "snapshot.fetch.size": ("snapshot_fetch_size", lambda p, k, v: _positive_int(p, k, v, allow_zero=True)),
+    "max.batch.size": ("max_batch_size", _positive_int),
+    "tombstones.on.delete": ("tombstones_on_delete", _boolean),
+    "skipped.operations": ("skipped_operations", _skipped_operations),
+    "connect.backoff.initial.delay.ms": ("connect_backoff_initial_delay_ms", _positive_int),
+    "connect.backoff.max.delay.ms": ("connect_backoff_max_delay_ms", _positive_int),
+    "connect.max.attempts": ("connect_max_attempts", _positive_int),
+}
+
+_MUTUALLY_EXCLUSIVE = (
+    ("database.include.list", "database.exclude.list"),
+    ("collection.include.list", "collection.exclude.list"),
+)
+
+
+def default_lake_root() -> str:
+    airflow_home = os.environ.get("AIRFLOW_HOME", os.path.expanduser("~/airflow"))
+    return os.environ.get(LAKE_ROOT_ENV) or os.path.join(airflow_home, "mongo-cdc-lake")
+
+
+def load_source(path: str) -> SourceConfig:
+    """Parse and validate one source YAML file."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            raw = yaml.safe_load(handle)
+    except yaml.YAMLError as exc:
+        raise SourceConfigError(f"{path}: not valid YAML ({exc})") from None
+    if not isinstance(raw, dict):
+        raise SourceConfigError(f"{path}: expected a mapping of Debezium-style keys, e.g. 'topic.prefix: inventory'")
+    unknown = sorted(str(key) for key in raw if key not in _KEYS)
+    if unknown:
+        raise SourceConfigError(
+            f"{path}: unknown key '{unknown[0]}'; allowed keys: {', '.join(sorted(_KEYS))}"
+        )
+    for first, second in _MUTUALLY_EXCLUSIVE:
+        if first in raw and second in raw:
+            raise SourceConfigError(f"{path}: key '{second}' cannot be used together with '{first}'; keep one of them")
+    if "topic.prefix" not in raw:
+        raise SourceConfigError(f"{path}: key 'topic.prefix' is required (the logical name used in lake paths)")
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        attribute, parse = _KEYS[key]
+        values[attribute] = parse(path, key, value)
+    if values.get("connect_backoff_max_delay_ms", 120_000) < values.get("connect_backoff_initial_delay_ms", 1000):
+        raise SourceConfigError(
+            f"{path}: key 'connect.backoff.max.delay.ms' must be >= 'connect.backoff.initial.delay.ms'"
+        )
+    lake_root = values.get("lake_root") or default_lake_root()
+    if not os.path.isabs(lake_root) and "://" not in lake_root:
+        lake_root = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(path)), lake_root))
+    values["lake_root"] = lake_root
+    name = os.path.splitext(os.path.basename(path))[0]
+    return SourceConfig(name=name, path=os.path.abspath(path), **values)
+
+
+def sources_dir(default: str) -> str:
+    return os.environ.get(SOURCES_DIR_ENV) or default
+
+
+def load_sources(directory: str) -> tuple[list[SourceConfig], list[SourceConfigError]]:
+    """Every ``*.yaml``/``*.yml`` source in a folder, sorted by name, plus the errors of the bad ones."""
+    configs, errors = [], []
+    if not os.path.isdir(directory):
+        return configs, [SourceConfigError(f"{directory}: sources folder does not exist; set {SOURCES_DIR_ENV}")]
+    for entry in sorted(os.listdir(directory)):
+        if entry.endswith((".yaml", ".yml")):
+            try:
+                configs.append(load_source(os.path.join(directory, entry)))
+            except SourceConfigError as exc:
+                errors.append(exc)
+    return configs, errors

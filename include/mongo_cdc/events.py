@@ -1,0 +1,175 @@
+"""Debezium-style change events built from MongoDB change-stream events and snapshot reads.
+
+Each event becomes one row of ``lake.RAW_SCHEMA``; a delete is followed by a tombstone row
+(same key, every value column null) when ``tombstones.on.delete`` is on.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from mongo_cdc import __version__, extjson
+from mongo_cdc.lake import RAW_SCHEMA, pack_cluster_time
+
+CONNECTOR = "mongodb"
+VERSION = f"mongo-cdc-{__version__}"
+
+# change-stream operationType -> Debezium op
+DATA_OPERATIONS = {"insert": "c", "update": "u", "replace": "u", "delete": "d"}
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def token_cluster_time(token: dict) -> int:
+    """Packed cluster time of a resume token: its KeyString starts with type byte 0x82 + 8 bytes."""
+    data = token["_data"]
+    if not data.startswith("82"):
+        raise ValueError(f"unexpected resume token layout: {data[:20]}...")
+    return int(data[2:18], 16)
+
+
+@dataclass(frozen=True)
+class SourceInfo:
+    """The parts of Debezium's ``source`` block that are fixed for one replica set of one source."""
+
+    name: str  # topic.prefix
+    rs: str
+
+    def block(
+        self,
+        db: str,
+        collection: str,
+        cluster_time: int,
+        ts_ms: int,
+        snapshot: bool,
+        lsid: str | None = None,
+        txn_number: int | None = None,
+    ) -> dict[str, Any]:
+        return {
+            "version": VERSION,
+            "connector": CONNECTOR,
+            "name": self.name,
+            "ts_ms": ts_ms,
+            "snapshot": snapshot,
+            "db": db,
+            "rs": self.rs,
+            "collection": collection,
+            "ord": cluster_time & 0xFFFFFFFF,
+            "lsid": lsid,
+            "txnNumber": txn_number,
+        }
+
+
+def change_rows(change: dict, source: SourceInfo, tombstones: bool) -> list[dict[str, Any]]:
+    """Raw rows for one insert/update/replace/delete change-stream event."""
+    op = DATA_OPERATIONS[change["operationType"]]
+    ts = change["clusterTime"]
+    cluster_time = pack_cluster_time(ts.time, ts.inc)
+    wall = change.get("wallTime")
+    source_ts_ms = int(wall) if wall is not None else ts.time * 1000
+    lsid = change.get("lsid")
+    txn_number = change.get("txnNumber")
+    full_document = change.get("fullDocument")
+    description = change.get("updateDescription")
+    row = {
+        "key": extjson.document_key(change["documentKey"]["_id"]),
+        "op": op,
+        "ts_ms": now_ms(),
+        "before": None,
+        "after": extjson.encode_str(full_document) if full_document is not None else None,
+        "updateDescription": _update_description(description) if description is not None else None,
+        "source": source.block(
+            change["ns"]["db"],
+            change["ns"]["coll"],
+            cluster_time,
+            source_ts_ms,
+            snapshot=False,
+            lsid=extjson.encode_str(lsid) if lsid is not None else None,
+            txn_number=int(txn_number) if txn_number is not None else None,
+        ),
+        "cluster_time": cluster_time,
+        "event_order": change["_id"]["_data"],
+    }
+    if op == "d" and tombstones:
+        return [row, tombstone_of(row)]
+    return [row]
+
+
+def tombstone_of(row: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "key": row["key"],
+        "op": None,
+        "ts_ms": row["ts_ms"],
+        "before": None,
+        "after": None,
+        "updateDescription": None,
+        "source": row["source"],
+        "cluster_time": row["cluster_time"],
+        "event_order": row["event_order"],
+    }
+
+
+def _update_description(description: dict) -> dict[str, Any]:
+    return {
+        "updatedFields": extjson.encode_str(description.get("updatedFields") or {}),
+        "removedFields": list(description.get("removedFields") or []),
+        "truncatedArrays": [
+            {"field": t["field"], "newSize": int(t["newSize"])} for t in description.get("truncatedArrays") or []
+        ],
+    }
+
+
+def rows_to_table(rows: list[dict[str, Any]]) -> pa.Table:
+    return pa.Table.from_pylist(rows, schema=RAW_SCHEMA)
+
+
+class SnapshotColumns:
+    """Columnar buffer of snapshot reads for one collection: the hot path of a snapshot.
+
+    Only ``key`` and ``after`` differ per document; the constant columns are built once per
+    flush by repeating a one-row array, which keeps the per-document cost to two encodes.
+    """
+
+    def __init__(self, source_block: dict[str, Any], cluster_time: int) -> None:
+        self._constant = pa.Table.from_pylist(
+            [
+                {
+                    "key": "",
+                    "op": "r",
+                    "ts_ms": 0,
+                    "before": None,
+                    "after": None,
+                    "updateDescription": None,
+                    "source": source_block,
+                    "cluster_time": cluster_time,
+                    "event_order": "",
+                }
+            ],
+            schema=RAW_SCHEMA,
+        )
+        self.keys: list[str] = []
+        self.afters: list[bytes] = []
+
+    def add(self, document: dict) -> None:
+        self.keys.append(extjson.document_key(document["_id"]))
+        self.afters.append(extjson.encode(document))
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def take_table(self) -> pa.Table:
+        """The buffered rows as a table; the buffer is emptied."""
+        count = len(self.keys)
+        repeated = self._constant.take(pa.array([0] * count, type=pa.int32()))
+        columns = {name: repeated.column(name) for name in RAW_SCHEMA.names}
+        columns["key"] = pa.array(self.keys, type=pa.string())
+        columns["after"] = pa.array(self.afters, type=pa.binary()).cast(pa.string())
+        columns["ts_ms"] = pa.array([now_ms()] * count, type=pa.int64())
+        self.keys, self.afters = [], []
+        return pa.table([columns[name] for name in RAW_SCHEMA.names], schema=RAW_SCHEMA)

@@ -1,0 +1,165 @@
+"""Lake layout and the raw-event Parquet schema: the contract between the pull tasks and Spark.
+
+Layout under ``lake.root``::
+
+    raw/<topic.prefix>/<db>/<collection>/hour=<YYYY-MM-DDTHH>/<rs>-<seq>-<part>.parquet
+    changes/<topic.prefix>/<db>/<collection>   -> symlink to the current version directory
+    state/<topic.prefix>/<db>/<collection>     -> symlink to the current version directory
+    _versions/<changes|state>/<topic.prefix>/<db>/<collection>/v<NNNNNN>/...
+
+``seq`` is the replica set's batch sequence number (committed in its offset); a raw file
+belongs to the lake only once its ``seq`` is at or below the committed ``batch_seq``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import re
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+RAW_SCHEMA = pa.schema(
+    [
+        # Debezium key payload as JSON text: {"id": "<Extended JSON of _id>"}
+        pa.field("key", pa.string(), nullable=False),
+        # r (snapshot read), c, u, d; null marks a tombstone (key with no value)
+        pa.field("op", pa.string()),
+        # when mongo-cdc processed the event (ms since epoch)
+        pa.field("ts_ms", pa.int64()),
+        pa.field("before", pa.string()),
+        pa.field("after", pa.string()),
+        pa.field(
+            "updateDescription",
+            pa.struct(
+                [
+                    pa.field("updatedFields", pa.string()),
+                    pa.field("removedFields", pa.list_(pa.string())),
+                    pa.field(
+                        "truncatedArrays",
+                        pa.list_(
+                            pa.struct(
+                                [pa.field("field", pa.string()), pa.field("newSize", pa.int32())]
+                            )
+                        ),
+                    ),
+                ]
+            ),
+        ),
+        pa.field(
+            "source",
+            pa.struct(
+                [
+                    pa.field("version", pa.string()),
+                    pa.field("connector", pa.string()),
+                    pa.field("name", pa.string()),
+                    pa.field("ts_ms", pa.int64()),
+                    pa.field("snapshot", pa.bool_()),
+                    pa.field("db", pa.string()),
+                    pa.field("rs", pa.string()),
+                    pa.field("collection", pa.string()),
+                    pa.field("ord", pa.int32()),
+                    pa.field("lsid", pa.string()),
+                    pa.field("txnNumber", pa.int64()),
+                ]
+            ),
+        ),
+        # oplog position: (t << 32) | i of the event's cluster time (snapshot reads: the snapshot's)
+        pa.field("cluster_time", pa.int64(), nullable=False),
+        # resume token _data (hex, bytewise ordered); "" for snapshot reads
+        pa.field("event_order", pa.string(), nullable=False),
+    ]
+)
+
+_FILE_NAME = re.compile(r"^(?P<rs>.+)-(?P<seq>\d{12})-(?P<part>\d{4})\.parquet$")
+
+
+@dataclass(frozen=True)
+class RawFile:
+    """A raw file's identity, parsed from its name."""
+
+    path: str
+    rs: str
+    seq: int
+    part: int
+
+
+def raw_collection_dir(lake_root: str, prefix: str, db: str, collection: str) -> str:
+    return os.path.join(lake_root, "raw", prefix, db, collection)
+
+
+def hour_partition(cluster_time: int) -> str:
+    """``hour=YYYY-MM-DDTHH`` (UTC) of a packed cluster time."""
+    seconds = cluster_time >> 32
+    hour = dt.datetime.fromtimestamp(seconds, tz=dt.timezone.utc).strftime("%Y-%m-%dT%H")
+    return f"hour={hour}"
+
+
+def raw_file_name(rs: str, seq: int, part: int) -> str:
+    return f"{rs}-{seq:012d}-{part:04d}.parquet"
+
+
+def raw_file_path(
+    lake_root: str, prefix: str, db: str, collection: str, cluster_time: int, rs: str, seq: int, part: int
+) -> str:
+    return os.path.join(
+        raw_collection_dir(lake_root, prefix, db, collection),
+        hour_partition(cluster_time),
+        raw_file_name(rs, seq, part),
+    )
+
+
+def parse_raw_file(path: str) -> RawFile | None:
+    match = _FILE_NAME.match(os.path.basename(path))
+    if not match:
+        return None
+    return RawFile(path, match["rs"], int(match["seq"]), int(match["part"]))
+
+
+def list_raw_files(lake_root: str, prefix: str, db: str, collection: str) -> list[RawFile]:
+    """Every raw file of one collection, in (rs, seq, part) order."""
+    base = raw_collection_dir(lake_root, prefix, db, collection)
+    found = []
+    if not os.path.isdir(base):
+        return found
+    for hour in sorted(os.listdir(base)):
+        hour_dir = os.path.join(base, hour)
+        if not hour.startswith("hour=") or not os.path.isdir(hour_dir):
+            continue
+        for name in os.listdir(hour_dir):
+            raw = parse_raw_file(os.path.join(hour_dir, name))
+            if raw:
+                found.append(raw)
+    return sorted(found, key=lambda f: (f.rs, f.seq, f.part))
+
+
+def list_raw_collections(lake_root: str, prefix: str) -> list[tuple[str, str]]:
+    """(db, collection) pairs that have a raw directory."""
+    base = os.path.join(lake_root, "raw", prefix)
+    pairs = []
+    if not os.path.isdir(base):
+        return pairs
+    for db in sorted(os.listdir(base)):
+        db_dir = os.path.join(base, db)
+        if db.startswith(("_", ".")) or not os.path.isdir(db_dir):
+            continue
+        pairs.extend((db, coll) for coll in sorted(os.listdir(db_dir)) if not coll.startswith((".", "_")))
+    return pairs
+
+
+def table_path(lake_root: str, table: str, prefix: str, db: str, collection: str) -> str:
+    """Public path of a derived table (``table`` is ``changes`` or ``state``)."""
+    return os.path.join(lake_root, table, prefix, db, collection)
+
+
+def versions_dir(lake_root: str, table: str, prefix: str, db: str, collection: str) -> str:
+    return os.path.join(lake_root, "_versions", table, prefix, db, collection)
+
+
+def pack_cluster_time(t: int, i: int) -> int:
+    return (t << 32) | i
+
+
+def unpack_cluster_time(packed: int) -> tuple[int, int]:
+    return packed >> 32, packed & 0xFFFFFFFF

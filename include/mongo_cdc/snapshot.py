@@ -1,0 +1,197 @@
+"""Initial snapshot of one replica set: record the position, then copy every captured collection.
+
+The position is taken *before* the copy, and streaming later resumes from it, so a write made
+while the copy runs is either in the copy, or in the stream, or both (replay is harmless: state
+applies events by oplog order) — never in neither.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+
+from pymongo import MongoClient
+
+from mongo_cdc.config import SourceConfig
+from mongo_cdc.events import SnapshotColumns, SourceInfo, token_cluster_time
+from mongo_cdc.lake import hour_partition, raw_collection_dir, raw_file_name
+from mongo_cdc.landing import ROW_GROUP_ROWS, StreamingFileWriter
+from mongo_cdc.offsets import Offset, OffsetKeeper
+
+log = logging.getLogger(__name__)
+
+# Rows per raw file; a larger collection is split into parts so no single file grows unbounded.
+ROWS_PER_FILE = 2_000_000
+PROGRESS_INTERVAL_S = 10.0
+
+
+@dataclass
+class SnapshotResult:
+    seq: int
+    cluster_time: int
+    documents: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def total(self) -> int:
+        return sum(self.documents.values())
+
+
+def needs_snapshot(offset: Offset | None, mode: str) -> bool:
+    """Whether this replica set must copy its data before streaming (Debezium's snapshot.mode)."""
+    if offset is not None and offset.snapshot_complete:
+        return False
+    return mode in ("initial", "initial_only")
+
+
+def current_position(client: MongoClient) -> dict:
+    """A resume token for "now": the post-batch resume token of an empty change stream."""
+    with client.watch(max_await_time_ms=1) as stream:
+        stream.try_next()
+        return stream.resume_token
+
+
+def captured_collections(client: MongoClient, config: SourceConfig) -> list[tuple[str, str]]:
+    found = []
+    for db in client.list_database_names():
+        if not config.captures_database(db):
+            continue
+        for info in client[db].list_collections(filter={"type": "collection"}):
+            if config.captures_collection(db, info["name"]):
+                found.append((db, info["name"]))
+    return sorted(found)
+
+
+class _Progress:
+    def __init__(self, total_collections: int) -> None:
+        self.total = total_collections
+        self.done = 0
+        self.documents = 0
+        self.started = time.monotonic()
+        self._last_log = self.started
+        self._lock = threading.Lock()
+
+    def add(self, documents: int, collection_done: bool = False) -> None:
+        with self._lock:
+            self.documents += documents
+            self.done += collection_done
+            now = time.monotonic()
+            if collection_done or now - self._last_log >= PROGRESS_INTERVAL_S:
+                self._last_log = now
+                rate = self.documents / max(now - self.started, 1e-9)
+                log.info(
+                    "snapshot progress: %d/%d collections done, %d documents copied, %.0f docs/s",
+                    self.done, self.total, self.documents, rate,
+                )
+
+
+def _copy_collection(
+    client: MongoClient,
+    config: SourceConfig,
+    source: SourceInfo,
+    db: str,
+    collection: str,
+    seq: int,
+    cluster_time: int,
+    progress: _Progress,
+) -> int:
+    directory = os.path.join(
+        raw_collection_dir(config.lake_root, config.topic_prefix, db, collection), hour_partition(cluster_time)
+    )
+    block = source.block(db, collection, cluster_time, (cluster_time >> 32) * 1000, snapshot=True)
+    buffer = SnapshotColumns(block, cluster_time)
+    cursor = client[db][collection].find({}, batch_size=config.snapshot_fetch_size)
+    writer: StreamingFileWriter | None = None
+    part = copied = 0
+    try:
+        for document in cursor:
+            buffer.add(document)
+            if len(buffer) >= ROW_GROUP_ROWS:
+                if writer is not None and writer.rows >= ROWS_PER_FILE:
+                    writer.close()
+                    writer, part = None, part + 1
+                if writer is None:
+                    writer = StreamingFileWriter(os.path.join(directory, raw_file_name(source.rs, seq, part)))
+                copied += len(buffer)
+                progress.add(len(buffer))
+                writer.write(buffer.take_table())
+        if len(buffer):
+            if writer is None:
+                writer = StreamingFileWriter(os.path.join(directory, raw_file_name(source.rs, seq, part)))
+            copied += len(buffer)
+            progress.add(len(buffer))
+            writer.write(buffer.take_table())
+        if writer is not None:
+            writer.close()
+    except BaseException:
+        if writer is not None:
+            writer.abort()
+        raise
+    finally:
+        cursor.close()
+    progress.add(0, collection_done=True)
+    return copied
+
+
+def run_snapshot(client: MongoClient, config: SourceConfig, rs: str, keeper: OffsetKeeper) -> SnapshotResult:
+    """Copy every captured collection as ``op: r`` events and commit the pre-copy position."""
+    offset = keeper.load() or Offset()
+    offset = keeper.discard_uncommitted(offset)
+    token = current_position(client)
+    cluster_time = token_cluster_time(token)
+    collections = captured_collections(client, config)
+    seq = offset.batch_seq + 1
+    hour = hour_partition(cluster_time)
+    pending = [
+        os.path.join(raw_collection_dir(config.lake_root, config.topic_prefix, db, coll), hour, f"{rs}-{seq:012d}-*.parquet")
+        for db, coll in collections
+    ]
+    snapshot_info = {"status": "running", "seq": seq, "cluster_time": cluster_time}
+    offset = keeper.begin_batch(replace(offset, snapshot=snapshot_info), pending)
+    log.info("snapshot of %s: %d collections from position %s", rs, len(collections), token["_data"][:18])
+    source = SourceInfo(config.topic_prefix, rs)
+    progress = _Progress(len(collections))
+    result = SnapshotResult(seq=seq, cluster_time=cluster_time)
+    with ThreadPoolExecutor(max_workers=config.snapshot_max_threads, thread_name_prefix="snapshot") as pool:
+        futures = {
+            f"{db}.{coll}": pool.submit(_copy_collection, client, config, source, db, coll, seq, cluster_time, progress)
+            for db, coll in collections
+        }
+        for namespace, future in futures.items():
+            result.documents[namespace] = future.result()
+    result.seconds = time.monotonic() - progress.started
+    keeper.commit(
+        offset,
+        resume_token=token,
+        cluster_time=cluster_time,
+        batch_seq=seq,
+        snapshot={
+            "status": "complete",
+            "seq": seq,
+            "cluster_time": cluster_time,
+            "documents": result.total,
+            "completed_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        },
+    )
+    log.info(
+        "snapshot of %s complete: %d documents in %.1fs (%.0f docs/s)",
+        rs, result.total, result.seconds, result.total / max(result.seconds, 1e-9),
+    )
+    return result
+
+
+def start_without_snapshot(client: MongoClient, keeper: OffsetKeeper) -> Offset:
+    """snapshot.mode never/no_data: stream from now on, copying nothing."""
+    offset = keeper.load() or Offset()
+    token = current_position(client)
+    return keeper.commit(
+        offset,
+        resume_token=token,
+        cluster_time=token_cluster_time(token),
+        snapshot={"status": "complete", "skipped": True},
+    )
