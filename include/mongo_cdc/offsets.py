@@ -5,7 +5,8 @@ in production; the store is pluggable so this module stays free of Airflow)::
 
     {
       "format": 1,
-      "resume_token": {"_data": "8264..."},   # change stream resumes after this event
+      "resume_token": {"_data": "8264..."},   # change stream resumes after this event (Extended JSON:
+                                                # tokens may carry binary "_typeBits")
       "cluster_time": 7441212415188369409,      # (t << 32) | i of that position
       "batch_seq": 42,                          # raw files with seq <= this are committed
       "snapshot": {"status": "complete", "seq": 1, "cluster_time": ..., "completed_at": "..."},
@@ -27,6 +28,10 @@ import json
 import os
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Protocol
+
+from bson import json_util
+
+from mongo_cdc import extjson
 
 FORMAT = 1
 
@@ -63,6 +68,8 @@ class Offset:
     def to_json(self) -> str:
         data = asdict(self)
         data["pending"] = list(self.pending)
+        if self.resume_token is not None:
+            data["resume_token"] = json.loads(extjson.encode(self.resume_token))
         data["format"] = FORMAT
         data["updated_at"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
         return json.dumps(data, sort_keys=True)
@@ -105,7 +112,7 @@ def parse_offset(key: str, text: str) -> Offset:
     if problems:
         raise OffsetError(f"offset '{key}' is corrupted: {'; '.join(problems)}. {_reset_hint(key)}")
     return Offset(
-        resume_token=token,
+        resume_token=json_util.loads(json.dumps(token)) if token is not None else None,
         cluster_time=cluster_time,
         batch_seq=seq,
         snapshot=data.get("snapshot", {}),

@@ -1,0 +1,51 @@
+"""A self-contained local Airflow for the demo and the tests: SQLite metadata DB, env-var connections.
+
+Import this before anything imports Airflow: Airflow reads its configuration at import time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def configure(airflow_home: str, lake_root: str, mongo_uri: str, sources_dir: str | None = None) -> None:
+    """Point this process (and its children) at a private Airflow home, the repo's DAGs and a lake."""
+    os.makedirs(airflow_home, exist_ok=True)
+    bin_dir = os.path.dirname(sys.executable)
+    os.environ.update(
+        {
+            "AIRFLOW_HOME": airflow_home,
+            "AIRFLOW__CORE__DAGS_FOLDER": os.path.join(REPO_ROOT, "dags"),
+            "AIRFLOW__CORE__PLUGINS_FOLDER": os.path.join(REPO_ROOT, "plugins"),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{os.path.join(airflow_home, 'airflow.db')}",
+            "AIRFLOW_CONN_MONGO_DEFAULT": mongo_connection(mongo_uri),
+            "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[2]"}),
+            "MONGO_CDC_LAKE_ROOT": lake_root,
+            "MONGO_CDC_SOURCES_DIR": sources_dir or os.path.join(REPO_ROOT, "include", "sources"),
+            # spark-submit finds SPARK_HOME through the python on PATH
+            "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""),
+        }
+    )
+
+
+def mongo_connection(uri: str) -> str:
+    """An Airflow connection (JSON form) for a ``mongodb://h1,h2/?replicaSet=x`` URI."""
+    hosts, _, query = uri.removeprefix("mongodb://").partition("/?")
+    extra = dict(part.split("=", 1) for part in query.split("&") if part)
+    return json.dumps({"conn_type": "mongo", "host": hosts, "extra": extra})
+
+
+def migrate() -> None:
+    """Create or upgrade the SQLite metadata database (idempotent)."""
+    subprocess.run(
+        [os.path.join(os.path.dirname(sys.executable), "airflow"), "db", "migrate"],
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
