@@ -1,0 +1,46 @@
+PYTHON ?= python3
+VENV := .venv
+STAMP := $(VENV)/.installed
+PYSPARK_VERSION := 4.3.0
+PYTEST_ARGS ?=
+
+# spark-submit finds SPARK_HOME through the venv's bin, and the demo/tests spawn it.
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+
+.PHONY: .venv test demo bench lint clean
+
+.venv: $(STAMP)
+
+$(STAMP): requirements.txt requirements-dev.txt pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --upgrade pip
+	$(VENV)/bin/pip install -r requirements-dev.txt
+	@# pyspark-client (required by the Spark provider) overwrites files of the full pyspark
+	@# distribution and leaves spark-submit broken; reinstalling pyspark on top restores them.
+	$(VENV)/bin/pip install --no-deps --force-reinstall pyspark==$(PYSPARK_VERSION)
+	$(VENV)/bin/pip install --no-deps -e .
+	@out="$$($(VENV)/bin/spark-submit --version 2>&1)"; \
+	if ! printf '%s\n' "$$out" | grep -q 'version $(PYSPARK_VERSION)'; then \
+		printf '%s\n' "$$out" | tail -n 20; \
+		echo "ERROR: '$(VENV)/bin/spark-submit --version' does not report Spark $(PYSPARK_VERSION)." >&2; \
+		echo "       Needs Java 17 on PATH (or JAVA_HOME) and an intact pyspark==$(PYSPARK_VERSION)." >&2; \
+		echo "       Try: rm -rf $(VENV) && make .venv" >&2; \
+		exit 1; \
+	fi
+	touch $@
+
+test: $(STAMP)
+	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+demo: $(STAMP)
+	$(VENV)/bin/python -m mongo_cdc_airflow.demo
+
+bench: $(STAMP)
+	$(VENV)/bin/python -m mongo_cdc.bench
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+clean:
+	rm -rf .local .pytest_cache .ruff_cache spark-warehouse metastore_db derby.log
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -exec rm -rf {} +
