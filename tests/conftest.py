@@ -1,12 +1,20 @@
 from __future__ import annotations
 
+import atexit
+import os
 import re
+import shutil
+import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
+import yaml
+from cdc_support import CdcSource
 
 from mongo_cdc.testing import ReplicaSet
+from mongo_cdc_airflow import local_env
 
 # ---------------------------------------------------------------------------------------------
 # MongoDB: one real single-member replica set per test session (change streams need a replica set).
@@ -26,3 +34,42 @@ def db_name(request: pytest.FixtureRequest) -> str:
     # MongoDB caps database names at 63 bytes and forbids characters such as "/. \"$".
     stem = re.sub(r"[^A-Za-z0-9_]", "_", request.node.name)[:40]
     return f"t_{stem}_{uuid.uuid4().hex[:8]}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Airflow: a private AIRFLOW_HOME with a SQLite metadata DB for the whole session. Airflow reads
+# its configuration when first imported, so the environment is set here, at conftest import.
+# ---------------------------------------------------------------------------------------------
+
+_AIRFLOW_HOME = tempfile.mkdtemp(prefix="mongo-cdc-airflow-")
+atexit.register(shutil.rmtree, _AIRFLOW_HOME, True)
+local_env.configure(_AIRFLOW_HOME, lake_root=os.path.join(_AIRFLOW_HOME, "lake"), mongo_uri="mongodb://unset/")
+os.environ["AIRFLOW__LOGGING__LOGGING_LEVEL"] = "WARNING"
+
+
+@pytest.fixture(scope="session")
+def airflow_db() -> str:
+    local_env.migrate()
+    return _AIRFLOW_HOME
+
+
+@pytest.fixture
+def cdc_source(airflow_db: str, replica_set: ReplicaSet, tmp_path: Path) -> Callable[..., CdcSource]:
+    """Factory: write a source YAML for one test database and get a handle to run its DAG."""
+    return lambda database, **settings: make_source(tmp_path, replica_set, database, **settings)
+
+
+def make_source(directory: Path, replica_set: ReplicaSet, database: str, **settings: object) -> CdcSource:
+    """A source capturing one database into ``directory/lake``, its DAG the only one parsed.
+
+    Task retries are off (MONGO_CDC_TASK_RETRIES=0) so a failing run ends at once under dag.test().
+    """
+    sources = directory / "sources"
+    sources.mkdir(parents=True, exist_ok=True)
+    config = {"topic.prefix": "acc", "database.include.list": [database], "lake.root": str(directory / "lake")}
+    config.update(settings)
+    (sources / f"{database}.yaml").write_text(yaml.safe_dump(config))
+    os.environ["MONGO_CDC_SOURCES_DIR"] = str(sources)
+    os.environ["AIRFLOW_CONN_MONGO_DEFAULT"] = local_env.mongo_connection(replica_set.uri)
+    os.environ["MONGO_CDC_TASK_RETRIES"] = "0"
+    return CdcSource(database, database, str(directory / "lake"), "acc")

@@ -1,0 +1,147 @@
+"""Folding a document's change events, in order, into its latest version.
+
+Events are ordered by ``ChangeEvent.position``. An event at or before the position already
+reached is skipped, so a replayed (duplicate or older) event never overwrites newer state and
+folding the same events twice gives the same result. Deletes are kept as versions without a
+document: their position stops an older insert, replayed later, from resurrecting the document.
+
+An update without ``after`` is applied to the previous version like MongoDB would: removed
+fields deleted, truncated arrays cut, then updated fields set (a numeric path component indexes
+an array; setting past its end pads with nulls). With no previous version known, it applies to
+``{"_id": ...}`` and the state holds only what the updates set.
+
+Known limit: a field name containing a dot cannot be told apart from a nested path (the raw
+events carry no ``disambiguatedPaths``), so such updates set the nested path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, NamedTuple
+
+import orjson
+
+from mongo_cdc.transform import ejson_types as types
+from mongo_cdc.transform.raw_events import ChangeEvent
+
+# The state table's leading columns: a DocumentVersion's fields, in the same order.
+STATE_METADATA_COLUMNS: tuple[tuple[str, types.ColumnType], ...] = (
+    ("__id", types.STRING),
+    ("__doc", types.STRING),
+    ("__cluster_time", types.LONG),
+    ("__event_order", types.STRING),
+)
+
+
+class DocumentVersion(NamedTuple):
+    document_id: str
+    document: str | None  # EJSON text; None once deleted
+    cluster_time: int
+    event_order: str
+
+    @property
+    def position(self) -> tuple[int, str]:
+        return self.cluster_time, self.event_order
+
+
+def fold_events(
+    document_id: str, previous: DocumentVersion | None, events: Iterable[ChangeEvent]
+) -> DocumentVersion | None:
+    """The version after applying ``events`` (any order) to ``previous``; None if nothing is known."""
+    version = previous
+    # The parsed document while updates without `after` are applied; its text is stale then.
+    parsed: dict | None = None
+    for event in sorted(events, key=lambda event: event.position):
+        if event.op is None or (version is not None and event.position <= version.position):
+            continue
+        if event.op == "d":
+            text, parsed = None, None
+        elif event.after is not None:
+            text, parsed = event.after, None
+        elif event.op == "u" and event.update_description is not None:
+            if parsed is None:
+                parsed = _document_to_update(document_id, version)
+            apply_update(parsed, event.update_description)
+            text = None
+        else:
+            continue  # no document data to apply (an update whose lookup found nothing)
+        version = DocumentVersion(document_id, text, event.cluster_time, event.event_order)
+    if parsed is not None:
+        version = version._replace(document=orjson.dumps(parsed).decode())
+    return version
+
+
+def _document_to_update(document_id: str, version: DocumentVersion | None) -> dict:
+    if version is not None and version.document is not None:
+        return orjson.loads(version.document)
+    return {"_id": orjson.loads(document_id)}
+
+
+def apply_update(document: dict, update_description: dict[str, Any]) -> dict:
+    """Apply a change event's updateDescription to ``document`` in place (and return it)."""
+    for path in update_description.get("removedFields") or ():
+        _remove_path(document, path.split("."))
+    for truncation in update_description.get("truncatedArrays") or ():
+        array = _get_path(document, truncation["field"].split("."))
+        if isinstance(array, list):
+            del array[truncation["newSize"] :]
+    updated_fields = update_description.get("updatedFields")
+    if updated_fields:
+        for path, value in orjson.loads(updated_fields).items():
+            set_path(document, path, value)
+    return document
+
+
+def set_path(document: dict, path: str, value: Any) -> None:
+    """Set a dotted ``path`` like MongoDB's ``$set``: missing parents become documents."""
+    *parents, last = path.split(".")
+    container: Any = document
+    for part in parents:
+        child = _child(container, part)
+        if not isinstance(child, (dict, list)):
+            child = {}
+            if not _assign(container, part, child):
+                return
+        container = child
+    _assign(container, last, value)
+
+
+def _array_index(part: str) -> int | None:
+    return int(part) if part.isascii() and part.isdigit() else None
+
+
+def _child(container: Any, part: str) -> Any:
+    if isinstance(container, dict):
+        return container.get(part)
+    index = _array_index(part)
+    if isinstance(container, list) and index is not None and index < len(container):
+        return container[index]
+    return None
+
+
+def _assign(container: Any, part: str, value: Any) -> bool:
+    """Set one path component; False where MongoDB would have refused the path."""
+    if isinstance(container, dict):
+        container[part] = value
+        return True
+    index = _array_index(part)
+    if not isinstance(container, list) or index is None:
+        return False
+    container.extend([None] * (index + 1 - len(container)))
+    container[index] = value
+    return True
+
+
+def _get_path(document: dict, parts: list[str]) -> Any:
+    container: Any = document
+    for part in parts:
+        container = _child(container, part)
+    return container
+
+
+def _remove_path(document: dict, parts: list[str]) -> None:
+    parent = _get_path(document, parts[:-1])
+    if isinstance(parent, dict):
+        parent.pop(parts[-1], None)
+    elif _child(parent, parts[-1]) is not None:
+        parent[int(parts[-1])] = None  # $unset of an array element leaves a null in its place

@@ -1,0 +1,125 @@
+"""Shared checks for the end-to-end tests: run a source's DAG, compare lake tables with MongoDB."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import bson
+import pyarrow.parquet as pq
+from bson import json_util
+from bson.datetime_ms import DatetimeMS
+
+from mongo_cdc import extjson
+from mongo_cdc.lake import list_raw_files, table_path
+
+EJSON_OPTIONS = json_util.JSONOptions(datetime_conversion=bson.DatetimeConversion.DATETIME_MS)
+EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+
+
+@dataclass(frozen=True)
+class CdcSource:
+    name: str
+    database: str
+    lake_root: str
+    prefix: str
+
+    @property
+    def dag_id(self) -> str:
+        return f"mongo_cdc__{self.name}"
+
+    def run(self, logical_date: dt.datetime | None = None, expect: str = "success", skip_spark: bool = False):
+        """One real DAG run through ``dag.test()``; returns the DagRun."""
+        from airflow.dag_processing.dagbag import DagBag
+
+        bag = DagBag(dag_folder=os.environ["AIRFLOW__CORE__DAGS_FOLDER"])
+        assert not bag.import_errors, bag.import_errors
+        dag = bag.get_dag(self.dag_id)
+        kwargs: dict[str, Any] = {"mark_success_pattern": "^transform$"} if skip_spark else {}
+        if logical_date is not None:
+            kwargs["logical_date"] = logical_date
+        run = dag.test(**kwargs)
+        assert run.state == expect, [(ti.task_id, ti.state) for ti in run.get_task_instances()]
+        return run
+
+    def state_rows(self, collection: str) -> list[dict]:
+        return pq.read_table(table_path(self.lake_root, "state", self.prefix, self.database, collection)).to_pylist()
+
+    def change_rows(self, collection: str) -> list[dict]:
+        return pq.read_table(table_path(self.lake_root, "changes", self.prefix, self.database, collection)).to_pylist()
+
+    def raw_rows(self, collection: str) -> list[dict]:
+        rows = []
+        for raw in list_raw_files(self.lake_root, self.prefix, self.database, collection):
+            rows.extend(pq.read_table(raw.path).to_pylist())
+        return sorted(rows, key=lambda r: (r["cluster_time"], r["event_order"], r["op"] is None))
+
+    def streamed_events(self, collection: str) -> list[tuple[str, str]]:
+        """(document id EJSON, op) of every non-snapshot event, tombstones left out, in oplog order."""
+        return [
+            (json_util.loads(r["key"])["id"], r["op"])
+            for r in self.raw_rows(collection)
+            if r["op"] not in (None, "r")
+        ]
+
+
+def documents(client, database: str, collection: str) -> list[dict]:
+    return list(client[database].get_collection(collection, codec_options=extjson.DECODE_OPTIONS).find())
+
+
+def assert_state_equals_collection(source: CdcSource, client, collection: str, fallback: frozenset = frozenset()):
+    """Every live document has exactly one state row, holding every field value; nothing else is there.
+
+    ``fallback`` names top-level fields whose values differ in type across documents, which the
+    transform stores as Extended JSON text.
+    """
+    rows = source.state_rows(collection)
+    by_id = {row["__id"]: row for row in rows}
+    docs = documents(client, source.database, collection)
+    assert len(rows) == len(by_id), "duplicate document ids in the state table"
+    assert sorted(by_id) == sorted(extjson.encode_str(d["_id"]) for d in docs)
+    for doc in docs:
+        row = by_id[extjson.encode_str(doc["_id"])]
+        # the lossless copy is byte-for-byte the same BSON
+        assert bson.encode(json_util.loads(row["__doc"], json_options=EJSON_OPTIONS)) == bson.encode(doc)
+        for field, value in doc.items():
+            if field in fallback:
+                assert row[field] == extjson.encode_str(value), (field, row[field], value)
+            else:
+                assert_cell_equals(row[field], value, field)
+        for field, cell in row.items():
+            if not field.startswith("__") and field not in doc:
+                assert cell is None, f"{field} is not in the document but has {cell!r}"
+
+
+def assert_cell_equals(cell: Any, value: Any, where: str) -> None:
+    """A typed Parquet cell holds the BSON value (per the documented type mapping)."""
+    if value is None:
+        assert cell is None, where
+    elif isinstance(value, bson.ObjectId):
+        assert cell == str(value), where
+    elif isinstance(value, DatetimeMS):
+        assert (cell - EPOCH) // dt.timedelta(milliseconds=1) == int(value), where
+    elif isinstance(value, bson.Decimal128):
+        assert cell == str(value), where
+    elif isinstance(value, bson.Binary | bytes):
+        assert cell == bytes(value), where
+    elif isinstance(value, dict):
+        assert isinstance(cell, dict), where
+        for key, item in value.items():
+            assert_cell_equals(cell[key], item, f"{where}.{key}")
+        assert all(cell[k] is None for k in cell if k not in value), where
+    elif isinstance(value, list):
+        assert isinstance(cell, list) and len(cell) == len(value), where
+        for i, (c, v) in enumerate(zip(cell, value, strict=True)):
+            assert_cell_equals(c, v, f"{where}[{i}]")
+    else:
+        assert isinstance(cell, bool) == isinstance(value, bool), where
+        assert cell == value, (where, cell, value)
+
+
+def op_counts(events: list[tuple[str, str]]) -> Counter:
+    return Counter(op for _, op in events)
