@@ -46,10 +46,14 @@ class CdcSource:
         return run
 
     def state_rows(self, collection: str) -> list[dict]:
-        return pq.read_table(table_path(self.lake_root, "state", self.prefix, self.database, collection)).to_pylist()
+        return pq.read_table(
+            table_path(self.lake_root, "state", self.prefix, self.database, collection)
+        ).to_pylist()
 
     def change_rows(self, collection: str) -> list[dict]:
-        return pq.read_table(table_path(self.lake_root, "changes", self.prefix, self.database, collection)).to_pylist()
+        return pq.read_table(
+            table_path(self.lake_root, "changes", self.prefix, self.database, collection)
+        ).to_pylist()
 
     def raw_rows(self, collection: str) -> list[dict]:
         rows = []
@@ -70,7 +74,9 @@ def documents(client, database: str, collection: str) -> list[dict]:
     return list(client[database].get_collection(collection, codec_options=extjson.DECODE_OPTIONS).find())
 
 
-def assert_state_equals_collection(source: CdcSource, client, collection: str, fallback: frozenset = frozenset()):
+def assert_state_equals_collection(
+    source: CdcSource, client, collection: str, fallback: frozenset = frozenset()
+):
     """Every live document has exactly one state row, holding every field value; nothing else is there.
 
     ``fallback`` names top-level fields whose values differ in type across documents, which the

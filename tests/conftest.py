@@ -43,7 +43,9 @@ def db_name(request: pytest.FixtureRequest) -> str:
 
 _AIRFLOW_HOME = tempfile.mkdtemp(prefix="mongo-cdc-airflow-")
 atexit.register(shutil.rmtree, _AIRFLOW_HOME, True)
-local_env.configure(_AIRFLOW_HOME, lake_root=os.path.join(_AIRFLOW_HOME, "lake"), mongo_uri="mongodb://unset/")
+local_env.configure(
+    _AIRFLOW_HOME, lake_root=os.path.join(_AIRFLOW_HOME, "lake"), mongo_uri="mongodb://unset/"
+)
 os.environ["AIRFLOW__LOGGING__LOGGING_LEVEL"] = "WARNING"
 
 
@@ -66,7 +68,11 @@ def make_source(directory: Path, replica_set: ReplicaSet, database: str, **setti
     """
     sources = directory / "sources"
     sources.mkdir(parents=True, exist_ok=True)
-    config = {"topic.prefix": "acc", "database.include.list": [database], "lake.root": str(directory / "lake")}
+    config = {
+        "topic.prefix": "acc",
+        "database.include.list": [database],
+        "lake.root": str(directory / "lake"),
+    }
     config.update(settings)
     (sources / f"{database}.yaml").write_text(yaml.safe_dump(config))
     os.environ["MONGO_CDC_SOURCES_DIR"] = str(sources)

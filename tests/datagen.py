@@ -32,7 +32,10 @@ def customer(rng: random.Random, i: int) -> dict:
         "credit": Decimal128(f"{rng.randint(0, 10**6)}.{rng.randint(0, 99):02d}"),
         "avatar": Binary(rng.randbytes(8), 0),
         "nickname": None if i % 3 else f"nick{i}",
-        "address": {"street": f"{i} Main St", "geo": {"lat": rng.uniform(-90, 90), "lng": rng.uniform(-180, 180)}},
+        "address": {
+            "street": f"{i} Main St",
+            "geo": {"lat": rng.uniform(-90, 90), "lng": rng.uniform(-180, 180)},
+        },
         "tags": [f"t{rng.randint(0, 9)}" for _ in range(rng.randint(0, 3))],
         "history": [{"at": _day(rng), "amount": Decimal128(str(rng.randint(1, 500)))} for _ in range(2)],
     }
@@ -42,7 +45,9 @@ def order(rng: random.Random, i: int) -> dict:
     return {
         "_id": i,
         "customer": ObjectId(),
-        "lines": [{"sku": f"sku-{rng.randint(0, 99)}", "qty": rng.randint(1, 5)} for _ in range(rng.randint(1, 3))],
+        "lines": [
+            {"sku": f"sku-{rng.randint(0, 99)}", "qty": rng.randint(1, 5)} for _ in range(rng.randint(1, 3))
+        ],
         "total": Decimal128(f"{rng.randint(1, 9999)}.{rng.randint(0, 99):02d}"),
         "placed": _day(rng),
         "status": rng.choice(["new", "paid", "shipped"]),

@@ -12,7 +12,9 @@ from mongo_cdc_airflow.local_env import REPO_ROOT
 def test_make_demo_prints_matching_counts_and_exits_zero():
     # a clean environment, as a user's shell would have: none of the test session's Airflow settings
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "MONGO_CDC"))}
-    done = subprocess.run(["make", "demo"], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900)
+    done = subprocess.run(
+        ["make", "demo"], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     rows = re.findall(r"^inventory\.(\w+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(.*)$", done.stdout, re.MULTILINE)
     assert len(rows) == 6, done.stdout  # three collections after the snapshot run, three after streaming

@@ -24,7 +24,10 @@ def test_round_trip_keeps_binary_type_bits_of_resume_tokens():
         ("{not json", "is not valid JSON"),
         ("[1, 2]", "must be a JSON object"),
         (json.dumps({"format": 1, "batch_seq": -1}), "'batch_seq' must be a non-negative integer"),
-        (json.dumps({"format": 1, "batch_seq": 1, "resume_token": "abc", "cluster_time": 1}), "'resume_token' must be"),
+        (
+            json.dumps({"format": 1, "batch_seq": 1, "resume_token": "abc", "cluster_time": 1}),
+            "'resume_token' must be",
+        ),
         (json.dumps({"format": 1, "batch_seq": 1, "resume_token": {"_data": "82"}}), "must be set together"),
         (json.dumps({"format": 1, "batch_seq": 1, "pending": "x"}), "'pending' must be a list"),
         (json.dumps({"batch_seq": 1}), "'format' must be 1"),

@@ -20,7 +20,9 @@ COUNTS = {"customers": 4000, "orders": 4000, "products": 2500}
 @pytest.fixture(scope="module")
 def scenario(airflow_db, replica_set, tmp_path_factory):
     directory = tmp_path_factory.mktemp("replica_set_cdc")
-    source = make_source(directory, replica_set, "rs_cdc", **{"snapshot.max.threads": 2, "max.batch.size": 300})
+    source = make_source(
+        directory, replica_set, "rs_cdc", **{"snapshot.max.threads": 2, "max.batch.size": 300}
+    )
     with replica_set.client() as client:
         client.drop_database(source.database)
         load(client[source.database], COUNTS)
@@ -53,7 +55,8 @@ def _outputs(source):
     for collection in COLLECTIONS:
         state = sorted((r["__id"], r["__doc"], r["__event_order"]) for r in source.state_rows(collection))
         changes = sorted(
-            (r["__cluster_time"], r["__event_order"], r["__op"], str(r.get("_id"))) for r in source.change_rows(collection)
+            (r["__cluster_time"], r["__event_order"], r["__op"], str(r.get("_id")))
+            for r in source.change_rows(collection)
         )
         raw = [(r["cluster_time"], r["event_order"], r["op"], r["key"]) for r in source.raw_rows(collection)]
         outputs[collection] = (state, changes, raw)

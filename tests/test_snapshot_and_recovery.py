@@ -41,7 +41,9 @@ def test_writes_made_while_the_snapshot_copies_are_not_lost(cdc_source, replica_
             assert source.streamed_events(collection) == log.of(collection)
 
 
-def test_crash_after_landing_before_commit_leaves_no_duplicate_or_gap(cdc_source, replica_set, db_name, monkeypatch):
+def test_crash_after_landing_before_commit_leaves_no_duplicate_or_gap(
+    cdc_source, replica_set, db_name, monkeypatch
+):
     source = cdc_source(db_name, **{"max.batch.size": 40})
     with replica_set.client() as client:
         db = client[db_name]

@@ -19,7 +19,11 @@ def test_defaults_follow_debezium(tmp_path, monkeypatch):
     config = load_source(write(tmp_path, {"topic.prefix": "shop"}))
     assert (config.name, config.topic_prefix, config.lake_root) == ("orders", "shop", str(tmp_path / "lake"))
     assert config.snapshot_mode == "initial" and config.capture_mode == "change_streams_update_full"
-    assert (config.max_batch_size, config.snapshot_max_threads, config.tombstones_on_delete) == (2048, 1, True)
+    assert (config.max_batch_size, config.snapshot_max_threads, config.tombstones_on_delete) == (
+        2048,
+        1,
+        True,
+    )
     assert (config.connect_backoff_initial_delay_ms, config.connect_backoff_max_delay_ms) == (1000, 120_000)
     assert config.connect_max_attempts == 16
     assert (config.mongo_conn_id, config.spark_conn_id) == ("mongo_default", "spark_default")
@@ -27,7 +31,14 @@ def test_defaults_follow_debezium(tmp_path, monkeypatch):
 
 def test_filters_match_whole_names_and_skip_system_databases(tmp_path):
     config = load_source(
-        write(tmp_path, {"topic.prefix": "p", "database.include.list": "shop,inv.*", "collection.exclude.list": [r"shop\.tmp_.*"]})
+        write(
+            tmp_path,
+            {
+                "topic.prefix": "p",
+                "database.include.list": "shop,inv.*",
+                "collection.exclude.list": [r"shop\.tmp_.*"],
+            },
+        )
     )
     assert config.captures_collection("shop", "orders")
     assert not config.captures_collection("shop", "tmp_1")
@@ -47,21 +58,40 @@ def test_relative_lake_root_is_resolved_next_to_the_file(tmp_path):
     ("content", "message"),
     [
         ({"topic.prefix": "p", "snapshot.mdoe": "initial"}, "unknown key 'snapshot.mdoe'"),
-        ({"topic.prefix": "p", "collection.include.list": ["shop.(orders"]}, "key 'collection.include.list': invalid regular"),
+        (
+            {"topic.prefix": "p", "collection.include.list": ["shop.(orders"]},
+            "key 'collection.include.list': invalid regular",
+        ),
         (
             {"topic.prefix": "p", "database.include.list": ["a"], "database.exclude.list": ["b"]},
             "key 'database.exclude.list' cannot be used together with 'database.include.list'",
         ),
         ({"topic.prefix": "p", "max.batch.size": 0}, "key 'max.batch.size' must be a positive integer"),
-        ({"topic.prefix": "p", "snapshot.max.threads": -2}, "key 'snapshot.max.threads' must be a positive integer"),
-        ({"topic.prefix": "p", "snapshot.mode": "sometimes"}, "key 'snapshot.mode' is 'sometimes'; allowed values: initial"),
-        ({"topic.prefix": "p", "capture.mode": "oplog"}, "allowed values: change_streams_update_full, change_streams"),
-        ({"topic.prefix": "p", "tombstones.on.delete": "yes"}, "key 'tombstones.on.delete' must be true or false"),
+        (
+            {"topic.prefix": "p", "snapshot.max.threads": -2},
+            "key 'snapshot.max.threads' must be a positive integer",
+        ),
+        (
+            {"topic.prefix": "p", "snapshot.mode": "sometimes"},
+            "key 'snapshot.mode' is 'sometimes'; allowed values: initial",
+        ),
+        (
+            {"topic.prefix": "p", "capture.mode": "oplog"},
+            "allowed values: change_streams_update_full, change_streams",
+        ),
+        (
+            {"topic.prefix": "p", "tombstones.on.delete": "yes"},
+            "key 'tombstones.on.delete' must be true or false",
+        ),
         ({"topic.prefix": "p", "skipped.operations": ["x"]}, "key 'skipped.operations'"),
         ({"database.include.list": ["a"]}, "key 'topic.prefix' is required"),
         ({"topic.prefix": "bad prefix!"}, "key 'topic.prefix' is 'bad prefix!'"),
         (
-            {"topic.prefix": "p", "connect.backoff.initial.delay.ms": 5000, "connect.backoff.max.delay.ms": 10},
+            {
+                "topic.prefix": "p",
+                "connect.backoff.initial.delay.ms": 5000,
+                "connect.backoff.max.delay.ms": 10,
+            },
             "'connect.backoff.max.delay.ms' must be >=",
         ),
         ("topic.prefix: [unclosed", "not valid YAML"),

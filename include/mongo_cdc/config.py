@@ -82,7 +82,9 @@ def _regex_list(path: str, key: str, value: Any) -> tuple[re.Pattern, ...]:
         try:
             patterns.append(re.compile(item))
         except re.error as exc:
-            raise SourceConfigError(f"{path}: key '{key}': invalid regular expression {item!r} ({exc})") from None
+            raise SourceConfigError(
+                f"{path}: key '{key}': invalid regular expression {item!r} ({exc})"
+            ) from None
     return tuple(patterns)
 
 
@@ -115,7 +117,8 @@ def _topic_prefix(path: str, key: str, value: Any) -> str:
     text = _text(path, key, value)
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.-]*", text):
         raise SourceConfigError(
-            f"{path}: key '{key}' is {text!r}; use letters, digits, '_', '-' or '.', starting with a letter or '_'"
+            f"{path}: key '{key}' is {text!r}; "
+            "use letters, digits, '_', '-' or '.', starting with a letter or '_'"
         )
     return text
 
@@ -170,7 +173,9 @@ def load_source(path: str) -> SourceConfig:
     except yaml.YAMLError as exc:
         raise SourceConfigError(f"{path}: not valid YAML ({exc})") from None
     if not isinstance(raw, dict):
-        raise SourceConfigError(f"{path}: expected a mapping of Debezium-style keys, e.g. 'topic.prefix: inventory'")
+        raise SourceConfigError(
+            f"{path}: expected a mapping of Debezium-style keys, e.g. 'topic.prefix: inventory'"
+        )
     unknown = sorted(str(key) for key in raw if key not in _KEYS)
     if unknown:
         raise SourceConfigError(
@@ -178,14 +183,20 @@ def load_source(path: str) -> SourceConfig:
         )
     for first, second in _MUTUALLY_EXCLUSIVE:
         if first in raw and second in raw:
-            raise SourceConfigError(f"{path}: key '{second}' cannot be used together with '{first}'; keep one of them")
+            raise SourceConfigError(
+                f"{path}: key '{second}' cannot be used together with '{first}'; keep one of them"
+            )
     if "topic.prefix" not in raw:
-        raise SourceConfigError(f"{path}: key 'topic.prefix' is required (the logical name used in lake paths)")
+        raise SourceConfigError(
+            f"{path}: key 'topic.prefix' is required (the logical name used in lake paths)"
+        )
     values: dict[str, Any] = {}
     for key, value in raw.items():
         attribute, parse = _KEYS[key]
         values[attribute] = parse(path, key, value)
-    if values.get("connect_backoff_max_delay_ms", 120_000) < values.get("connect_backoff_initial_delay_ms", 1000):
+    if values.get("connect_backoff_max_delay_ms", 120_000) < values.get(
+        "connect_backoff_initial_delay_ms", 1000
+    ):
         raise SourceConfigError(
             f"{path}: key 'connect.backoff.max.delay.ms' must be >= 'connect.backoff.initial.delay.ms'"
         )
@@ -205,7 +216,9 @@ def load_sources(directory: str) -> tuple[list[SourceConfig], list[SourceConfigE
     """Every ``*.yaml``/``*.yml`` source in a folder, sorted by name, plus the errors of the bad ones."""
     configs, errors = [], []
     if not os.path.isdir(directory):
-        return configs, [SourceConfigError(f"{directory}: sources folder does not exist; set {SOURCES_DIR_ENV}")]
+        return configs, [
+            SourceConfigError(f"{directory}: sources folder does not exist; set {SOURCES_DIR_ENV}")
+        ]
     for entry in sorted(os.listdir(directory)):
         if entry.endswith((".yaml", ".yml")):
             try:

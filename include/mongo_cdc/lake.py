@@ -39,9 +39,7 @@ RAW_SCHEMA = pa.schema(
                     pa.field(
                         "truncatedArrays",
                         pa.list_(
-                            pa.struct(
-                                [pa.field("field", pa.string()), pa.field("newSize", pa.int32())]
-                            )
+                            pa.struct([pa.field("field", pa.string()), pa.field("newSize", pa.int32())])
                         ),
                     ),
                 ]

@@ -95,7 +95,7 @@ def parse_offset(key: str, text: str) -> Offset:
         problems.append(f"'format' must be {FORMAT}")
     token = data.get("resume_token")
     if token is not None and not (isinstance(token, dict) and isinstance(token.get("_data"), str)):
-        problems.append("'resume_token' must be null or {\"_data\": \"<hex>\"}")
+        problems.append('\'resume_token\' must be null or {"_data": "<hex>"}')
     cluster_time = data.get("cluster_time")
     if cluster_time is not None and (isinstance(cluster_time, bool) or not isinstance(cluster_time, int)):
         problems.append("'cluster_time' must be null or an integer")

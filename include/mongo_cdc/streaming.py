@@ -90,7 +90,10 @@ def _land(
             hour_partition(row["cluster_time"]),
         )
         groups[directory].append(row)
-    paths = {directory: os.path.join(directory, raw_file_name(rs, seq, part)) for part, directory in enumerate(groups)}
+    paths = {
+        directory: os.path.join(directory, raw_file_name(rs, seq, part))
+        for part, directory in enumerate(groups)
+    }
     offset = keeper.begin_batch(offset, list(paths.values()))
     for directory, rows in groups.items():
         write_table(paths[directory], rows_to_table(rows))
@@ -144,7 +147,9 @@ def pull_changes(client: MongoClient, config: SourceConfig, rs: str, keeper: Off
                 # position then proves every event up to it has been seen.
                 if token_cluster_time(token) >= target:
                     if token != offset.resume_token:
-                        offset = keeper.commit(offset, resume_token=token, cluster_time=token_cluster_time(token))
+                        offset = keeper.commit(
+                            offset, resume_token=token, cluster_time=token_cluster_time(token)
+                        )
                     break
     except OperationFailure as exc:
         if exc.code == CHANGE_STREAM_HISTORY_LOST:
@@ -159,7 +164,9 @@ def pull_changes(client: MongoClient, config: SourceConfig, rs: str, keeper: Off
     return result
 
 
-def _collect(change: dict, config: SourceConfig, source: SourceInfo, batch: _MicroBatch, result: PullResult) -> None:
+def _collect(
+    change: dict, config: SourceConfig, source: SourceInfo, batch: _MicroBatch, result: PullResult
+) -> None:
     operation = change["operationType"]
     op = DATA_OPERATIONS.get(operation)
     if op is None:

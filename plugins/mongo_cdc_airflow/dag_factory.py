@@ -106,9 +106,12 @@ def build_cdc_dag(config: SourceConfig) -> DAG:
                 offset = _keeper(config, shard).load()
                 committed[shard["rs"]] = offset.batch_seq if offset else 0
             return [
-                "--lake-root", config.lake_root,
-                "--topic-prefix", config.topic_prefix,
-                "--committed", json.dumps(committed, sort_keys=True),
+                "--lake-root",
+                config.lake_root,
+                "--topic-prefix",
+                config.topic_prefix,
+                "--committed",
+                json.dumps(committed, sort_keys=True),
             ]
 
         @task
@@ -166,7 +169,7 @@ def build_dags(directory: str | None = None) -> dict[str, DAG]:
     """Every source's DAG; any invalid source file fails the import with its file, key and fix."""
     configs, errors = load_sources(directory or sources_dir(DEFAULT_SOURCES_DIR))
     if errors:
-        raise SourceConfigError("invalid mongo-cdc source configuration:\n" + "\n".join(str(e) for e in errors))
+        raise SourceConfigError(
+            "invalid mongo-cdc source configuration:\n" + "\n".join(str(e) for e in errors)
+        )
     return {f"mongo_cdc__{c.name}": build_cdc_dag(c) for c in configs}
-
-

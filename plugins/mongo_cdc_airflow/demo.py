@@ -43,8 +43,12 @@ def inventory_documents() -> dict[str, list[dict]]:
         ("jacket", "water resistent black wind breaker", 0.1, 2),
         ("spare tire", "24 inch spare tire", 22.2, 5),
     ]
-    orders = [("2016-01-16", 1001, 1, 102), ("2016-01-17", 1002, 2, 105), ("2016-02-19", 1002, 2, 106),
-              ("2016-02-21", 1003, 1, 107)]
+    orders = [
+        ("2016-01-16", 1001, 1, 102),
+        ("2016-01-17", 1002, 2, 105),
+        ("2016-02-19", 1002, 2, 106),
+        ("2016-02-21", 1003, 1, 107),
+    ]
     return {
         "customers": [
             {"_id": Int64(1001 + i), "first_name": f, "last_name": last, "email": e}
@@ -71,18 +75,32 @@ def apply_changes(db) -> None:
     """The scripted mix streamed by the second run."""
     from bson import Int64
 
-    db.customers.insert_one({"_id": Int64(1005), "first_name": "Kenneth", "last_name": "Anderson",
-                             "email": "kander@acme.com"})
+    db.customers.insert_one(
+        {"_id": Int64(1005), "first_name": "Kenneth", "last_name": "Anderson", "email": "kander@acme.com"}
+    )
     db.customers.update_one({"_id": Int64(1004)}, {"$set": {"first_name": "Anne Marie"}})
     db.customers.update_one({"_id": Int64(1003)}, {"$unset": {"email": ""}})
     db.products.update_many({"name": "hammer"}, {"$inc": {"quantity": 10}})
     db.products.update_one({"_id": Int64(108)}, {"$push": {"tags": "outdoor"}})
     db.products.delete_one({"_id": Int64(109)})
-    db.orders.replace_one({"_id": Int64(10004)}, {"order_date": dt.datetime(2016, 2, 22, tzinfo=dt.timezone.utc),
-                                                  "purchaser_id": Int64(1003), "quantity": 2,
-                                                  "product_id": Int64(107)})
-    db.orders.insert_one({"_id": Int64(10005), "order_date": dt.datetime(2016, 3, 1, tzinfo=dt.timezone.utc),
-                          "purchaser_id": Int64(1005), "quantity": 1, "product_id": Int64(101)})
+    db.orders.replace_one(
+        {"_id": Int64(10004)},
+        {
+            "order_date": dt.datetime(2016, 2, 22, tzinfo=dt.timezone.utc),
+            "purchaser_id": Int64(1003),
+            "quantity": 2,
+            "product_id": Int64(107),
+        },
+    )
+    db.orders.insert_one(
+        {
+            "_id": Int64(10005),
+            "order_date": dt.datetime(2016, 3, 1, tzinfo=dt.timezone.utc),
+            "purchaser_id": Int64(1005),
+            "quantity": 1,
+            "product_id": Int64(101),
+        }
+    )
     db.customers.delete_one({"_id": Int64(1002)})
 
 
@@ -93,7 +111,9 @@ def raw_ops(lake_root: str, prefix: str, db: str, collection: str) -> Counter:
 
     ops: Counter = Counter()
     for raw in list_raw_files(lake_root, prefix, db, collection):
-        ops.update(op or "tombstone" for op in pq.read_table(raw.path, columns=["op"]).column("op").to_pylist())
+        ops.update(
+            op or "tombstone" for op in pq.read_table(raw.path, columns=["op"]).column("op").to_pylist()
+        )
     return ops
 
 
@@ -143,7 +163,9 @@ def main() -> int:
         local_env.migrate()
         from mongo_cdc.config import load_source
 
-        prefix = load_source(os.path.join(local_env.REPO_ROOT, "include", "sources", "inventory.yaml")).topic_prefix
+        prefix = load_source(
+            os.path.join(local_env.REPO_ROOT, "include", "sources", "inventory.yaml")
+        ).topic_prefix
         with replica_set.client() as client:
             for name, documents in inventory_documents().items():
                 client.inventory[name].insert_many(documents)
