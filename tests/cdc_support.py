@@ -76,15 +76,22 @@ def documents(client, database: str, collection: str) -> list[dict]:
 
 def assert_state_equals_collection(
     source: CdcSource, client, collection: str, fallback: frozenset = frozenset()
-):
+) -> None:
     """Every live document has exactly one state row, holding every field value; nothing else is there.
 
     ``fallback`` names top-level fields whose values differ in type across documents, which the
     transform stores as Extended JSON text.
     """
+    assert_state_equals_documents(
+        source, collection, documents(client, source.database, collection), fallback
+    )
+
+
+def assert_state_equals_documents(
+    source: CdcSource, collection: str, docs: list[dict], fallback: frozenset = frozenset()
+) -> None:
     rows = source.state_rows(collection)
     by_id = {row["__id"]: row for row in rows}
-    docs = documents(client, source.database, collection)
     assert len(rows) == len(by_id), "duplicate document ids in the state table"
     assert sorted(by_id) == sorted(extjson.encode_str(d["_id"]) for d in docs)
     for doc in docs:

@@ -58,10 +58,10 @@ def airflow_db() -> str:
 @pytest.fixture
 def cdc_source(airflow_db: str, replica_set: ReplicaSet, tmp_path: Path) -> Callable[..., CdcSource]:
     """Factory: write a source YAML for one test database and get a handle to run its DAG."""
-    return lambda database, **settings: make_source(tmp_path, replica_set, database, **settings)
+    return lambda database, **settings: make_source(tmp_path, replica_set.uri, database, **settings)
 
 
-def make_source(directory: Path, replica_set: ReplicaSet, database: str, **settings: object) -> CdcSource:
+def make_source(directory: Path, mongo_uri: str, database: str, **settings: object) -> CdcSource:
     """A source capturing one database into ``directory/lake``, its DAG the only one parsed.
 
     Task retries are off (MONGO_CDC_TASK_RETRIES=0) so a failing run ends at once under dag.test().
@@ -76,6 +76,6 @@ def make_source(directory: Path, replica_set: ReplicaSet, database: str, **setti
     config.update(settings)
     (sources / f"{database}.yaml").write_text(yaml.safe_dump(config))
     os.environ["MONGO_CDC_SOURCES_DIR"] = str(sources)
-    os.environ["AIRFLOW_CONN_MONGO_DEFAULT"] = local_env.mongo_connection(replica_set.uri)
+    os.environ["AIRFLOW_CONN_MONGO_DEFAULT"] = local_env.mongo_connection(mongo_uri)
     os.environ["MONGO_CDC_TASK_RETRIES"] = "0"
     return CdcSource(database, database, str(directory / "lake"), "acc")

@@ -11,6 +11,7 @@ in production; the store is pluggable so this module stays free of Airflow)::
       "batch_seq": 42,                          # raw files with seq <= this are committed
       "snapshot": {"status": "complete", "seq": 1, "cluster_time": ..., "completed_at": "..."},
       "pending": ["/lake/raw/.../rs0-000000000043-0000.parquet"],  # written, not yet committed
+      "retired_at": "",                         # set once a removed shard's stream is drained
       "updated_at": "2026-11-21T15:00:00+00:00"
     }
 
@@ -59,6 +60,7 @@ class Offset:
     batch_seq: int = 0
     snapshot: dict = field(default_factory=dict)
     pending: tuple[str, ...] = ()
+    retired_at: str = ""
     updated_at: str = ""
 
     @property
@@ -109,6 +111,8 @@ def parse_offset(key: str, text: str) -> Offset:
     pending = data.get("pending", [])
     if not isinstance(pending, list) or not all(isinstance(p, str) for p in pending):
         problems.append("'pending' must be a list of paths")
+    if not isinstance(data.get("retired_at", ""), str):
+        problems.append("'retired_at' must be a string")
     if problems:
         raise OffsetError(f"offset '{key}' is corrupted: {'; '.join(problems)}. {_reset_hint(key)}")
     return Offset(
@@ -117,6 +121,7 @@ def parse_offset(key: str, text: str) -> Offset:
         batch_seq=seq,
         snapshot=data.get("snapshot", {}),
         pending=tuple(pending),
+        retired_at=data.get("retired_at", ""),
         updated_at=data.get("updated_at", ""),
     )
 

@@ -12,16 +12,19 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Generator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
 from pymongo import MongoClient
+from pymongo.collection import Collection
 
 from mongo_cdc.config import SourceConfig
 from mongo_cdc.events import SnapshotColumns, SourceInfo, token_cluster_time
 from mongo_cdc.lake import hour_partition, raw_collection_dir, raw_file_name
 from mongo_cdc.landing import ROW_GROUP_ROWS, StreamingFileWriter
 from mongo_cdc.offsets import Offset, OffsetKeeper
+from mongo_cdc.topology import OwnedRanges, owned_ranges
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +47,7 @@ class SnapshotResult:
 
 def needs_snapshot(offset: Offset | None, mode: str) -> bool:
     """Whether this replica set must copy its data before streaming (Debezium's snapshot.mode)."""
-    if offset is not None and offset.snapshot_complete:
+    if offset is not None and offset.snapshot_complete and not offset.retired_at:
         return False
     return mode in ("initial", "initial_only")
 
@@ -90,12 +93,25 @@ class _Progress:
                 )
 
 
+def _documents(collection: Collection, fetch_size: int, owned: OwnedRanges | None) -> Generator[dict, None, None]:
+    """All documents; for a sharded collection only those in the owned chunk ranges (shard key index)."""
+    if owned is None:
+        with collection.find({}, batch_size=fetch_size) as cursor:
+            yield from cursor
+        return
+    for low, high in owned.ranges:
+        cursor = collection.find({}, batch_size=fetch_size).min(list(low.items())).max(list(high.items()))
+        with cursor.hint(list(owned.key)) as ranged:
+            yield from ranged
+
+
 def _copy_collection(
     client: MongoClient,
     config: SourceConfig,
     source: SourceInfo,
     db: str,
     collection: str,
+    owned: OwnedRanges | None,
     seq: int,
     cluster_time: int,
     progress: _Progress,
@@ -105,11 +121,11 @@ def _copy_collection(
     )
     block = source.block(db, collection, cluster_time, (cluster_time >> 32) * 1000, snapshot=True)
     buffer = SnapshotColumns(block, cluster_time)
-    cursor = client[db][collection].find({}, batch_size=config.snapshot_fetch_size)
+    documents = _documents(client[db][collection], config.snapshot_fetch_size, owned)
     writer: StreamingFileWriter | None = None
     part = copied = 0
     try:
-        for document in cursor:
+        for document in documents:
             buffer.add(document)
             if len(buffer) >= ROW_GROUP_ROWS:
                 if writer is not None and writer.rows >= ROWS_PER_FILE:
@@ -133,14 +149,26 @@ def _copy_collection(
             writer.abort()
         raise
     finally:
-        cursor.close()
+        documents.close()
     progress.add(0, collection_done=True)
     return copied
 
 
-def run_snapshot(client: MongoClient, config: SourceConfig, rs: str, keeper: OffsetKeeper) -> SnapshotResult:
-    """Copy every captured collection as ``op: r`` events and commit the pre-copy position."""
-    offset = keeper.load() or Offset()
+def run_snapshot(
+    client: MongoClient,
+    config: SourceConfig,
+    rs: str,
+    keeper: OffsetKeeper,
+    cluster: MongoClient | None = None,
+    shard_id: str | None = None,
+) -> SnapshotResult:
+    """Copy every captured collection as ``op: r`` events and commit the pre-copy position.
+
+    For one shard of a cluster, ``cluster`` (config server or router) and ``shard_id`` restrict
+    sharded collections to the chunk ranges the shard owns, so orphaned documents are not emitted.
+    """
+    # a shard that returns after being retired starts afresh, its batch numbers still increasing
+    offset = replace(keeper.load() or Offset(), retired_at="")
     offset = keeper.discard_uncommitted(offset)
     token = current_position(client)
     cluster_time = token_cluster_time(token)
@@ -159,7 +187,18 @@ def run_snapshot(client: MongoClient, config: SourceConfig, rs: str, keeper: Off
     result = SnapshotResult(seq=seq, cluster_time=cluster_time)
     with ThreadPoolExecutor(max_workers=config.snapshot_max_threads, thread_name_prefix="snapshot") as pool:
         futures = {
-            f"{db}.{coll}": pool.submit(_copy_collection, client, config, source, db, coll, seq, cluster_time, progress)
+            f"{db}.{coll}": pool.submit(
+                _copy_collection,
+                client,
+                config,
+                source,
+                db,
+                coll,
+                owned_ranges(cluster, shard_id, db, coll) if cluster is not None else None,
+                seq,
+                cluster_time,
+                progress,
+            )
             for db, coll in collections
         }
         for namespace, future in futures.items():
@@ -194,4 +233,5 @@ def start_without_snapshot(client: MongoClient, keeper: OffsetKeeper) -> Offset:
         resume_token=token,
         cluster_time=token_cluster_time(token),
         snapshot={"status": "complete", "skipped": True},
+        retired_at="",
     )

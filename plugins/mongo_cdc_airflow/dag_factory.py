@@ -1,7 +1,13 @@
-"""One CDC DAG per source YAML: discover -> per-shard snapshot + pull -> Spark transform -> summary."""
+"""DAGs per source YAML.
+
+``mongo_cdc__<source>``: discover -> per-shard mapped group [snapshot -> pull] -> plan_transform
+-> Spark transform -> summary. ``mongo_cdc_topology__<source>``: a sensor that triggers the CDC
+DAG as soon as shards are added to or removed from the cluster.
+"""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import logging
 import os
@@ -10,26 +16,64 @@ from datetime import timedelta
 
 import pendulum
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-from airflow.sdk import DAG, CronDataIntervalTimetable, dag, get_current_context, task, task_group
+from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
+from airflow.sdk import (
+    DAG,
+    CronDataIntervalTimetable,
+    CronTriggerTimetable,
+    PokeReturnValue,
+    Variable,
+    dag,
+    get_current_context,
+    task,
+    task_group,
+)
+from airflow.task.trigger_rule import TriggerRule
+from pymongo.errors import ConnectionFailure
 
 from mongo_cdc.config import SourceConfig, SourceConfigError, load_sources, sources_dir
-from mongo_cdc.offsets import OffsetKeeper
-from mongo_cdc.topology import discover_shards
-from mongo_cdc_airflow.connections import VariableOffsetStore, mongo_client
+from mongo_cdc.offsets import Offset, OffsetKeeper, offset_key
+from mongo_cdc.topology import Shard, discover_shards, reconcile, topology_changed
+from mongo_cdc_airflow.connections import VariableOffsetStore, mongo_client, shard_client
 
 log = logging.getLogger(__name__)
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEFAULT_SOURCES_DIR = os.path.join(REPO_ROOT, "include", "sources")
 SPARK_APP = os.environ.get("MONGO_CDC_SPARK_APP", os.path.join(REPO_ROOT, "spark_apps", "cdc_transform.py"))
+START_DATE = pendulum.datetime(2024, 1, 1, tz="UTC")
 
-# Tests set MONGO_CDC_TASK_RETRIES=0 where a failure is the point, so dag.test() doesn't wait out backoffs.
-DEFAULT_ARGS = {
-    "retries": int(os.environ.get("MONGO_CDC_TASK_RETRIES", "3")),
-    "retry_delay": timedelta(seconds=30),
-    "retry_exponential_backoff": True,
-    "max_retry_delay": timedelta(minutes=10),
-}
+
+def default_args() -> dict:
+    """Task retries with exponential backoff (30 s doubling up to 10 min).
+
+    Read when a DAG is built: tests set MONGO_CDC_TASK_RETRIES=0 where a failure is the point,
+    so dag.test() doesn't wait out the backoff.
+    """
+    return {
+        "retries": int(os.environ.get("MONGO_CDC_TASK_RETRIES", "3")),
+        "retry_delay": timedelta(seconds=30),
+        "retry_exponential_backoff": True,
+        "max_retry_delay": timedelta(minutes=10),
+    }
+
+
+def topology_variable(source: str) -> str:
+    return f"mongo_cdc.{source}.topology"
+
+
+def stored_topology(source: str) -> list[Shard]:
+    key = topology_variable(source)
+    text = Variable.get(key, default=None)
+    if text is None:
+        return []
+    try:
+        return [Shard.from_dict(entry) for entry in json.loads(text)]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError(
+            f"Variable '{key}' is not a valid shard list ({exc}); delete it "
+            f"(`airflow variables delete {key}`): the next run discovers the shards again"
+        ) from None
 
 
 def _label_map_index(shard: dict) -> None:
@@ -37,8 +81,13 @@ def _label_map_index(shard: dict) -> None:
     get_current_context()["shard_id"] = shard["id"]
 
 
-def _keeper(config: SourceConfig, shard: dict) -> OffsetKeeper:
-    return OffsetKeeper(VariableOffsetStore(), config.name, shard["rs"])
+def _keeper(config: SourceConfig, rs: str) -> OffsetKeeper:
+    return OffsetKeeper(VariableOffsetStore(), config.name, rs)
+
+
+def _unreachable(shard: Shard, exc: ConnectionFailure) -> RuntimeError:
+    hosts = ", ".join(shard.hosts) or "the source connection's hosts"
+    return RuntimeError(f"shard {shard.id}: cannot reach replica set {shard.rs} ({hosts}): {exc}")
 
 
 def build_cdc_dag(config: SourceConfig) -> DAG:
@@ -48,63 +97,101 @@ def build_cdc_dag(config: SourceConfig) -> DAG:
         dag_id=f"mongo_cdc__{config.name}",
         description=f"MongoDB CDC of '{config.name}' into {config.lake_root}",
         schedule=CronDataIntervalTimetable("0 * * * *", timezone="UTC"),
-        start_date=pendulum.datetime(2024, 1, 1, tz="UTC"),
+        start_date=START_DATE,
         catchup=False,
         max_active_runs=1,
-        default_args=DEFAULT_ARGS,
+        default_args=default_args(),
         tags=["mongo-cdc", config.topic_prefix],
         doc_md=f"Change-data-capture of the source defined in `{config.path}`.",
     )
     def cdc() -> None:
         @task
         def discover() -> list[dict]:
-            from airflow.sdk import Variable
+            """Live shards, plus removed shards whose offset still has to be drained."""
+            store = VariableOffsetStore()
+
+            def has_active_offset(shard: Shard) -> bool:
+                offset = _keeper(config, shard.rs).load()
+                return offset is not None and not offset.retired_at
 
             with mongo_client(config.mongo_conn_id) as client:
-                shards = [shard.to_dict() for shard in discover_shards(client)]
-            Variable.set(f"mongo_cdc.{config.name}.topology", json.dumps(shards))
-            log.info("shards: %s", ", ".join(s["id"] for s in shards))
-            return shards
+                live = discover_shards(client)
+            shards = reconcile(stored_topology(config.name), live, has_active_offset)
+            store.set(topology_variable(config.name), json.dumps([s.to_dict() for s in shards]))
+            for shard in shards:
+                log.info(
+                    "shard %s (replica set %s)%s", shard.id, shard.rs, " retiring" if shard.retiring else ""
+                )
+            return [shard.to_dict() for shard in shards]
 
         @task(map_index_template="{{ shard_id }}")
-        def snapshot(shard: dict) -> dict:
+        def snapshot(shard_entry: dict) -> dict:
             from mongo_cdc.snapshot import needs_snapshot, run_snapshot, start_without_snapshot
 
-            _label_map_index(shard)
-            keeper = _keeper(config, shard)
+            _label_map_index(shard_entry)
+            shard = Shard.from_dict(shard_entry)
+            keeper = _keeper(config, shard.rs)
             offset = keeper.load()
-            with mongo_client(config.mongo_conn_id) as client:
-                if needs_snapshot(offset, config.snapshot_mode):
-                    result = run_snapshot(client, config, shard["rs"], keeper)
-                    return {"documents": result.documents, "seconds": round(result.seconds, 3)}
-                if offset is None or offset.resume_token is None:
-                    start_without_snapshot(client, keeper)
+            if offset is not None and offset.retired_at and not shard.retiring:
+                log.info("shard %s is back after being retired: starting it afresh", shard.id)
+                offset = None
+            if shard.retiring:
+                return {"documents": {}, "seconds": 0}
+            try:
+                with shard_client(config.mongo_conn_id, shard) as client:
+                    if needs_snapshot(offset, config.snapshot_mode):
+                        if shard.via_source:
+                            result = run_snapshot(client, config, shard.rs, keeper)
+                        else:
+                            with mongo_client(config.mongo_conn_id) as cluster:
+                                result = run_snapshot(client, config, shard.rs, keeper, cluster, shard.id)
+                        return {"documents": result.documents, "seconds": round(result.seconds, 3)}
+                    if offset is None or offset.resume_token is None:
+                        start_without_snapshot(client, keeper)
+            except ConnectionFailure as exc:
+                raise _unreachable(shard, exc) from None
             return {"documents": {}, "seconds": 0}
 
         @task(map_index_template="{{ shard_id }}")
-        def pull(shard: dict, snapshot_result: dict) -> dict:
+        def pull(shard_entry: dict, snapshot_result: dict) -> dict:
             from mongo_cdc.streaming import pull_changes
 
-            _label_map_index(shard)
+            _label_map_index(shard_entry)
+            shard = Shard.from_dict(shard_entry)
             if config.snapshot_mode == "initial_only":
                 log.info("snapshot.mode is initial_only: no streaming")
-                return {"rs": shard["rs"], "events": {}, "snapshot": snapshot_result}
-            with mongo_client(config.mongo_conn_id) as client:
-                result = pull_changes(client, config, shard["rs"], _keeper(config, shard)).to_dict()
+                return {"rs": shard.rs, "events": {}, "snapshot": snapshot_result}
+            keeper = _keeper(config, shard.rs)
+            try:
+                with shard_client(config.mongo_conn_id, shard) as client:
+                    result = pull_changes(client, config, shard.rs, keeper).to_dict()
+            except ConnectionFailure as exc:
+                raise _unreachable(shard, exc) from None
+            if shard.retiring:
+                retired_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+                keeper.commit(keeper.load() or Offset(), retired_at=retired_at)
+                log.info("shard %s left the cluster: its stream is drained and its offset retired", shard.id)
             result["snapshot"] = snapshot_result
             return result
 
         @task_group
-        def shard_sync(shard: dict) -> dict:
-            return pull(shard, snapshot(shard))
+        def shard_sync(shard_entry: dict) -> dict:
+            return pull(shard_entry, snapshot(shard_entry))
 
-        @task
-        def plan_transform(shards: list[dict]) -> list[str]:
-            """Spark arguments; committed batch numbers come from the offsets, the source of truth."""
+        @task(trigger_rule=TriggerRule.ALL_DONE)
+        def plan_transform() -> list[str]:
+            """Spark arguments; committed batches of every replica set this source ever streamed.
+
+            Runs even when a shard failed, so the other shards' data still lands; the offsets
+            (not this run's XComs) say what is committed, retired shards included.
+            """
+            store = VariableOffsetStore()
+            prefix = offset_key(config.name, "")
             committed = {}
-            for shard in shards:
-                offset = _keeper(config, shard).load()
-                committed[shard["rs"]] = offset.batch_seq if offset else 0
+            for key in store.keys(prefix):
+                if key != topology_variable(config.name):
+                    offset = _keeper(config, key.removeprefix(prefix)).load()
+                    committed[key.removeprefix(prefix)] = offset.batch_seq if offset else 0
             return [
                 "--lake-root",
                 config.lake_root,
@@ -114,17 +201,24 @@ def build_cdc_dag(config: SourceConfig) -> DAG:
                 json.dumps(committed, sort_keys=True),
             ]
 
-        @task
+        @task(trigger_rule=TriggerRule.ALL_DONE)
         def summary(shards: list[dict]) -> dict:
             # Explicit map indexes: how a mapped group's output resolves outside the group depends on
             # its size (one shard gives a bare dict), and the summary must see every shard.
             ti = get_current_context()["ti"]
-            pulls = ti.xcom_pull(task_ids="shard_sync.pull", map_indexes=list(range(len(shards))))
-            return summarize(list(pulls), pendulum.now("UTC"))
+            pulls = [ti.xcom_pull(task_ids="shard_sync.pull", map_indexes=i) for i in range(len(shards))]
+            result = summarize([p for p in pulls if p is not None], pendulum.now("UTC"))
+            failed = [shard["id"] for shard, p in zip(shards, pulls, strict=True) if p is None]
+            if failed:
+                raise RuntimeError(
+                    f"shards {', '.join(failed)} did not sync (see their pull tasks); the other shards' "
+                    "changes landed and they catch up at the next run"
+                )
+            return result
 
         shards = discover()
-        pulls = shard_sync.expand(shard=shards)
-        spark_args = plan_transform(shards)
+        pulls = shard_sync.expand(shard_entry=shards)
+        spark_args = plan_transform()
         pulls >> spark_args
         transform = SparkSubmitOperator(
             task_id="transform",
@@ -141,6 +235,35 @@ def build_cdc_dag(config: SourceConfig) -> DAG:
         transform >> summary(shards)
 
     return cdc()
+
+
+def build_topology_dag(config: SourceConfig, poke_interval_s: float = 180.0) -> DAG:
+    """A small DAG whose sensor triggers the CDC DAG when the cluster's shard list changes."""
+
+    @dag(
+        dag_id=f"mongo_cdc_topology__{config.name}",
+        description=f"Triggers mongo_cdc__{config.name} when shards are added or removed",
+        schedule=CronTriggerTimetable("*/15 * * * *", timezone="UTC"),
+        start_date=START_DATE,
+        catchup=False,
+        max_active_runs=1,
+        tags=["mongo-cdc", config.topic_prefix],
+    )
+    def topology() -> None:
+        @task.sensor(poke_interval=poke_interval_s, timeout=14 * 60, mode="reschedule", soft_fail=True)
+        def shards_changed() -> PokeReturnValue:
+            with mongo_client(config.mongo_conn_id) as client:
+                live = discover_shards(client)
+            changed = topology_changed(stored_topology(config.name), live)
+            if changed:
+                log.info("shard list changed: now %s", ", ".join(s.id for s in live))
+            return PokeReturnValue(is_done=changed, xcom_value=[s.id for s in live])
+
+        shards_changed() >> TriggerDagRunOperator(
+            task_id="trigger_cdc", trigger_dag_id=f"mongo_cdc__{config.name}", wait_for_completion=False
+        )
+
+    return topology()
 
 
 def summarize(pulls: list[dict], run_end: pendulum.DateTime) -> dict:
@@ -166,10 +289,14 @@ def summarize(pulls: list[dict], run_end: pendulum.DateTime) -> dict:
 
 
 def build_dags(directory: str | None = None) -> dict[str, DAG]:
-    """Every source's DAG; any invalid source file fails the import with its file, key and fix."""
+    """Every source's DAGs; any invalid source file fails the import with its file, key and fix."""
     configs, errors = load_sources(directory or sources_dir(DEFAULT_SOURCES_DIR))
     if errors:
         raise SourceConfigError(
             "invalid mongo-cdc source configuration:\n" + "\n".join(str(e) for e in errors)
         )
-    return {f"mongo_cdc__{c.name}": build_cdc_dag(c) for c in configs}
+    dags = {}
+    for config in configs:
+        for built in (build_cdc_dag(config), build_topology_dag(config)):
+            dags[built.dag_id] = built
+    return dags
