@@ -7,6 +7,7 @@ writes, then a cleared-and-rerun DAG run.
 from __future__ import annotations
 
 import datetime as dt
+import json
 
 import pytest
 from cdc_support import assert_state_equals_collection
@@ -21,7 +22,7 @@ COUNTS = {"customers": 4000, "orders": 4000, "products": 2500}
 def scenario(airflow_db, replica_set, tmp_path_factory):
     directory = tmp_path_factory.mktemp("replica_set_cdc")
     source = make_source(
-        directory, replica_set, "rs_cdc", **{"snapshot.max.threads": 2, "max.batch.size": 300}
+        directory, replica_set.uri, "rs_cdc", **{"snapshot.max.threads": 2, "max.batch.size": 300}
     )
     with replica_set.client() as client:
         client.drop_database(source.database)
@@ -69,3 +70,21 @@ def test_clearing_and_rerunning_a_finished_run_changes_nothing(scenario):
     before = _outputs(source)
     source.run(logical_date=RUN_DATE)
     assert _outputs(source) == before
+
+
+def test_deleting_the_offset_takes_a_new_snapshot_that_reaches_state(scenario):
+    from airflow.models import Variable
+
+    from mongo_cdc.offsets import offset_key
+
+    source, client, _ = scenario
+    key = offset_key(source.name, "rs0")
+    seq_before = json.loads(Variable.get(key))["batch_seq"]
+    target = client[source.database].products.find_one({}, sort=[("_id", 1)])
+    client[source.database].products.update_one({"_id": target["_id"]}, {"$set": {"price": 12345.5}})
+    Variable.delete(key)  # what an operator does to force a re-snapshot
+    source.run()
+    offset = json.loads(Variable.get(key))
+    assert offset["snapshot"]["seq"] > seq_before  # batch numbers keep increasing across the reset
+    for collection in COLLECTIONS:
+        assert_state_equals_collection(source, client, collection, FALLBACK_FIELDS[collection])

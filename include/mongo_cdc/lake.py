@@ -161,3 +161,17 @@ def pack_cluster_time(t: int, i: int) -> int:
 
 def unpack_cluster_time(packed: int) -> tuple[int, int]:
     return packed >> 32, packed & 0xFFFFFFFF
+
+
+def highest_raw_seq(lake_root: str, prefix: str, rs: str) -> int:
+    """The highest batch number a replica set has landed so far (0 if none).
+
+    Batch numbers must keep increasing even when an offset is deleted to force a new snapshot:
+    the transform only applies batches past its watermark.
+    """
+    highest = 0
+    for db, collection in list_raw_collections(lake_root, prefix):
+        for raw in list_raw_files(lake_root, prefix, db, collection):
+            if raw.rs == rs:
+                highest = max(highest, raw.seq)
+    return highest

@@ -21,7 +21,7 @@ from pymongo.collection import Collection
 
 from mongo_cdc.config import SourceConfig
 from mongo_cdc.events import SnapshotColumns, SourceInfo, token_cluster_time
-from mongo_cdc.lake import hour_partition, raw_collection_dir, raw_file_name
+from mongo_cdc.lake import highest_raw_seq, hour_partition, raw_collection_dir, raw_file_name
 from mongo_cdc.landing import ROW_GROUP_ROWS, StreamingFileWriter
 from mongo_cdc.offsets import Offset, OffsetKeeper
 from mongo_cdc.topology import OwnedRanges, owned_ranges
@@ -168,7 +168,7 @@ def run_snapshot(
     sharded collections to the chunk ranges the shard owns, so orphaned documents are not emitted.
     """
     # a shard that returns after being retired starts afresh, its batch numbers still increasing
-    offset = replace(keeper.load() or Offset(), retired_at="")
+    offset = replace(_stored_or_new(keeper, config, rs), retired_at="")
     offset = keeper.discard_uncommitted(offset)
     token = current_position(client)
     cluster_time = token_cluster_time(token)
@@ -224,9 +224,14 @@ def run_snapshot(
     return result
 
 
-def start_without_snapshot(client: MongoClient, keeper: OffsetKeeper) -> Offset:
+def _stored_or_new(keeper: OffsetKeeper, config: SourceConfig, rs: str) -> Offset:
+    """The stored offset, or a new one numbering batches after any this replica set already landed."""
+    return keeper.load() or Offset(batch_seq=highest_raw_seq(config.lake_root, config.topic_prefix, rs))
+
+
+def start_without_snapshot(client: MongoClient, config: SourceConfig, rs: str, keeper: OffsetKeeper) -> Offset:
     """snapshot.mode never/no_data: stream from now on, copying nothing."""
-    offset = keeper.load() or Offset()
+    offset = _stored_or_new(keeper, config, rs)
     token = current_position(client)
     return keeper.commit(
         offset,

@@ -147,7 +147,7 @@ def build_cdc_dag(config: SourceConfig) -> DAG:
                                 result = run_snapshot(client, config, shard.rs, keeper, cluster, shard.id)
                         return {"documents": result.documents, "seconds": round(result.seconds, 3)}
                     if offset is None or offset.resume_token is None:
-                        start_without_snapshot(client, keeper)
+                        start_without_snapshot(client, config, shard.rs, keeper)
             except ConnectionFailure as exc:
                 raise _unreachable(shard, exc) from None
             return {"documents": {}, "seconds": 0}
