@@ -1,0 +1,35 @@
+"""The DAGs' schedule, retry and mapping settings, as a user sees them in the Airflow UI."""
+
+from __future__ import annotations
+
+from airflow.sdk import CronDataIntervalTimetable
+
+from mongo_cdc.config import load_source
+from mongo_cdc_airflow.dag_factory import build_cdc_dag, build_topology_dag
+
+
+def test_cdc_dag_is_hourly_with_intervals_one_run_at_a_time_and_backoff_retries(tmp_path, monkeypatch):
+    monkeypatch.delenv("MONGO_CDC_TASK_RETRIES", raising=False)
+    (tmp_path / "shop.yaml").write_text("topic.prefix: shop\n")
+    config = load_source(str(tmp_path / "shop.yaml"))
+    dag = build_cdc_dag(config)
+    assert dag.dag_id == "mongo_cdc__shop"
+    assert isinstance(dag.timetable, CronDataIntervalTimetable)  # real hourly data intervals
+    assert (dag.catchup, dag.max_active_runs) == (False, 1)
+    assert {t.task_id for t in dag.tasks} == {
+        "discover",
+        "shard_sync.snapshot",
+        "shard_sync.pull",
+        "plan_transform",
+        "transform",
+        "summary",
+    }
+    pull = dag.get_task("shard_sync.pull")
+    assert pull.retries == 3 and pull.retry_exponential_backoff
+    assert dag.get_task("transform")._conn_id == "spark_default"
+    assert dag.get_task("plan_transform").trigger_rule == "all_done"  # one failed shard doesn't block the rest
+
+    topology = build_topology_dag(config)
+    sensor = topology.get_task("shards_changed")
+    assert sensor.mode == "reschedule" and sensor.poke_interval <= 300
+    assert topology.get_task("trigger_cdc").trigger_dag_id == "mongo_cdc__shop"
