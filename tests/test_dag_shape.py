@@ -27,7 +27,9 @@ def test_cdc_dag_is_hourly_with_intervals_one_run_at_a_time_and_backoff_retries(
     pull = dag.get_task("shard_sync.pull")
     assert pull.retries == 3 and pull.retry_exponential_backoff
     assert dag.get_task("transform")._conn_id == "spark_default"
-    assert dag.get_task("plan_transform").trigger_rule == "all_done"  # one failed shard doesn't block the rest
+    assert (
+        dag.get_task("plan_transform").trigger_rule == "all_done"
+    )  # one failed shard doesn't block the rest
 
     topology = build_topology_dag(config)
     sensor = topology.get_task("shards_changed")

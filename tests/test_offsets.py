@@ -6,7 +6,14 @@ import json
 
 import pytest
 
-from mongo_cdc.offsets import MemoryOffsetStore, Offset, OffsetError, OffsetKeeper, parse_offset
+from mongo_cdc.offsets import (
+    MemoryOffsetStore,
+    Offset,
+    OffsetError,
+    OffsetKeeper,
+    WriterConflict,
+    parse_offset,
+)
 
 KEY = "mongo_cdc.shop.rs0"
 
@@ -51,3 +58,31 @@ def test_uncommitted_batch_files_are_deleted_before_a_retry(tmp_path):
     cleaned = keeper.discard_uncommitted(keeper.load())
     assert not landed.exists()
     assert cleaned.pending == () and keeper.load().pending == () and staged.batch_seq == 4
+
+
+ME = {"dag_id": "mongo_cdc__shop", "run_id": "scheduled__2026", "task_id": "shard_sync.pull", "map_index": 0}
+OTHER = {**ME, "run_id": "manual__2026"}
+
+
+def test_a_second_writer_is_refused_while_the_first_is_running():
+    keeper = OffsetKeeper(MemoryOffsetStore(), "shop", "rs0")
+    keeper.commit(Offset(), batch_seq=1)
+    keeper.claim(OTHER, still_running=lambda holder: True)
+    with pytest.raises(WriterConflict) as refused:
+        keeper.claim(ME, still_running=lambda holder: holder == {**OTHER, "since": holder["since"]})
+    message = str(refused.value)
+    assert KEY in message and "manual__2026" in message and "shard_sync.pull" in message
+    assert keeper.load().writer["run_id"] == "manual__2026"  # the refused task changed nothing
+
+
+def test_a_claim_left_by_a_task_that_is_gone_is_taken_over_and_released():
+    keeper = OffsetKeeper(MemoryOffsetStore(), "shop", "rs0")
+    keeper.commit(Offset(), batch_seq=1)
+    keeper.claim(OTHER, still_running=lambda holder: True)
+    keeper.claim(ME, still_running=lambda holder: False)  # the other task crashed
+    assert keeper.load().writer["run_id"] == ME["run_id"]
+    keeper.claim(ME, still_running=lambda holder: True)  # a retry of the same task is no second writer
+    keeper.release(OTHER)
+    assert keeper.load().writer is not None  # only the holder releases
+    keeper.release(ME)
+    assert keeper.load().writer is None

@@ -12,6 +12,7 @@ in production; the store is pluggable so this module stays free of Airflow)::
       "snapshot": {"status": "complete", "seq": 1, "cluster_time": ..., "completed_at": "..."},
       "pending": ["/lake/raw/.../rs0-000000000043-0000.parquet"],  # written, not yet committed
       "retired_at": "",                         # set once a removed shard's stream is drained
+      "writer": {"dag_id": ..., "run_id": ..., "task_id": ..., "map_index": 0, "since": "..."},
       "updated_at": "2026-11-21T15:00:00+00:00"
     }
 
@@ -19,6 +20,11 @@ Exactly-once landing: before a batch is written its file paths go into ``pending
 written; then the new ``resume_token``/``batch_seq`` are committed with ``pending`` emptied in one
 store write. A run that finds ``pending`` non-empty deletes those files first: they belong to a
 batch that was written but never committed, and will be written again from the same position.
+
+One writer per offset: a task claims the offset (``writer``) before it snapshots or pulls and
+releases it when done. A second task finding the claim held by another task that is still
+running is refused with a clear message; a claim left by a task that is no longer running (it
+crashed) is taken over.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import datetime as dt
 import glob
 import json
 import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Protocol
 
@@ -49,6 +56,10 @@ class OffsetError(ValueError):
     """A stored offset cannot be used; the message names the key and how to reset it."""
 
 
+class WriterConflict(RuntimeError):
+    """Another task, still running, is writing this offset."""
+
+
 def offset_key(source: str, rs: str) -> str:
     return f"mongo_cdc.{source}.{rs}"
 
@@ -61,6 +72,7 @@ class Offset:
     snapshot: dict = field(default_factory=dict)
     pending: tuple[str, ...] = ()
     retired_at: str = ""
+    writer: dict | None = None
     updated_at: str = ""
 
     @property
@@ -113,6 +125,11 @@ def parse_offset(key: str, text: str) -> Offset:
         problems.append("'pending' must be a list of paths")
     if not isinstance(data.get("retired_at", ""), str):
         problems.append("'retired_at' must be a string")
+    writer = data.get("writer")
+    if writer is not None and not (
+        isinstance(writer, dict) and {"dag_id", "run_id", "task_id"} <= set(writer)
+    ):
+        problems.append("'writer' must be null or an object with dag_id, run_id and task_id")
     if problems:
         raise OffsetError(f"offset '{key}' is corrupted: {'; '.join(problems)}. {_reset_hint(key)}")
     return Offset(
@@ -122,8 +139,13 @@ def parse_offset(key: str, text: str) -> Offset:
         snapshot=data.get("snapshot", {}),
         pending=tuple(pending),
         retired_at=data.get("retired_at", ""),
+        writer=writer,
         updated_at=data.get("updated_at", ""),
     )
+
+
+def _same_task(a: dict, b: dict) -> bool:
+    return all(a.get(k) == b.get(k) for k in ("dag_id", "run_id", "task_id", "map_index"))
 
 
 class OffsetKeeper:
@@ -132,6 +154,28 @@ class OffsetKeeper:
     def __init__(self, store: OffsetStore, source: str, rs: str) -> None:
         self.store = store
         self.key = offset_key(source, rs)
+
+    def claim(self, writer: dict, still_running: Callable[[dict], bool]) -> None:
+        """Become the offset's only writer, unless another task that is still running holds it."""
+        offset = self.load()
+        holder = offset.writer if offset else None
+        if holder and not _same_task(holder, writer) and still_running(holder):
+            raise WriterConflict(
+                f"offset '{self.key}' is being written by task {holder['task_id']} "
+                f"(map index {holder.get('map_index')}) of run {holder['run_id']} "
+                f"since {holder.get('since')}; "
+                "a second writer is refused so no batch is committed twice. Let that run finish; "
+                "if it is gone, mark that task failed and run again."
+            )
+        since = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+        if offset is not None:
+            self.save(replace(offset, writer={**writer, "since": since}))
+        # with no offset yet the snapshot creates it; the claim is made once it exists
+
+    def release(self, writer: dict) -> None:
+        offset = self.load()
+        if offset is not None and offset.writer and _same_task(offset.writer, writer):
+            self.save(replace(offset, writer=None))
 
     def load(self) -> Offset | None:
         text = self.store.get(self.key)

@@ -8,10 +8,12 @@ DAG as soon as shards are added to or removed from the cluster.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 import logging
 import os
 import sys
+from collections.abc import Callable
 from datetime import timedelta
 
 import pendulum
@@ -85,6 +87,37 @@ def _keeper(config: SourceConfig, rs: str) -> OffsetKeeper:
     return OffsetKeeper(VariableOffsetStore(), config.name, rs)
 
 
+def sole_writer(config: SourceConfig) -> Callable[[Callable[..., dict]], Callable[..., dict]]:
+    """Wrap a per-shard task so it is its offset's only writer while it runs (offsets.WriterConflict)."""
+
+    def decorate(work: Callable[..., dict]) -> Callable[..., dict]:
+        @functools.wraps(work)
+        def claimed(shard_entry: dict, *args: object) -> dict:
+            ti = get_current_context()["ti"]
+            me = {"dag_id": ti.dag_id, "run_id": ti.run_id, "task_id": ti.task_id, "map_index": ti.map_index}
+
+            def still_running(holder: dict) -> bool:
+                running = ti.get_ti_count(
+                    dag_id=holder["dag_id"],
+                    run_ids=[holder["run_id"]],
+                    task_ids=[holder["task_id"]],
+                    map_index=holder.get("map_index"),
+                    states=["running"],
+                )
+                return running > 0
+
+            keeper = _keeper(config, shard_entry["rs"])
+            keeper.claim(me, still_running)
+            try:
+                return work(shard_entry, *args)
+            finally:
+                keeper.release(me)
+
+        return claimed
+
+    return decorate
+
+
 def _unreachable(shard: Shard, exc: ConnectionFailure) -> RuntimeError:
     hosts = ", ".join(shard.hosts) or "the source connection's hosts"
     return RuntimeError(f"shard {shard.id}: cannot reach replica set {shard.rs} ({hosts}): {exc}")
@@ -125,6 +158,7 @@ def build_cdc_dag(config: SourceConfig) -> DAG:
             return [shard.to_dict() for shard in shards]
 
         @task(map_index_template="{{ shard_id }}")
+        @sole_writer(config)
         def snapshot(shard_entry: dict) -> dict:
             from mongo_cdc.snapshot import needs_snapshot, run_snapshot, start_without_snapshot
 
@@ -153,6 +187,7 @@ def build_cdc_dag(config: SourceConfig) -> DAG:
             return {"documents": {}, "seconds": 0}
 
         @task(map_index_template="{{ shard_id }}")
+        @sole_writer(config)
         def pull(shard_entry: dict, snapshot_result: dict) -> dict:
             from mongo_cdc.streaming import pull_changes
 
