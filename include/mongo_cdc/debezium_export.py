@@ -1,0 +1,86 @@
+"""Render raw events as Debezium change-event records (JSON Lines) for existing Debezium consumers.
+
+Each line is ``{"key": {"id": "<EJSON of _id>"}, "value": <payload>}`` where the payload has
+Debezium's shape: ``before``, ``after`` (EJSON strings), ``updateDescription``, ``source``,
+``op``, ``ts_ms``, ``transaction``; a tombstone's value is ``null``, as on a Kafka topic.
+
+    python -m mongo_cdc.debezium_export --lake-root LAKE --topic-prefix P --collection db.coll [--output F]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterable, Iterator
+from typing import Any, TextIO
+
+import pyarrow.parquet as pq
+
+from mongo_cdc.lake import list_raw_files
+
+
+def debezium_record(row: dict[str, Any]) -> dict[str, Any]:
+    """One raw row (``lake.RAW_SCHEMA``) as a Debezium key/value record."""
+    key = json.loads(row["key"])
+    if row["op"] is None:
+        return {"key": key, "value": None}
+    return {
+        "key": key,
+        "value": {
+            "before": row["before"],
+            "after": row["after"],
+            "updateDescription": row["updateDescription"],
+            "source": row["source"],
+            "op": row["op"],
+            "ts_ms": row["ts_ms"],
+            "transaction": None,
+        },
+    }
+
+
+def raw_rows(
+    lake_root: str, prefix: str, db: str, collection: str, committed_seq: int | None = None
+) -> list[dict]:
+    """A collection's raw events in oplog order (a tombstone right after its delete)."""
+    rows = []
+    for raw in list_raw_files(lake_root, prefix, db, collection):
+        if committed_seq is None or raw.seq <= committed_seq:
+            rows.extend(pq.read_table(raw.path).to_pylist())
+    return sorted(rows, key=lambda r: (r["cluster_time"], r["event_order"], r["op"] is None))
+
+
+def write_json_lines(records: Iterable[dict[str, Any]], out: TextIO) -> int:
+    count = 0
+    for record in records:
+        out.write(json.dumps(record, separators=(",", ":")) + "\n")
+        count += 1
+    return count
+
+
+def records(lake_root: str, prefix: str, db: str, collection: str) -> Iterator[dict[str, Any]]:
+    return (debezium_record(row) for row in raw_rows(lake_root, prefix, db, collection))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lake-root", required=True)
+    parser.add_argument("--topic-prefix", required=True)
+    parser.add_argument("--collection", required=True, help="db.collection")
+    parser.add_argument("--output", help="file to write (default: standard output)")
+    args = parser.parse_args(argv)
+    db, dot, collection = args.collection.partition(".")
+    if not dot or not collection:
+        parser.error(f"--collection must be db.collection, got {args.collection!r}")
+    lines = records(args.lake_root, args.topic_prefix, db, collection)
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as out:
+            count = write_json_lines(lines, out)
+    else:
+        count = write_json_lines(lines, sys.stdout)
+    print(f"{count} records", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
