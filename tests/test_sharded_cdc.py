@@ -103,7 +103,11 @@ def cluster(airflow_db, tmp_path_factory):
                 client[DB].users.create_index(
                     "k"
                 )  # every shard of a sharded collection has the shard key index
-        source = make_source(base, cfg.uri, DB)
+        # one quick reconnection: a stopped shard's pull then fails in seconds, not after the
+        # default backoff (about 23 minutes)
+        source = make_source(
+            base, cfg.uri, DB, **{"connect.max.attempts": 1, "connect.backoff.initial.delay.ms": 100}
+        )
         yield cluster, source
 
 

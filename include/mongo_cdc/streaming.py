@@ -6,18 +6,28 @@ write made before the click), landing at most ``max.batch.size`` events per micr
 files first, then the offset (see ``offsets`` for the exactly-once protocol). When nothing
 captured changed, the offset still advances to the post-batch resume token, so a quiet
 collection never lets the stored token age out of the oplog.
+
+Faults inside a pull follow Debezium's ``connect.*`` settings. A lost connection or a resumable
+server error reopens the stream at the last landed batch (events read but not landed yet are
+dropped and read again, so nothing is lost or duplicated) after a backoff of
+``connect.backoff.initial.delay.ms`` doubling up to ``connect.backoff.max.delay.ms``; after
+``connect.max.attempts`` failed reconnections in a row the pull fails and leaves the offset as it
+is. A newly elected primary is followed the same way, without waiting. Both are counted in the
+pull's result (Debezium's ``NumberOfDisconnects`` / ``NumberOfPrimaryElections``).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from pymongo import MongoClient
-from pymongo.errors import OperationFailure
+from pymongo.errors import ConnectionFailure, CursorNotFound, OperationFailure, PyMongoError
 
 from mongo_cdc.config import SourceConfig
 from mongo_cdc.events import DATA_OPERATIONS, SourceInfo, change_rows, rows_to_table, token_cluster_time
@@ -35,6 +45,10 @@ class ResumeError(RuntimeError):
     """The stored position cannot be resumed from; the message says how to recover."""
 
 
+class SourceUnreachableError(RuntimeError):
+    """The change stream could not be reopened within ``connect.max.attempts``; the offset is unchanged."""
+
+
 @dataclass
 class PullResult:
     rs: str
@@ -44,6 +58,19 @@ class PullResult:
     events: dict[str, dict[str, int]] = field(default_factory=lambda: defaultdict(lambda: defaultdict(int)))
     newest_source_ts_ms: int | None = None
     ignored_operations: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    # Debezium's NumberOfDisconnects / NumberOfPrimaryElections, as seen by this pull
+    disconnects: int = 0
+    primary_elections: int = 0
+
+    def add_counts(self, batch: _MicroBatch) -> None:
+        for namespace, ops in batch.events_by_op.items():
+            for op, count in ops.items():
+                self.events[namespace][op] += count
+        for operation, count in batch.ignored_operations.items():
+            self.ignored_operations[operation] += count
+        newest = batch.newest_source_ts_ms
+        if newest is not None and (self.newest_source_ts_ms is None or newest > self.newest_source_ts_ms):
+            self.newest_source_ts_ms = newest
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -54,17 +81,28 @@ class PullResult:
             "events": {ns: dict(ops) for ns, ops in self.events.items()},
             "newest_source_ts_ms": self.newest_source_ts_ms,
             "ignored_operations": dict(self.ignored_operations),
+            "disconnects": self.disconnects,
+            "primary_elections": self.primary_elections,
         }
 
 
 class _MicroBatch:
+    """Events read but not landed yet, with their counts: a reopened stream reads them again."""
+
     def __init__(self) -> None:
         self.rows: list[dict[str, Any]] = []
         self.events = 0
+        self.events_by_op: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+        self.ignored_operations: dict[str, int] = defaultdict(int)
+        self.newest_source_ts_ms: int | None = None
 
-    def add(self, rows: list[dict[str, Any]]) -> None:
+    def add(self, namespace: str, op: str, rows: list[dict[str, Any]]) -> None:
         self.rows.extend(rows)
         self.events += 1
+        self.events_by_op[namespace][op] += 1
+        ts_ms = rows[0]["source"]["ts_ms"]
+        if self.newest_source_ts_ms is None or ts_ms > self.newest_source_ts_ms:
+            self.newest_source_ts_ms = ts_ms
 
 
 def last_applied(client: MongoClient) -> int:
@@ -111,76 +149,182 @@ def _watch_options(config: SourceConfig, offset: Offset) -> dict[str, Any]:
     return options
 
 
-def pull_changes(client: MongoClient, config: SourceConfig, rs: str, keeper: OffsetKeeper) -> PullResult:
-    """Stream one replica set from its committed position until it has caught up with now."""
+def backoff_delay_ms(config: SourceConfig, attempt: int) -> int:
+    """Wait before reconnection ``attempt`` (1-based): the initial delay, doubled each time, capped."""
+    delay_ms = config.connect_backoff_initial_delay_ms * 2 ** (attempt - 1)
+    return min(delay_ms, config.connect_backoff_max_delay_ms)
+
+
+def _is_transient(exc: PyMongoError) -> bool:
+    """Errors a reopened stream gets past: the ones pymongo's own change-stream resume treats so."""
+    if isinstance(exc, ConnectionFailure | CursorNotFound):
+        return True
+    return isinstance(exc, OperationFailure) and exc.has_error_label("ResumableChangeStreamError")
+
+
+def _address(address: tuple[str, int]) -> str:
+    return f"{address[0]}:{address[1]}"
+
+
+class _ChangeReader:
+    """One pull's progress, kept across reopened change streams."""
+
+    def __init__(
+        self, client: MongoClient, config: SourceConfig, rs: str, keeper: OffsetKeeper, offset: Offset
+    ) -> None:
+        self.client = client
+        self.config = config
+        self.rs = rs
+        self.keeper = keeper
+        # the last landed position: every (re)opened stream starts here
+        self.offset = offset
+        self.source = SourceInfo(config.topic_prefix, rs)
+        self.result = PullResult(rs=rs)
+        self.target: int | None = None
+        self.primary: tuple[str, int] | None = None
+        self.failures = 0
+
+    def read(self) -> bool:
+        """Open the stream at the last landed position and land batches until caught up (True).
+
+        Returns False as soon as another member became primary, so the caller reopens the stream
+        on it.
+        """
+        if self.target is None:
+            self.target = last_applied(self.client)
+        batch = _MicroBatch()
+        with self.client.watch(**_watch_options(self.config, self.offset)) as stream:
+            opened_with_primary = self.client.primary
+            while True:
+                change = stream.try_next()
+                self.failures = 0
+                if self._primary_moved_since(opened_with_primary):
+                    return False
+                if change is not None:
+                    _collect(change, self.config, self.source, batch)
+                    # strictly past the target: more events of one transaction share its cluster time
+                    caught_up = token_cluster_time(change["_id"]) > self.target
+                    if batch.events >= self.config.max_batch_size or (caught_up and batch.events):
+                        self._land(batch, change["_id"])
+                        batch = _MicroBatch()
+                    if not caught_up:
+                        continue
+                token = stream.resume_token
+                if batch.events:
+                    self._land(batch, token)
+                    batch = _MicroBatch()
+                # An empty getMore means the server has nothing newer to show; reaching the target
+                # position then proves every event up to it has been seen.
+                if token_cluster_time(token) >= self.target:
+                    # what is left are operations that are not captured, seen since the last batch
+                    self.result.add_counts(batch)
+                    if token != self.offset.resume_token:
+                        self.offset = self.keeper.commit(
+                            self.offset, resume_token=token, cluster_time=token_cluster_time(token)
+                        )
+                    return True
+
+    def _land(self, batch: _MicroBatch, token: dict) -> None:
+        self.offset = _land(self.keeper, self.offset, self.config, self.rs, batch, token)
+        self.result.batches += 1
+        self.result.add_counts(batch)
+
+    def _primary_moved_since(self, opened_with_primary: tuple[str, int] | None) -> bool:
+        """Count an election when the primary changed; True when it is not the stream's primary any more.
+
+        A stream can outlive an election (pymongo resumes it once by itself, and a stepped-down
+        primary keeps serving open cursors), so the client's view of the primary is what tells.
+        """
+        primary = self.client.primary
+        if primary is None:  # no primary right now (mid-election, or not a replica-set connection)
+            return False
+        if self.primary is not None and primary != self.primary:
+            self.result.primary_elections += 1
+            log.warning(
+                "replica set %s: %s is the new primary (was %s)",
+                self.rs, _address(primary), _address(self.primary),
+            )  # fmt: skip
+        self.primary = primary
+        return primary != opened_with_primary
+
+    def back_off(self, exc: PyMongoError, sleep: Callable[[float], None]) -> None:
+        """Count a failure and wait before reconnecting; give up after connect.max.attempts reconnections."""
+        self.failures += 1
+        if self.failures == 1:
+            self.result.disconnects += 1
+        # failure n (the first one lost the stream) is followed by reconnection attempt n
+        attempt = self.failures
+        if attempt > self.config.connect_max_attempts:
+            servers = self.client.topology_description.server_descriptions()
+            hosts = ", ".join(sorted(_address(address) for address in servers))
+            # One line naming the cause (a server selection error goes on with a whole topology
+            # description); the full error stays chained to this one.
+            error = str(exc).partition("\n")[0].partition(", Timeout: ")[0][:200]
+            raise SourceUnreachableError(
+                f"replica set {self.rs}: could not reopen the change stream on {hosts} in "
+                f"{self.config.connect_max_attempts} reconnection attempts (connect.max.attempts); last "
+                f"error {type(exc).__name__}: {error}. Offset '{self.keeper.key}' is unchanged: the "
+                f"next run resumes after batch {self.offset.batch_seq}."
+            ) from exc
+        delay_ms = backoff_delay_ms(self.config, attempt)
+        log.warning(
+            "replica set %s: %s: %s; reconnecting in %d ms from batch %d (attempt %d of %d)",
+            self.rs, type(exc).__name__, exc, delay_ms, self.offset.batch_seq,
+            attempt, self.config.connect_max_attempts,
+        )  # fmt: skip
+        sleep(delay_ms / 1000)
+
+
+def pull_changes(
+    client: MongoClient,
+    config: SourceConfig,
+    rs: str,
+    keeper: OffsetKeeper,
+    sleep: Callable[[float], None] = time.sleep,
+) -> PullResult:
+    """Stream one replica set from its committed position until it has caught up with now.
+
+    ``sleep`` waits out the reconnection backoff (tests pass their own).
+    """
     offset = keeper.load()
     if offset is None or offset.resume_token is None:
         raise OffsetError(
             f"offset '{keeper.key}' has no resume position yet; the snapshot step must run first "
             "(check snapshot.mode)"
         )
-    offset = keeper.discard_uncommitted(offset)
-    target = last_applied(client)
-    source = SourceInfo(config.topic_prefix, rs)
-    result = PullResult(rs=rs)
-    batch = _MicroBatch()
-    try:
-        with client.watch(**_watch_options(config, offset)) as stream:
-            while True:
-                change = stream.try_next()
-                if change is not None:
-                    _collect(change, config, source, batch, result)
-                    # strictly past the target: more events of one transaction share its cluster time
-                    caught_up = token_cluster_time(change["_id"]) > target
-                    if batch.events >= config.max_batch_size or (caught_up and batch.events):
-                        offset = _land(keeper, offset, config, rs, batch, change["_id"])
-                        result.batches += 1
-                        batch = _MicroBatch()
-                    if not caught_up:
-                        continue
-                token = stream.resume_token
-                if batch.events:
-                    offset = _land(keeper, offset, config, rs, batch, token)
-                    result.batches += 1
-                    batch = _MicroBatch()
-                # An empty getMore means the server has nothing newer to show; reaching the target
-                # position then proves every event up to it has been seen.
-                if token_cluster_time(token) >= target:
-                    if token != offset.resume_token:
-                        offset = keeper.commit(
-                            offset, resume_token=token, cluster_time=token_cluster_time(token)
-                        )
-                    break
-    except OperationFailure as exc:
-        if exc.code == CHANGE_STREAM_HISTORY_LOST:
-            raise ResumeError(
-                f"replica set {rs}: the stored resume position ({keeper.key}) is no longer in the oplog, so "
-                "changes since then cannot be streamed. Take a new snapshot: delete that Variable "
-                "and trigger the DAG again."
-            ) from None
-        raise
-    result.batch_seq = offset.batch_seq
-    result.cluster_time = offset.cluster_time or 0
+    reader = _ChangeReader(client, config, rs, keeper, keeper.discard_uncommitted(offset))
+    while True:
+        try:
+            if reader.read():
+                break
+        except PyMongoError as exc:
+            if isinstance(exc, OperationFailure) and exc.code == CHANGE_STREAM_HISTORY_LOST:
+                raise ResumeError(
+                    f"replica set {rs}: the stored resume position ({keeper.key}) is no longer in the oplog, "
+                    "so changes since then cannot be streamed. Re-snapshot it: trigger the DAG with the "
+                    'params {"resnapshot": true} (add "shards": ["<its shard id>"] to copy only this '
+                    "shard); the state tables are reconciled. With snapshot.mode when_needed, runs "
+                    "re-snapshot by themselves."
+                ) from None
+            if not _is_transient(exc):
+                raise
+            reader.back_off(exc, sleep)
+    result = reader.result
+    result.batch_seq = reader.offset.batch_seq
+    result.cluster_time = reader.offset.cluster_time or 0
     return result
 
 
-def _collect(
-    change: dict, config: SourceConfig, source: SourceInfo, batch: _MicroBatch, result: PullResult
-) -> None:
+def _collect(change: dict, config: SourceConfig, source: SourceInfo, batch: _MicroBatch) -> None:
     operation = change["operationType"]
     op = DATA_OPERATIONS.get(operation)
     if op is None:
         namespace = change.get("ns", {})
         if config.captures_database(namespace.get("db", "")):
-            result.ignored_operations[operation] += 1
+            batch.ignored_operations[operation] += 1
             log.warning("change stream event %s on %s is not captured yet", operation, namespace)
         return
     db, collection = change["ns"]["db"], change["ns"]["coll"]
     if op in config.skipped_operations or not config.captures_collection(db, collection):
         return
-    rows = change_rows(change, source, config.tombstones_on_delete)
-    batch.add(rows)
-    result.events[f"{db}.{collection}"][op] += 1
-    ts_ms = rows[0]["source"]["ts_ms"]
-    if result.newest_source_ts_ms is None or ts_ms > result.newest_source_ts_ms:
-        result.newest_source_ts_ms = ts_ms
+    batch.add(f"{db}.{collection}", op, change_rows(change, source, config.tombstones_on_delete))
