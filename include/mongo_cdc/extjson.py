@@ -76,7 +76,14 @@ def _default(value: Any) -> Any:
 def _regex_flags(flags: int) -> str:
     import re
 
-    letters = {re.IGNORECASE: "i", re.LOCALE: "l", re.MULTILINE: "m", re.DOTALL: "s", re.UNICODE: "u", re.VERBOSE: "x"}
+    letters = {
+        re.IGNORECASE: "i",
+        re.LOCALE: "l",
+        re.MULTILINE: "m",
+        re.DOTALL: "s",
+        re.UNICODE: "u",
+        re.VERBOSE: "x",
+    }
     return "".join(letter for bit, letter in sorted(letters.items(), key=lambda kv: kv[1]) if flags & bit)
 
 

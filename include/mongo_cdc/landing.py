@@ -12,6 +12,9 @@ from mongo_cdc.lake import RAW_SCHEMA
 
 # Rows per row group: memory stays flat whatever the backlog, and readers can skip groups.
 ROW_GROUP_ROWS = 50_000
+# ...and, for large documents, a cap on the BSON bytes behind one row group (the snapshot cuts a
+# group early when its documents reach this size, so 50,000 big documents never sit in memory).
+ROW_GROUP_BYTES = 64 * 1024 * 1024
 
 
 def _temp_path(path: str) -> str:

@@ -1,0 +1,247 @@
+"""mongo-cdc Extended JSON (mongo_cdc.extjson): lossless for every BSON type; snapshot rows built on it."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import uuid
+
+import bson
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from bson import DBRef, Decimal128, Int64, MaxKey, MinKey, ObjectId, Regex, Timestamp
+from bson.binary import Binary
+from bson.code import Code
+from bson.codec_options import DatetimeConversion
+from bson.datetime_ms import DatetimeMS
+from bson.json_util import JSONOptions
+from bson.json_util import loads as json_util_loads
+
+from mongo_cdc import extjson, snapshot
+from mongo_cdc.config import SourceConfig
+from mongo_cdc.events import SnapshotColumns, SourceInfo
+from mongo_cdc.lake import RAW_SCHEMA
+from mongo_cdc.offsets import MemoryOffsetStore, OffsetKeeper
+
+LOADS_OPTIONS = JSONOptions(datetime_conversion=DatetimeConversion.DATETIME_MS)
+OID = ObjectId("65a1b2c3d4e5f60718293a4b")
+
+# One value per BSON type (the deprecated symbol/undefined/DBPointer aside), plus edge values.
+VALUES = {
+    "double": 12.5,
+    "double_integral": 1.0,
+    "double_negative_zero": -0.0,
+    "double_max": 1.7976931348623157e308,
+    "double_min_subnormal": 5e-324,
+    "string": "héllo \"quoted\" \\ back\nslash \x01 🚀",
+    "document": {"a": 1, "b": {"c": [1, 2]}},
+    "empty_document": {},
+    "array": [1, "two", 3.0, None, {"four": 4}],
+    "empty_array": [],
+    "binary_generic": Binary(b"\x00\x01\xfe\xff", 0),
+    "binary_uuid": Binary(uuid.UUID("12345678-1234-5678-1234-567812345678").bytes, 4),
+    "binary_user": Binary(b"abc", 0x80),
+    "objectid": OID,
+    "bool_true": True,
+    "bool_false": False,
+    "date": DatetimeMS(1_700_000_000_123),
+    "date_before_epoch": DatetimeMS(-1),
+    "date_before_year_1": DatetimeMS(-62_135_596_800_000 - 86_400_000 * 400),
+    "date_after_year_9999": DatetimeMS(253_402_300_800_000 + 1),
+    "null": None,
+    "regex": Regex("^a.*b$", "imsx"),
+    "code": Code("function () { return 1; }"),
+    "code_with_scope": Code("function () { return x; }", {"x": 1}),
+    "int32": 1234,
+    "int32_min": -(2**31),
+    "int32_max": 2**31 - 1,
+    "int64": Int64(1234),
+    "int64_beyond_int32": 2**40,
+    "int64_min": Int64(-(2**63)),
+    "timestamp": Timestamp(1_700_000_000, 7),
+    "decimal128": Decimal128("1.10"),
+    "decimal128_nan": Decimal128("NaN"),
+    "minkey": MinKey(),
+    "maxkey": MaxKey(),
+    "dbref": DBRef("customers", OID, "shop", extra="field"),
+    "nan": float("nan"),
+    "inf": float("inf"),
+    "ninf": float("-inf"),
+}
+
+
+def decoded(document: dict) -> dict:
+    """``document`` as a snapshot or a change stream hands it to ``encode``."""
+    return bson.decode(bson.encode(document), extjson.DECODE_OPTIONS)
+
+
+def assert_round_trip(document: dict) -> str:
+    """encode -> json_util.loads gives back exactly the same BSON (types, bits and field order)."""
+    original = bson.encode(document)
+    text = extjson.encode_str(bson.decode(original, extjson.DECODE_OPTIONS))
+    assert bson.encode(json_util_loads(text, json_options=LOADS_OPTIONS)) == original, text
+    return text
+
+
+@pytest.mark.parametrize("name", sorted(VALUES))
+def test_every_bson_type_round_trips_through_json_util(name):
+    assert_round_trip({"_id": 1, name: VALUES[name]})
+
+
+def test_a_document_with_every_type_round_trips():
+    text = assert_round_trip({"_id": OID, **VALUES, "nested": {"deep": [VALUES, [VALUES]]}})
+    json.loads(text)  # strict JSON: no bare NaN/Infinity
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (float("nan"), {"$numberDouble": "NaN"}),
+        (float("inf"), {"$numberDouble": "Infinity"}),
+        (float("-inf"), {"$numberDouble": "-Infinity"}),
+    ],
+)
+def test_non_finite_doubles_are_spelled_out_wherever_they_are(value, expected):
+    document = {"_id": 1, "top": value, "sub": {"x": value}, "list": [1, [value]], "null": None, "s": "null"}
+    parsed = json.loads(assert_round_trip(document))
+    assert parsed["top"] == parsed["sub"]["x"] == parsed["list"][1][0] == expected
+    assert parsed["null"] is None and parsed["s"] == "null"
+
+
+def test_a_document_with_null_text_but_no_nan_is_unchanged():
+    document = {"_id": 1, "a": None, "b": "null", "c": [None, 1.5]}
+    assert json.loads(extjson.encode(decoded(document))) == document
+
+
+def test_int32_int64_double_and_dates_keep_their_types():
+    parsed = json.loads(
+        extjson.encode(decoded({"i32": 5, "i64": Int64(5), "big": 2**40, "f": 5.0, "d": DatetimeMS(-5)}))
+    )
+    assert parsed == {
+        "i32": 5,
+        "i64": {"$numberLong": "5"},
+        "big": {"$numberLong": str(2**40)},
+        "f": 5.0,
+        "d": {"$date": {"$numberLong": "-5"}},
+    }
+    assert isinstance(parsed["f"], float) and isinstance(parsed["i32"], int)
+
+
+def test_encode_str_is_encode_as_text():
+    document = decoded({"_id": OID, "v": VALUES["string"]})
+    assert extjson.encode_str(document) == extjson.encode(document).decode()
+
+
+@pytest.mark.parametrize(
+    ("document_id", "expected"),
+    [
+        (1234, {"id": "1234"}),
+        (12.34, {"id": "12.34"}),
+        ("1234", {"id": '"1234"'}),
+        (OID, {"id": '{"$oid":"65a1b2c3d4e5f60718293a4b"}'}),
+        (Int64(1234), {"id": '{"$numberLong":"1234"}'}),
+        (Binary(b"\x01\x02\x03", 0), {"id": '{"$binary":{"base64":"AQID","subType":"00"}}'}),
+        ({"a": 1, "b": "x"}, {"id": '{"a":1,"b":"x"}'}),
+    ],
+)
+def test_debezium_key_is_the_extended_json_of_the_id(document_id, expected):
+    key = extjson.document_key(decoded({"_id": document_id})["_id"])
+    assert json.loads(key) == expected
+    # the id text itself parses back to the same _id
+    restored = json_util_loads(f'{{"_id": {expected["id"]}}}', json_options=LOADS_OPTIONS)
+    assert bson.encode(restored) == bson.encode({"_id": document_id})
+
+
+def test_objectid_key_fast_path_matches_the_generic_encoding():
+    import orjson
+
+    for oid in (OID, ObjectId(), ObjectId("000000000000000000000000")):
+        assert extjson.document_key(oid) == orjson.dumps({"id": extjson.encode_str(oid)}).decode()
+
+
+def test_unknown_types_are_refused_not_stringified():
+    with pytest.raises(TypeError):
+        extjson.encode({"v": object()})
+
+
+# ---------------------------------------------------------------------------------------------
+# The snapshot hot path builds the same rows as encoding documents one by one.
+# ---------------------------------------------------------------------------------------------
+
+
+def _snapshot_documents() -> list[dict]:
+    documents = [{"_id": i, **{name: VALUES[name] for name in sorted(VALUES)[i % 7 :: 7]}} for i in range(40)]
+    documents += [
+        {"_id": OID, "nan": float("nan")},
+        {"_id": "text-id", "s": "ünïcødé"},
+        {"_id": {"compound": 1}, "big": "x" * 300_000},
+        {"_id": Binary(b"\x07", 0)},
+    ]
+    documents += [
+        {"_id": ObjectId(), "n": i, "when": DatetimeMS(i), "big": Int64(i), "p": i / 7, "tags": [str(i)]}
+        for i in range(2_500)
+    ]
+    return documents
+
+
+def test_snapshot_columns_extend_matches_add():
+    block = SourceInfo("p", "rs0").block("db", "coll", 5 << 32 | 1, 5000, snapshot=True)
+    documents = [decoded(document) for document in _snapshot_documents()]
+    one_by_one, batched = SnapshotColumns(block, 5 << 32 | 1), SnapshotColumns(block, 5 << 32 | 1)
+    for document in documents:
+        one_by_one.add(document)
+    batched.extend(documents[:100])
+    batched.extend(documents[100:])
+    first, second = one_by_one.take_table(), batched.take_table()
+    assert first.schema == second.schema == RAW_SCHEMA
+    assert first.drop_columns(["ts_ms"]).equals(second.drop_columns(["ts_ms"]))
+    assert first.column("after").to_pylist() == [extjson.encode_str(document) for document in documents]
+    assert len(one_by_one) == len(batched) == 0
+
+
+def test_snapshot_rows_equal_documents_encoded_one_by_one(replica_set, db_name, tmp_path, monkeypatch):
+    # small groups, chunks and batches so every boundary of the hot loop is crossed
+    monkeypatch.setattr(snapshot, "ROW_GROUP_ROWS", 1_000)
+    monkeypatch.setattr(snapshot, "ROW_GROUP_BYTES", 250_000)
+    monkeypatch.setattr(snapshot, "ROWS_PER_FILE", 2_000)
+    monkeypatch.setattr(snapshot, "DECODE_CHUNK", 7)
+    documents = _snapshot_documents()
+    with replica_set.client(datetime_conversion=DatetimeConversion.DATETIME_MS) as client:
+        client[db_name]["things"].insert_many(documents)
+        client[db_name].create_collection("nothing")
+        config = SourceConfig(
+            name="t",
+            path="<test>",
+            topic_prefix="t",
+            lake_root=str(tmp_path),
+            database_include=(re.compile(re.escape(db_name)),),
+            snapshot_fetch_size=333,
+        )
+        result = snapshot.run_snapshot(client, config, "rs0", OffsetKeeper(MemoryOffsetStore(), "t", "rs0"))
+        expected = list(client[db_name].get_collection("things", codec_options=extjson.DECODE_OPTIONS).find())
+
+    assert result.documents == {f"{db_name}.nothing": 0, f"{db_name}.things": len(documents)}
+    assert not glob.glob(os.path.join(tmp_path, "raw", "t", db_name, "nothing", "*", "*.parquet"))
+    files = sorted(glob.glob(os.path.join(tmp_path, "raw", "t", db_name, "things", "*", "*.parquet")))
+    assert [os.path.basename(f) for f in files] == [f"rs0-000000000001-000{part}.parquet" for part in (0, 1)]
+    metadata = [pq.ParquetFile(f).metadata for f in files]
+    groups = [m.row_group(i).num_rows for m in metadata for i in range(m.num_row_groups)]
+    assert max(groups) <= 1_000 and sum(groups) == len(documents)
+    assert groups[0] < 1_000  # the big document closed the first group early (byte cap)
+    assert all(rows == 1_000 for rows in groups[1:-1])
+    table = pa.concat_tables(pq.read_table(f, schema=RAW_SCHEMA) for f in files)
+    assert table.schema == RAW_SCHEMA
+    assert table.column("key").to_pylist() == [extjson.document_key(d["_id"]) for d in expected]
+    assert table.column("after").to_pylist() == [extjson.encode_str(d) for d in expected]
+    assert set(table.column("op").to_pylist()) == {"r"}
+    sources = table.column("source").to_pylist()
+    assert all(s == sources[0] for s in sources) and sources[0]["snapshot"] is True
+    assert sources[0]["db"] == db_name and sources[0]["collection"] == "things"
+    assert len(set(table.column("cluster_time").to_pylist())) == 1
+    assert set(table.column("event_order").to_pylist()) == {""}
+    assert all(v is None for name in ("before", "updateDescription") for v in table.column(name).to_pylist())
+    nan_row = json.loads(table.column("after").to_pylist()[[d["_id"] for d in expected].index(OID)])
+    assert nan_row["nan"] == {"$numberDouble": "NaN"}
