@@ -31,8 +31,14 @@ class CdcSource:
     def dag_id(self) -> str:
         return f"mongo_cdc__{self.name}"
 
-    def run(self, logical_date: dt.datetime | None = None, expect: str = "success", skip_spark: bool = False):
-        """One real DAG run through ``dag.test()``; returns the DagRun."""
+    def run(
+        self,
+        logical_date: dt.datetime | None = None,
+        expect: str = "success",
+        skip_spark: bool = False,
+        conf: dict[str, Any] | None = None,
+    ):
+        """One real DAG run through ``dag.test()`` (``conf``: the trigger params); returns the DagRun."""
         from airflow.dag_processing.dagbag import DagBag
 
         bag = DagBag(dag_folder=os.environ["AIRFLOW__CORE__DAGS_FOLDER"])
@@ -41,7 +47,7 @@ class CdcSource:
         kwargs: dict[str, Any] = {"mark_success_pattern": "^transform$"} if skip_spark else {}
         if logical_date is not None:
             kwargs["logical_date"] = logical_date
-        run = dag.test(**kwargs)
+        run = dag.test(run_conf=conf, **kwargs)
         assert run.state == expect, [(ti.task_id, ti.state) for ti in run.get_task_instances()]
         return run
 

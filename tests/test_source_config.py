@@ -73,7 +73,8 @@ def test_relative_lake_root_is_resolved_next_to_the_file(tmp_path):
         ),
         (
             {"topic.prefix": "p", "snapshot.mode": "sometimes"},
-            "key 'snapshot.mode' is 'sometimes'; allowed values: initial",
+            "key 'snapshot.mode' is 'sometimes'; allowed values: initial, when_needed, always, initial_only, "
+            "no_data, never",
         ),
         (
             {"topic.prefix": "p", "capture.mode": "oplog"},

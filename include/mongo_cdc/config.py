@@ -13,14 +13,23 @@ from typing import Any
 
 import yaml
 
+from mongo_cdc.transform.flatten_options import (
+    ARRAY_ENCODINGS,
+    DELETE_TOMBSTONE_HANDLING_MODES,
+    FlatteningOptions,
+    added_field,
+)
+
 SOURCES_DIR_ENV = "MONGO_CDC_SOURCES_DIR"
 LAKE_ROOT_ENV = "MONGO_CDC_LAKE_ROOT"
 
-SNAPSHOT_MODES = ("initial", "initial_only", "no_data", "never")
+# Debezium's snapshot.mode values (see snapshot.needs_snapshot); no_data and never mean the same.
+SNAPSHOT_MODES = ("initial", "when_needed", "always", "initial_only", "no_data", "never")
 CAPTURE_MODES = ("change_streams_update_full", "change_streams")
 SKIPPABLE_OPERATIONS = ("c", "u", "d", "none")
 # Databases MongoDB uses for itself; Debezium never captures them either.
 SYSTEM_DATABASES = frozenset({"admin", "local", "config"})
+_FLATTENING_DEFAULTS = FlatteningOptions()
 
 
 class SourceConfigError(ValueError):
@@ -51,6 +60,27 @@ class SourceConfig:
     connect_backoff_initial_delay_ms: int = 1000
     connect_backoff_max_delay_ms: int = 120_000
     connect_max_attempts: int = 16
+    # The changes table's event flattening (ExtractNewDocumentState's options): see `flattening`.
+    array_encoding: str = _FLATTENING_DEFAULTS.array_encoding
+    flatten_struct: bool = _FLATTENING_DEFAULTS.flatten_struct
+    flatten_struct_delimiter: str = _FLATTENING_DEFAULTS.flatten_struct_delimiter
+    delete_tombstone_handling_mode: str = _FLATTENING_DEFAULTS.delete_tombstone_handling_mode
+    add_fields: tuple[str, ...] = _FLATTENING_DEFAULTS.add_fields
+    add_fields_prefix: str = _FLATTENING_DEFAULTS.add_fields_prefix
+
+    def __post_init__(self) -> None:
+        self.flattening  # noqa: B018 - builds the options, so clashing ones are refused here
+
+    @property
+    def flattening(self) -> FlatteningOptions:
+        return FlatteningOptions(
+            array_encoding=self.array_encoding,
+            flatten_struct=self.flatten_struct,
+            flatten_struct_delimiter=self.flatten_struct_delimiter,
+            delete_tombstone_handling_mode=self.delete_tombstone_handling_mode,
+            add_fields=self.add_fields,
+            add_fields_prefix=self.add_fields_prefix,
+        )
 
     def captures_database(self, db: str) -> bool:
         if db in SYSTEM_DATABASES:
@@ -132,6 +162,30 @@ def _skipped_operations(path: str, key: str, value: Any) -> frozenset[str]:
     return frozenset(item for item in items if item != "none")
 
 
+def _string(path: str, key: str, value: Any, allow_empty: bool = True) -> str:
+    if not isinstance(value, str) or not (value or allow_empty):
+        bound = "a string" if allow_empty else "a non-empty string"
+        raise SourceConfigError(f"{path}: key '{key}' must be {bound}, got {value!r}")
+    return value
+
+
+def _add_fields(path: str, key: str, value: Any) -> tuple[str, ...]:
+    if isinstance(value, str):
+        items = tuple(item.strip() for item in value.split(",") if item.strip())
+    elif isinstance(value, list) and all(isinstance(item, str) for item in value):
+        items = tuple(item.strip() for item in value)
+    else:
+        raise SourceConfigError(
+            f"{path}: key '{key}' must be a list of field names or a comma-separated string"
+        )
+    for item in items:
+        try:
+            added_field(item, prefix="")
+        except ValueError as exc:
+            raise SourceConfigError(f"{path}: {exc}") from None
+    return items
+
+
 # key -> (dataclass field, parser)
 _KEYS = {
     "topic.prefix": ("topic_prefix", _topic_prefix),
@@ -152,6 +206,18 @@ _KEYS = {
     "connect.backoff.initial.delay.ms": ("connect_backoff_initial_delay_ms", _positive_int),
     "connect.backoff.max.delay.ms": ("connect_backoff_max_delay_ms", _positive_int),
     "connect.max.attempts": ("connect_max_attempts", _positive_int),
+    "array.encoding": ("array_encoding", lambda p, k, v: _choice(p, k, v, ARRAY_ENCODINGS)),
+    "flatten.struct": ("flatten_struct", _boolean),
+    "flatten.struct.delimiter": (
+        "flatten_struct_delimiter",
+        lambda p, k, v: _string(p, k, v, allow_empty=False),
+    ),
+    "delete.tombstone.handling.mode": (
+        "delete_tombstone_handling_mode",
+        lambda p, k, v: _choice(p, k, v, DELETE_TOMBSTONE_HANDLING_MODES),
+    ),
+    "add.fields": ("add_fields", _add_fields),
+    "add.fields.prefix": ("add_fields_prefix", _string),
 }
 
 _MUTUALLY_EXCLUSIVE = (
@@ -205,7 +271,10 @@ def load_source(path: str) -> SourceConfig:
         lake_root = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(path)), lake_root))
     values["lake_root"] = lake_root
     name = os.path.splitext(os.path.basename(path))[0]
-    return SourceConfig(name=name, path=os.path.abspath(path), **values)
+    try:
+        return SourceConfig(name=name, path=os.path.abspath(path), **values)
+    except ValueError as exc:  # the flattening options do not fit together
+        raise SourceConfigError(f"{path}: {exc}") from None
 
 
 def sources_dir(default: str) -> str:

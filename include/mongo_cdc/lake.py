@@ -3,20 +3,25 @@
 Layout under ``lake.root``::
 
     raw/<topic.prefix>/<db>/<collection>/hour=<YYYY-MM-DDTHH>/<rs>-<seq>-<part>.parquet
+    raw/<topic.prefix>/_snapshots/<rs>-<seq>.json     (one manifest per snapshot batch)
     changes/<topic.prefix>/<db>/<collection>   -> symlink to the current version directory
     state/<topic.prefix>/<db>/<collection>     -> symlink to the current version directory
     _versions/<changes|state>/<topic.prefix>/<db>/<collection>/v<NNNNNN>/...
 
 ``seq`` is the replica set's batch sequence number (committed in its offset); a raw file
-belongs to the lake only once its ``seq`` is at or below the committed ``batch_seq``.
+belongs to the lake only once its ``seq`` is at or below the committed ``batch_seq``. The same
+holds for a snapshot manifest: it says which collections its batch copied *completely*, so the
+transform can drop the documents the snapshot no longer found (even from a now empty collection,
+which has no raw file in that batch).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import pyarrow as pa
 
@@ -71,6 +76,10 @@ RAW_SCHEMA = pa.schema(
 )
 
 _FILE_NAME = re.compile(r"^(?P<rs>.+)-(?P<seq>\d{12})-(?P<part>\d{4})\.parquet$")
+_MANIFEST_NAME = re.compile(r"^(?P<rs>.+)-(?P<seq>\d{12})\.json$")
+# Under raw/<prefix>/ next to the database directories; the leading underscore keeps every reader
+# of the raw tree (list_raw_collections, Spark, pyarrow) from taking it for a database.
+SNAPSHOTS_DIR = "_snapshots"
 
 
 @dataclass(frozen=True)
@@ -81,6 +90,19 @@ class RawFile:
     rs: str
     seq: int
     part: int
+
+
+@dataclass(frozen=True)
+class SnapshotManifest:
+    """A snapshot batch copied these collections completely, as they were at ``cluster_time``."""
+
+    rs: str
+    seq: int
+    cluster_time: int
+    collections: tuple[str, ...]  # "<db>.<collection>"
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
 
 
 def raw_collection_dir(lake_root: str, prefix: str, db: str, collection: str) -> str:
@@ -146,6 +168,35 @@ def list_raw_collections(lake_root: str, prefix: str) -> list[tuple[str, str]]:
     return pairs
 
 
+def snapshot_manifest_path(lake_root: str, prefix: str, rs: str, seq: int) -> str:
+    return os.path.join(lake_root, "raw", prefix, SNAPSHOTS_DIR, f"{rs}-{seq:012d}.json")
+
+
+def write_snapshot_manifest(lake_root: str, prefix: str, manifest: SnapshotManifest) -> str:
+    """Write a manifest atomically (a reader never sees half of one); return its path."""
+    path = snapshot_manifest_path(lake_root, prefix, manifest.rs, manifest.seq)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    temporary = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp")
+    with open(temporary, "w", encoding="utf-8") as file:
+        file.write(manifest.to_json())
+    os.replace(temporary, path)
+    return path
+
+
+def list_snapshot_manifests(lake_root: str, prefix: str) -> list[SnapshotManifest]:
+    """Every snapshot manifest of a source, committed or not, in (rs, seq) order."""
+    directory = os.path.join(lake_root, "raw", prefix, SNAPSHOTS_DIR)
+    manifests = []
+    for name in sorted(os.listdir(directory)) if os.path.isdir(directory) else []:
+        if _MANIFEST_NAME.match(name):
+            with open(os.path.join(directory, name), encoding="utf-8") as file:
+                data = json.load(file)
+            manifests.append(
+                SnapshotManifest(data["rs"], data["seq"], data["cluster_time"], tuple(data["collections"]))
+            )
+    return manifests
+
+
 def table_path(lake_root: str, table: str, prefix: str, db: str, collection: str) -> str:
     """Public path of a derived table (``table`` is ``changes`` or ``state``)."""
     return os.path.join(lake_root, table, prefix, db, collection)
@@ -164,14 +215,18 @@ def unpack_cluster_time(packed: int) -> tuple[int, int]:
 
 
 def highest_raw_seq(lake_root: str, prefix: str, rs: str) -> int:
-    """The highest batch number a replica set has landed so far (0 if none).
+    """The highest batch number a replica set has landed so far (0 if none), manifests included.
 
     Batch numbers must keep increasing even when an offset is deleted to force a new snapshot:
-    the transform only applies batches past its watermark.
+    the transform only applies batches past its watermark. (A snapshot of empty collections
+    lands a manifest and no raw file.)
     """
     highest = 0
     for db, collection in list_raw_collections(lake_root, prefix):
         for raw in list_raw_files(lake_root, prefix, db, collection):
             if raw.rs == rs:
                 highest = max(highest, raw.seq)
+    for manifest in list_snapshot_manifests(lake_root, prefix):
+        if manifest.rs == rs:
+            highest = max(highest, manifest.seq)
     return highest

@@ -10,6 +10,12 @@ fields deleted, truncated arrays cut, then updated fields set (a numeric path co
 an array; setting past its end pads with nulls). With no previous version known, it applies to
 ``{"_id": ...}`` and the state holds only what the updates set.
 
+A complete snapshot of a collection at position P (a ``SnapshotManifest``) also says which
+documents are gone: a live document whose latest event came from the snapshot's replica set
+before P, and that the snapshot therefore did not read, was deleted while nobody streamed (an
+oplog lost, a source reset). ``reconcile_with_snapshots`` turns it into a deletion at P. Only
+the snapshot's own replica set counts because a shard's snapshot sees that shard's documents only.
+
 Known limit: a field name containing a dot cannot be told apart from a nested path (the raw
 events carry no ``disambiguatedPaths``), so such updates set the nested path.
 """
@@ -21,6 +27,7 @@ from typing import Any, NamedTuple
 
 import orjson
 
+from mongo_cdc.lake import SnapshotManifest
 from mongo_cdc.transform import ejson_types as types
 from mongo_cdc.transform.raw_events import ChangeEvent
 
@@ -30,6 +37,7 @@ STATE_METADATA_COLUMNS: tuple[tuple[str, types.ColumnType], ...] = (
     ("__doc", types.STRING),
     ("__cluster_time", types.LONG),
     ("__event_order", types.STRING),
+    ("__rs", types.STRING),
 )
 
 
@@ -38,6 +46,8 @@ class DocumentVersion(NamedTuple):
     document: str | None  # EJSON text; None once deleted
     cluster_time: int
     event_order: str
+    # the replica set of the last event applied; None in state versions written before it was kept
+    rs: str | None = None
 
     @property
     def position(self) -> tuple[int, str]:
@@ -65,10 +75,28 @@ def fold_events(
             text = None
         else:
             continue  # no document data to apply (an update whose lookup found nothing)
-        version = DocumentVersion(document_id, text, event.cluster_time, event.event_order)
+        version = DocumentVersion(document_id, text, event.cluster_time, event.event_order, event.rs)
     if parsed is not None:
         version = version._replace(document=orjson.dumps(parsed).decode())
     return version
+
+
+def reconcile_with_snapshots(
+    version: DocumentVersion, snapshots: Iterable[SnapshotManifest]
+) -> DocumentVersion:
+    """``version`` deleted at the latest snapshot of its replica set that did not read it, if any.
+
+    ``snapshots`` are complete snapshots of the document's collection whose events are already
+    folded into ``version``: a document one of them read sits at or after that snapshot's position.
+    """
+    missed_by = [
+        snapshot.cluster_time
+        for snapshot in snapshots
+        if snapshot.rs == version.rs and version.position < (snapshot.cluster_time, "")
+    ]
+    if version.document is None or not missed_by:
+        return version
+    return version._replace(document=None, cluster_time=max(missed_by), event_order="")
 
 
 def _document_to_update(document_id: str, version: DocumentVersion | None) -> dict:

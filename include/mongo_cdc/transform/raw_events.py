@@ -1,26 +1,28 @@
-"""Raw lake files: which ones a table still has to apply, and their rows as change events."""
+"""Raw lake batches: which files and snapshot manifests a table still has to apply, and raw rows as events."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 import orjson
 import pyarrow.parquet as pq
 
-from mongo_cdc.lake import RawFile
+from mongo_cdc.lake import parse_raw_file
 
-_COLUMNS = ["key", "op", "after", "updateDescription", "source", "cluster_time", "event_order"]
+_COLUMNS = ["key", "op", "ts_ms", "after", "updateDescription", "source", "cluster_time", "event_order"]
 
 
 class ChangeEvent(NamedTuple):
     document_id: str  # the EJSON of _id, as in the key: {"id": "<EJSON of _id>"}
     op: str | None  # r, c, u, d; None for a tombstone
+    ts_ms: int | None  # when mongo-cdc processed the event
     after: str | None
     update_description: dict | None  # updatedFields (EJSON text), removedFields, truncatedArrays
-    source_ts_ms: int | None
+    source: dict[str, Any] | None  # the raw source struct: ts_ms, rs, collection... (see lake.RAW_SCHEMA)
     cluster_time: int
     event_order: str  # hex resume token; "" (a snapshot read) sorts first
+    rs: str  # the replica set whose oplog or snapshot the event came from (its raw file's rs)
 
     @property
     def position(self) -> tuple[int, str]:
@@ -28,31 +30,46 @@ class ChangeEvent(NamedTuple):
         return self.cluster_time, self.event_order
 
 
-def event_from_row(row: dict[str, Any]) -> ChangeEvent:
-    source = row["source"]
+def event_from_row(row: dict[str, Any], rs: str) -> ChangeEvent:
     return ChangeEvent(
         document_id=orjson.loads(row["key"])["id"],
         op=row["op"],
+        ts_ms=row["ts_ms"],
         after=row["after"],
         update_description=row["updateDescription"],
-        source_ts_ms=source["ts_ms"] if source else None,
+        source=row["source"],
         cluster_time=row["cluster_time"],
         event_order=row["event_order"],
+        rs=rs,
     )
 
 
 def read_raw_file(path: str) -> list[ChangeEvent]:
     """Every event of one raw Parquet file, tombstones included, in file order."""
     rows = pq.ParquetFile(path).read(columns=_COLUMNS).to_pylist()
-    return [event_from_row(row) for row in rows]
+    rs = parse_raw_file(path).rs
+    return [event_from_row(row, rs) for row in rows]
 
 
-def committed_files(files: Iterable[RawFile], committed: dict[str, int]) -> list[RawFile]:
+class Batched(Protocol):
+    """Part of a replica set's numbered batch: a raw file or a snapshot manifest."""
+
+    @property
+    def rs(self) -> str: ...
+
+    @property
+    def seq(self) -> int: ...
+
+
+BatchedT = TypeVar("BatchedT", bound=Batched)
+
+
+def committed_files(files: Iterable[BatchedT], committed: dict[str, int]) -> list[BatchedT]:
     """The files that belong to the lake: seq at or below its replica set's committed batch_seq."""
     return [raw for raw in files if raw.rs in committed and raw.seq <= committed[raw.rs]]
 
 
-def files_after(files: Iterable[RawFile], watermarks: dict[str, int]) -> list[RawFile]:
+def files_after(files: Iterable[BatchedT], watermarks: dict[str, int]) -> list[BatchedT]:
     """The files not yet applied to a table whose per-replica-set watermarks are given."""
     return [raw for raw in files if raw.seq > watermarks.get(raw.rs, -1)]
 
