@@ -9,11 +9,18 @@ applied (``_mongo_cdc.json``), so a run reads only the files committed since.
 
 * state: the previous version (from ``__doc``) plus the new events, folded per document, is
   written whole as a new version. Deleted documents' last positions are kept in the hidden
-  ``_deleted`` directory so a replayed old insert cannot bring them back.
+  ``_deleted`` directory so a replayed old insert cannot bring them back. A committed snapshot
+  manifest (``raw/<prefix>/_snapshots``) past the watermark then reconciles the collection: a
+  document of the snapshot's replica set that the snapshot did not read is deleted at its position
+  (``document_state.reconcile_with_snapshots``). ``__rs`` names each document's replica set;
+  versions written before that column existed get the table's only replica set, if it has one.
 * changes: one file per raw file (same hour directory and base name, so a re-run overwrites).
   New files go into the current version while the column types stay the same; when the new
   events add a field or widen a type, the whole table is rebuilt from every committed raw file
-  into a new version, so every file of a version has the same schema.
+  into a new version, so every file of a version has the same schema. The event-flattening
+  options (``--flattening``: Debezium ExtractNewDocumentState's, as JSON keyed like the source
+  YAML, see ``mongo_cdc.transform.flatten``) are recorded in the version's metadata too: a run
+  with other options rebuilds the table, since they change its columns and rows.
 
 Column types: see ``mongo_cdc.transform.ejson_types``; names: ``mongo_cdc.transform.table_layout``
 (a top-level field named like a metadata column, or ``hour`` in changes, gets a leading ``_``).
@@ -43,9 +50,14 @@ from pyspark.sql import types as spark_types
 
 from mongo_cdc import lake
 from mongo_cdc.transform import ejson_types as types
-from mongo_cdc.transform.document_state import STATE_METADATA_COLUMNS, DocumentVersion, fold_events
-from mongo_cdc.transform.flatten import METADATA_COLUMNS as CHANGE_METADATA_COLUMNS
-from mongo_cdc.transform.flatten import change_document, change_metadata
+from mongo_cdc.transform.document_state import (
+    STATE_METADATA_COLUMNS,
+    DocumentVersion,
+    fold_events,
+    reconcile_with_snapshots,
+)
+from mongo_cdc.transform.flatten import change_row
+from mongo_cdc.transform.flatten_options import FlatteningOptions
 from mongo_cdc.transform.raw_events import (
     ChangeEvent,
     advance_watermarks,
@@ -59,6 +71,11 @@ from mongo_cdc.transform.versioned_table import VersionedTable, write_metadata
 log = logging.getLogger("cdc_transform")
 
 DELETED_DIR = "_deleted"
+# Which metadata columns a state version holds, in its _mongo_cdc.json: older versions lack __rs.
+METADATA_COLUMNS_KEY = "metadata_columns"
+LEGACY_STATE_COLUMNS = ("__id", "__doc", "__cluster_time", "__event_order")
+# The flattening options a changes version was written with; versions without it had the defaults.
+FLATTENING_KEY = "flattening"
 # Spark writes changes partitioned by this column, one directory per raw file, then each
 # directory's single file is moved to its final name; a document field may not take the name.
 RAW_FILE_COLUMN = "__raw_file"
@@ -99,11 +116,24 @@ def _committed(text: str) -> dict[str, int]:
     return committed
 
 
+def _flattening(text: str) -> FlatteningOptions:
+    try:
+        return FlatteningOptions.from_json(json.loads(text))
+    except ValueError as error:  # JSONDecodeError included
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = _ArgumentParser(prog="cdc_transform", description=__doc__.splitlines()[0])
     parser.add_argument("--lake-root", required=True)
     parser.add_argument("--topic-prefix", required=True)
     parser.add_argument("--committed", required=True, type=_committed, help='{"<rs>": <batch_seq>}')
+    parser.add_argument(
+        "--flattening",
+        type=_flattening,
+        default=FlatteningOptions(),
+        help='the changes table\'s event flattening, e.g. {"flatten.struct": true} (defaults otherwise)',
+    )
     args = parser.parse_args(argv)
     if not os.path.isdir(args.lake_root):
         parser.error(f"--lake-root {args.lake_root!r} is not a directory")
@@ -173,12 +203,18 @@ class CollectionTransform:
         db: str,
         collection: str,
         committed: dict[str, int],
+        snapshots: list[lake.SnapshotManifest],
+        flattening: FlatteningOptions,
     ) -> None:
+        """``snapshots``: every snapshot manifest of the source (this collection's are picked here)."""
         self.spark = spark
         self.committed = committed
         self.raw_files = committed_files(lake.list_raw_files(lake_root, prefix, db, collection), committed)
+        namespace = f"{db}.{collection}"
+        self.snapshots = [s for s in committed_files(snapshots, committed) if namespace in s.collections]
         self.state = VersionedTable.of_collection(lake_root, "state", prefix, db, collection)
         self.changes = VersionedTable.of_collection(lake_root, "changes", prefix, db, collection)
+        self.flattening = flattening
 
     def run(self) -> dict[str, Any]:
         summary = self.update_state()
@@ -199,19 +235,29 @@ class CollectionTransform:
         metadata = self.state.read_metadata()
         watermarks = metadata["watermarks"] if metadata else {}
         new_files = files_after(self.raw_files, watermarks)
+        # a snapshot of a now empty collection has no raw file, only its manifest
+        new_snapshots = files_after(self.snapshots, watermarks)
         current = self.state.current_version()
-        if not new_files:
+        if not new_files and not new_snapshots:
             return {
                 "new_events": 0,
                 "state_rows": parquet_row_count(parquet_files(current)) if current else 0,
             }
 
-        previous = self.previous_versions(current) if metadata else self.spark.sparkContext.emptyRDD()
+        previous = (
+            self.previous_versions(current, metadata) if metadata else self.spark.sparkContext.emptyRDD()
+        )
         events = self.read_events(new_files).map(lambda indexed: (indexed[1].document_id, indexed[1]))
+
+        def fold_and_reconcile(grouped: tuple[str, tuple[Any, Any]]) -> DocumentVersion | None:
+            document_id, (stored, document_events) = grouped
+            version = fold_events(document_id, next(iter(stored), None), document_events)
+            return None if version is None else reconcile_with_snapshots(version, new_snapshots)
+
         versions = (
             previous.map(lambda version: (version.document_id, version))
             .cogroup(events)
-            .map(_fold_document)
+            .map(fold_and_reconcile)
             .filter(lambda version: version is not None)
             .persist(StorageLevel.MEMORY_AND_DISK)
         )
@@ -228,21 +274,36 @@ class CollectionTransform:
             os.path.join(version_dir, DELETED_DIR)
         )
         versions.unpersist()
-        write_metadata(version_dir, {"watermarks": advance_watermarks(watermarks, self.committed)})
+        write_metadata(
+            version_dir,
+            {
+                "watermarks": advance_watermarks(watermarks, self.committed),
+                METADATA_COLUMNS_KEY: [name for name, _ in STATE_METADATA_COLUMNS],
+            },
+        )
         self.state.publish(version_dir)
         return {
             "new_events": parquet_row_count([raw.path for raw in new_files]),
             "state_rows": parquet_row_count(parquet_files(version_dir)),
         }
 
-    def previous_versions(self, version_dir: str) -> RDD:
-        """Every document's version in a state version: live rows and deletion markers."""
-        reader = self.spark.read.schema(_state_metadata_schema())
+    def previous_versions(self, version_dir: str, metadata: dict[str, Any]) -> RDD:
+        """Every document's version in a state version: live rows and deletion markers.
+
+        A version written before ``__rs`` existed is read without it (a document field of that
+        name may hold the column); its documents get the table's only replica set, or none.
+        """
+        columns = metadata.get(METADATA_COLUMNS_KEY, LEGACY_STATE_COLUMNS)
+        schema = to_spark_type((types.STRUCT, tuple(c for c in STATE_METADATA_COLUMNS if c[0] in columns)))
+        reader = self.spark.read.schema(schema)
         versions = reader.parquet(version_dir)
         deleted_dir = os.path.join(version_dir, DELETED_DIR)
         if os.path.isdir(deleted_dir):
             versions = versions.unionByName(reader.parquet(deleted_dir))
-        return versions.rdd.map(lambda row: DocumentVersion(*row))
+        if "__rs" in columns:
+            return versions.rdd.map(lambda row: DocumentVersion(*row))
+        only_rs = next(iter(metadata["watermarks"])) if len(metadata["watermarks"]) == 1 else None
+        return versions.rdd.map(lambda row: DocumentVersion(*row, rs=only_rs))
 
     # -- changes -------------------------------------------------------------------------
 
@@ -250,11 +311,14 @@ class CollectionTransform:
         metadata = self.changes.read_metadata()
         if metadata is None:
             return self.rebuild_changes()
+        if metadata.get(FLATTENING_KEY, FlatteningOptions().to_json()) != self.flattening.to_json():
+            log.info("other flattening options: rebuilding the changes table")
+            return self.rebuild_changes()
         new_files = files_after(self.raw_files, metadata["watermarks"])
         stored_type = types.type_from_json(metadata["document_type"])
         if not new_files:
             return {"change_rows": metadata["rows"], "change_rows_written": 0, "changes_rebuilt": False}
-        rows = _change_rows(self.read_events(new_files))
+        rows = _change_rows(self.read_events(new_files), self.flattening)
         if types.merge_types(stored_type, infer_document_type(rows.map(lambda row: row[2]))) != stored_type:
             log.info("new fields or wider types: rebuilding the changes table")
             return self.rebuild_changes()
@@ -266,6 +330,7 @@ class CollectionTransform:
                 "watermarks": advance_watermarks(metadata["watermarks"], self.committed),
                 "document_type": types.type_to_json(stored_type),
                 "rows": metadata["rows"] + written,
+                FLATTENING_KEY: self.flattening.to_json(),
             },
         )
         return {
@@ -277,7 +342,7 @@ class CollectionTransform:
     def rebuild_changes(self) -> dict[str, Any]:
         if not self.raw_files:
             return {"change_rows": 0, "change_rows_written": 0, "changes_rebuilt": False}
-        rows = _change_rows(self.read_events(self.raw_files))
+        rows = _change_rows(self.read_events(self.raw_files), self.flattening)
         document_type = infer_document_type(rows.map(lambda row: row[2]))
         version_dir = self.changes.next_version_dir()
         written = self.write_change_files(rows, document_type, self.raw_files, version_dir)
@@ -287,6 +352,7 @@ class CollectionTransform:
                 "watermarks": advance_watermarks({}, self.committed),
                 "document_type": types.type_to_json(document_type),
                 "rows": written,
+                FLATTENING_KEY: self.flattening.to_json(),
             },
         )
         self.changes.publish(version_dir)
@@ -297,7 +363,7 @@ class CollectionTransform:
     ) -> int:
         """Write ``rows`` as one file per raw file into ``target_dir``; the number of rows written."""
         reserved = [RAW_FILE_COLUMN, HOUR_PARTITION_COLUMN]
-        layout = TableLayout(CHANGE_METADATA_COLUMNS, document_type, reserved_names=reserved)
+        layout = TableLayout(self.flattening.metadata_columns, document_type, reserved_names=reserved)
         schema = spark_types.StructType(
             [spark_types.StructField(RAW_FILE_COLUMN, spark_types.IntegerType(), nullable=False)]
             + to_spark_type(layout.table_type).fields
@@ -329,22 +395,17 @@ class CollectionTransform:
         return parquet_row_count(written)
 
 
-def _fold_document(grouped: tuple[str, tuple[Any, Any]]) -> DocumentVersion | None:
-    document_id, (previous, events) = grouped
-    return fold_events(document_id, next(iter(previous), None), events)
-
-
 def _state_metadata_schema() -> spark_types.StructType:
     return to_spark_type((types.STRUCT, STATE_METADATA_COLUMNS))
 
 
-def _change_rows(events: RDD) -> RDD:
-    """(raw file index, metadata values, parsed document) per event; tombstones give none."""
+def _change_rows(events: RDD, flattening: FlatteningOptions) -> RDD:
+    """(raw file index, metadata values, encoded document) per event that has a changes row."""
 
     def rows_of(indexed: tuple[int, ChangeEvent]) -> list[tuple[int, tuple, dict]]:
         index, event = indexed
-        document = change_document(event)
-        return [] if document is None else [(index, change_metadata(event), document)]
+        row = change_row(event, flattening)
+        return [] if row is None else [(index, *row)]
 
     return events.flatMap(rows_of)
 
@@ -359,10 +420,18 @@ def main(argv: list[str] | None = None) -> int:
     spark = build_session()
     try:
         summary = {}
+        snapshots = lake.list_snapshot_manifests(args.lake_root, args.topic_prefix)
         for db, collection in lake.list_raw_collections(args.lake_root, args.topic_prefix):
             log.info("transforming %s.%s", db, collection)
             transform = CollectionTransform(
-                spark, args.lake_root, args.topic_prefix, db, collection, args.committed
+                spark,
+                args.lake_root,
+                args.topic_prefix,
+                db,
+                collection,
+                args.committed,
+                snapshots,
+                args.flattening,
             )
             summary[f"{db}.{collection}"] = transform.run()
     finally:

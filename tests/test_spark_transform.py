@@ -1,9 +1,10 @@
-"""spark_apps/cdc_transform.py end to end, through real spark-submit runs (three in all).
+"""spark_apps/cdc_transform.py end to end, through real spark-submit runs (four in all).
 
 1. first run: two committed raw files per collection plus one uncommitted file in flight;
 2. the in-flight file committed: ``orders`` gets same-typed rows (appended to the changes
    version), ``metrics`` a wider type (changes rebuilt into a new version);
-3. a Spark reader of the published tables, then the second run repeated: nothing changes.
+3. a Spark reader of the published tables, then the second run repeated: nothing changes;
+4. the second run again with other event-flattening options: the changes tables are rebuilt.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -24,6 +26,7 @@ from bson import Decimal128, Int64, ObjectId, Regex
 from bson.binary import Binary
 
 from mongo_cdc import extjson, lake
+from mongo_cdc.transform.flatten_options import FlatteningOptions
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 APP = os.path.join(REPO, "spark_apps", "cdc_transform.py")
@@ -233,7 +236,22 @@ def lake_runs(tmp_path_factory):
     runs["after_repeat"] = snapshot_tables(root)
     with open(report) as file:
         runs["spark_read"] = json.load(file)
+
+    # On a copy, so the tests of the runs above see their lake as those runs left it.
+    flattened_root = str(tmp_path_factory.mktemp("flattened_lake"))
+    shutil.copytree(root, flattened_root, symlinks=True, dirs_exist_ok=True)
+    flattened_args = ["--lake-root", flattened_root, "--topic-prefix", PREFIX, "--committed", '{"rs0": 3}']
+    runs["flattened"] = summary_of(spark_submit(APP, *flattened_args, *FLATTENING.spark_arguments()))
+    runs["after_flattened"] = snapshot_tables(flattened_root)
     return runs
+
+
+FLATTENING = FlatteningOptions(
+    array_encoding="document",
+    flatten_struct=True,
+    delete_tombstone_handling_mode="drop",
+    add_fields=("op", "source.rs"),
+)
 
 
 def by_id(rows: list[dict]) -> dict:
@@ -353,3 +371,27 @@ def test_missing_lake_root_is_a_bad_argument(tmp_path):
         [sys.executable, APP, *args], capture_output=True, text=True, env=app_environment()
     )
     assert result.returncode == 2 and "is not a directory" in result.stderr
+
+
+def test_other_flattening_options_rebuild_the_changes_tables_with_them(lake_runs):
+    before, after = lake_runs["after_repeat"], lake_runs["after_flattened"]
+    versions = {
+        table: [os.path.basename(tables[table]["version"]) for tables in (before, after)]
+        for table in ("state/orders", "changes/orders")
+    }
+    # The copy's state is untouched (same version, files and rows); its changes have a new version.
+    assert versions == {"state/orders": ["v000002", "v000002"], "changes/orders": ["v000001", "v000002"]}
+    assert comparable(after)["state/orders"][1:] == comparable(before)["state/orders"][1:]
+    assert lake_runs["flattened"]["sales.orders"]["changes_rebuilt"] is True
+    rows = after["changes/orders"]["rows"]
+    assert sorted((row["_id"], row["__op"]) for row in rows) == [
+        (1, "r"), (1, "u"), (2, "r"), (2, "u"), (3, "c"), (3, "r"), (4, "c"), (5, "c"),
+    ]  # fmt: skip
+    order = next(row for row in rows if row["_id"] == 1 and row["__op"] == "r")
+    assert (order["address_city"], order["tags__0"], order["tags__1"]) == ("Oslo", "a", "b")
+    assert order["__source_rs"] == "rs0" and not {"address", "__source_ts_ms"} & set(order)
+    partial = next(row for row in rows if row["_id"] == 2 and row["__op"] == "u")
+    assert (partial["nested_y"], partial["flag"]) == ("new", None)
+    version = after["changes/orders"]["version"]
+    with open(os.path.join(version, "_mongo_cdc.json")) as file:
+        assert json.load(file)["flattening"] == FLATTENING.to_json()

@@ -18,8 +18,14 @@ from bson.datetime_ms import DatetimeMS
 
 from mongo_cdc import extjson, lake
 from mongo_cdc.transform import ejson_types as types
-from mongo_cdc.transform.document_state import DocumentVersion, apply_update, fold_events
-from mongo_cdc.transform.flatten import change_document, change_metadata
+from mongo_cdc.transform.document_state import (
+    DocumentVersion,
+    apply_update,
+    fold_events,
+    reconcile_with_snapshots,
+)
+from mongo_cdc.transform.flatten import change_document, change_row
+from mongo_cdc.transform.flatten_options import FlatteningOptions
 from mongo_cdc.transform.raw_events import (
     ChangeEvent,
     advance_watermarks,
@@ -42,16 +48,18 @@ def parsed(value):
     return orjson.loads(ejson({"v": value}))["v"]
 
 
-def event(op, position, after=None, update=None, document_id=1) -> ChangeEvent:
+def event(op, position, after=None, update=None, document_id=1, rs="rs0") -> ChangeEvent:
     cluster_time, event_order = position
     return ChangeEvent(
         document_id=json.dumps(document_id),
         op=op,
+        ts_ms=1240,
         after=ejson(after) if after is not None else None,
         update_description=update,
-        source_ts_ms=1234,
+        source={"ts_ms": 1234, "rs": rs},
         cluster_time=cluster_time,
         event_order=event_order,
+        rs=rs,
     )
 
 
@@ -223,11 +231,11 @@ def test_fold_applies_events_in_position_order():
             event("u", (6, "8301"), update=update(updated={"m": 1})),
         ],
     )
-    assert version == DocumentVersion("1", '{"_id":1,"n":{"$numberLong":"2"},"m":1}', 6, "8301")
+    assert version == DocumentVersion("1", '{"_id":1,"n":{"$numberLong":"2"},"m":1}', 6, "8301", "rs0")
 
 
 def test_fold_skips_events_at_or_before_the_stored_position():
-    stored = DocumentVersion("1", ejson({"_id": 1, "v": "new"}), 9, "8900")
+    stored = DocumentVersion("1", ejson({"_id": 1, "v": "new"}), 9, "8900", "rs0")
     replayed = [
         event("c", (3, "8300"), after={"_id": 1, "v": "old"}),
         event("u", (9, "8900"), {"_id": 1, "v": "x"}),
@@ -237,10 +245,52 @@ def test_fold_skips_events_at_or_before_the_stored_position():
 
 def test_fold_keeps_deletes_so_replayed_inserts_do_not_resurrect():
     deleted = fold_events("1", None, [event("c", (1, "81"), {"_id": 1}), event("d", (2, "82"))])
-    assert deleted == DocumentVersion("1", None, 2, "82")
+    assert deleted == DocumentVersion("1", None, 2, "82", "rs0")
     assert fold_events("1", deleted, [event("c", (1, "81"), {"_id": 1})]) == deleted
     reinserted = fold_events("1", deleted, [event("c", (3, "83"), {"_id": 1, "again": True})])
     assert orjson.loads(reinserted.document) == {"_id": 1, "again": True}
+
+
+def test_fold_records_the_replica_set_of_the_last_applied_event():
+    moved = fold_events(
+        "1", None, [event("c", (1, "81"), {"_id": 1}), event("r", (5, ""), {"_id": 1}, rs="rs1")]
+    )
+    assert moved.rs == "rs1"
+    stale = fold_events("1", moved, [event("u", (3, "83"), {"_id": 1, "old": True}, rs="rs0")])
+    assert stale == moved
+
+
+def snapshot(rs: str, cluster_time: int, seq: int = 7) -> lake.SnapshotManifest:
+    return lake.SnapshotManifest(rs, seq, cluster_time, ("db.c",))
+
+
+def test_reconcile_deletes_a_document_its_replica_sets_snapshot_did_not_read():
+    live = DocumentVersion("1", ejson({"_id": 1}), 4, "8400", "rs0")
+    assert reconcile_with_snapshots(live, [snapshot("rs0", 5), snapshot("rs0", 9)]) == DocumentVersion(
+        "1", None, 9, "", "rs0"
+    )
+
+
+def test_reconcile_keeps_documents_read_or_written_since_and_other_replica_sets():
+    read_by_it = DocumentVersion("1", ejson({"_id": 1}), 5, "", "rs0")
+    written_since = DocumentVersion("1", ejson({"_id": 1}), 5, "8501", "rs0")
+    from_another_shard = DocumentVersion("1", ejson({"_id": 1}), 1, "8100", "rs1")
+    of_unknown_origin = DocumentVersion("1", ejson({"_id": 1}), 1, "8100")  # an old state version
+    already_deleted = DocumentVersion("1", None, 2, "8200", "rs0")
+    for version in (read_by_it, written_since, from_another_shard, of_unknown_origin, already_deleted):
+        assert reconcile_with_snapshots(version, [snapshot("rs0", 5)]) == version
+
+
+def test_snapshot_manifests_round_trip_and_count_as_landed_batches(tmp_path):
+    root = str(tmp_path)
+    assert lake.list_snapshot_manifests(root, "p") == []
+    manifest = lake.SnapshotManifest("rs0", 12, lake.pack_cluster_time(1_700_000_000, 2), ("db.a", "db.b.c"))
+    path = lake.write_snapshot_manifest(root, "p", manifest)
+    assert path == lake.snapshot_manifest_path(root, "p", "rs0", 12)
+    assert lake.list_snapshot_manifests(root, "p") == [manifest]
+    # no raw file at all (every copied collection was empty): batch numbers still go on after it
+    assert lake.highest_raw_seq(root, "p", "rs0") == 12 and lake.highest_raw_seq(root, "p", "rs1") == 0
+    assert lake.list_raw_collections(root, "p") == []
 
 
 def test_fold_ignores_tombstones_and_updates_without_data():
@@ -270,9 +320,9 @@ def test_change_document_of_each_operation():
     assert change_document(event(None, (3, "83"))) is None
 
 
-def test_change_metadata_marks_only_deletes():
-    assert change_metadata(event("d", (3, "83"))) == ("d", 1234, True, 3, "83")
-    assert change_metadata(event("u", (4, "84"), after={"_id": 1}))[2] is False
+def test_change_row_metadata_by_default_is_op_source_ts_and_marks_only_deletes():
+    assert change_row(event("d", (3, "83")), FlatteningOptions()) == (("d", 1234, True, 3, "83"), {"_id": 1})
+    assert change_row(event("u", (4, "84"), after={"_id": 1}), FlatteningOptions())[0][2] is False
 
 
 # -- table_layout ------------------------------------------------------------------------
@@ -298,6 +348,8 @@ def test_raw_file_selection_by_committed_seq_and_watermarks():
     committed = committed_files(files, {"rs0": 2, "rs1": 5})
     assert committed == [raw("rs0", 1), raw("rs0", 2), raw("rs1", 1)]
     assert files_after(committed, {"rs0": 1}) == [raw("rs0", 2), raw("rs1", 1)]
+    manifests = [snapshot("rs0", 1, seq=2), snapshot("rs0", 1, seq=3)]
+    assert files_after(committed_files(manifests, {"rs0": 2}), {"rs0": 1}) == manifests[:1]
     assert advance_watermarks({"rs0": 4, "rs9": 1}, {"rs0": 2, "rs1": 5}) == {"rs0": 4, "rs1": 5, "rs9": 1}
 
 
@@ -309,6 +361,7 @@ def test_read_raw_file_gives_events_with_the_key_id(tmp_path):
     row = {
         "key": extjson.document_key(OID),
         "op": "c",
+        "ts_ms": 98,
         "after": ejson({"_id": OID}),
         "source": {"ts_ms": 99},
         "cluster_time": 5,
@@ -317,7 +370,8 @@ def test_read_raw_file_gives_events_with_the_key_id(tmp_path):
     pq.write_table(pa.Table.from_pylist([row], schema=lake.RAW_SCHEMA), path)
     [read] = read_raw_file(path)
     assert read.document_id == extjson.encode_str(OID)
-    assert (read.op, read.source_ts_ms, read.position) == ("c", 99, (5, "82"))
+    assert (read.op, read.ts_ms, read.source["ts_ms"]) == ("c", 98, 99)
+    assert (read.position, read.rs) == ((5, "82"), "rs0")
 
 
 # -- versioned_table ---------------------------------------------------------------------

@@ -13,8 +13,9 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import timedelta
+from typing import Any
 
 import pendulum
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
@@ -23,6 +24,7 @@ from airflow.sdk import (
     DAG,
     CronDataIntervalTimetable,
     CronTriggerTimetable,
+    Param,
     PokeReturnValue,
     Variable,
     dag,
@@ -31,6 +33,7 @@ from airflow.sdk import (
     task_group,
 )
 from airflow.task.trigger_rule import TriggerRule
+from pymongo import MongoClient
 from pymongo.errors import ConnectionFailure
 
 from mongo_cdc.config import SourceConfig, SourceConfigError, load_sources, sources_dir
@@ -123,6 +126,93 @@ def _unreachable(shard: Shard, exc: ConnectionFailure) -> RuntimeError:
     return RuntimeError(f"shard {shard.id}: cannot reach replica set {shard.rs} ({hosts}): {exc}")
 
 
+def resnapshot_params() -> dict[str, Param]:
+    """The trigger form's on-call re-snapshot (README: re-snapshots). Scheduled runs use the defaults."""
+    return {
+        "resnapshot": Param(
+            False,
+            type="boolean",
+            title="Re-snapshot",
+            description="Copy the collections below again, then stream. Their state tables are reconciled: "
+            "documents that no longer exist disappear.",
+        ),
+        "collections": Param(
+            [],
+            type="array",
+            items={"type": "string"},
+            title="Collections to re-snapshot",
+            description="<db>.<collection> names, one per line. Empty: every captured collection. "
+            "With names, streaming goes on from its stored position, so the other collections miss nothing.",
+        ),
+        "shards": Param(
+            [],
+            type="array",
+            items={"type": "string"},
+            title="Shards to re-snapshot",
+            description="Shard ids, one per line (a plain replica set is one shard named like the set). "
+            "Empty: every shard.",
+        ),
+    }
+
+
+def check_resnapshot_params(config: SourceConfig, params: Mapping[str, Any], shards: list[Shard]) -> None:
+    """Fail before anything is copied when the trigger names a shard or collection the source lacks."""
+    if not params["resnapshot"]:
+        if params["collections"] or params["shards"]:
+            raise ValueError(
+                'params "collections" and "shards" choose what to re-snapshot; set "resnapshot" to true too'
+            )
+        return
+    live = [shard for shard in shards if not shard.retiring]
+    known_shards = sorted(shard.id for shard in live)
+    unknown = sorted(set(params["shards"]) - set(known_shards))
+    if unknown:
+        raise ValueError(
+            f'param "shards": unknown shard {", ".join(unknown)}; '
+            f"the shards of source '{config.name}' are: {', '.join(known_shards)}"
+        )
+    if params["collections"]:
+        from mongo_cdc.snapshot import captured_collections
+
+        known: set[str] = set()
+        for shard in live:
+            try:
+                with shard_client(config.mongo_conn_id, shard) as client:
+                    known.update(f"{db}.{coll}" for db, coll in captured_collections(client, config))
+            except ConnectionFailure as exc:
+                raise _unreachable(shard, exc) from None
+        unknown = sorted(set(params["collections"]) - known)
+        if unknown:
+            captured = ", ".join(sorted(known)) or "none"
+            raise ValueError(
+                f'param "collections": unknown collection {", ".join(unknown)}; '
+                f"the captured collections of source '{config.name}' are: {captured}"
+            )
+
+
+def snapshot_selection(
+    config: SourceConfig, shard: Shard, offset: Offset | None, client: MongoClient
+) -> tuple[str, ...] | None:
+    """What a run copies on ``shard`` before streaming: collection names (``()``: all), or None."""
+    from mongo_cdc.snapshot import needs_snapshot, resume_position_lost
+
+    params = get_current_context()["params"]
+    if needs_snapshot(offset, config.snapshot_mode):
+        return ()
+    if params["resnapshot"] and (not params["shards"] or shard.id in params["shards"]):
+        log.info("re-snapshot requested by the trigger: %s", ", ".join(params["collections"]) or "all")
+        return tuple(params["collections"])
+    # when_needed has an offset here: needs_snapshot asked for no snapshot
+    if config.snapshot_mode == "when_needed" and resume_position_lost(client, offset.resume_token):
+        log.warning(
+            "shard %s: the stored resume position is no longer in the oplog; re-snapshotting it "
+            "(snapshot.mode when_needed)",
+            shard.id,
+        )
+        return ()
+    return None
+
+
 def build_cdc_dag(config: SourceConfig) -> DAG:
     """The CDC DAG of one source."""
 
@@ -136,6 +226,7 @@ def build_cdc_dag(config: SourceConfig) -> DAG:
         default_args=default_args(),
         tags=["mongo-cdc", config.topic_prefix],
         doc_md=f"Change-data-capture of the source defined in `{config.path}`.",
+        params=resnapshot_params(),
     )
     def cdc() -> None:
         @task
@@ -150,6 +241,7 @@ def build_cdc_dag(config: SourceConfig) -> DAG:
             with mongo_client(config.mongo_conn_id) as client:
                 live = discover_shards(client)
             shards = reconcile(stored_topology(config.name), live, has_active_offset)
+            check_resnapshot_params(config, get_current_context()["params"], shards)
             store.set(topology_variable(config.name), json.dumps([s.to_dict() for s in shards]))
             for shard in shards:
                 log.info(
@@ -160,7 +252,7 @@ def build_cdc_dag(config: SourceConfig) -> DAG:
         @task(map_index_template="{{ shard_id }}")
         @sole_writer(config)
         def snapshot(shard_entry: dict) -> dict:
-            from mongo_cdc.snapshot import needs_snapshot, run_snapshot, start_without_snapshot
+            from mongo_cdc.snapshot import run_snapshot, start_without_snapshot
 
             _label_map_index(shard_entry)
             shard = Shard.from_dict(shard_entry)
@@ -173,12 +265,15 @@ def build_cdc_dag(config: SourceConfig) -> DAG:
                 return {"documents": {}, "seconds": 0}
             try:
                 with shard_client(config.mongo_conn_id, shard) as client:
-                    if needs_snapshot(offset, config.snapshot_mode):
+                    only = snapshot_selection(config, shard, offset, client)
+                    if only is not None:
                         if shard.via_source:
-                            result = run_snapshot(client, config, shard.rs, keeper)
+                            result = run_snapshot(client, config, shard.rs, keeper, only=only)
                         else:
                             with mongo_client(config.mongo_conn_id) as cluster:
-                                result = run_snapshot(client, config, shard.rs, keeper, cluster, shard.id)
+                                result = run_snapshot(
+                                    client, config, shard.rs, keeper, cluster, shard.id, only
+                                )
                         return {"documents": result.documents, "seconds": round(result.seconds, 3)}
                     if offset is None or offset.resume_token is None:
                         start_without_snapshot(client, config, shard.rs, keeper)
@@ -197,11 +292,10 @@ def build_cdc_dag(config: SourceConfig) -> DAG:
                 log.info("snapshot.mode is initial_only: no streaming")
                 return {"rs": shard.rs, "events": {}, "snapshot": snapshot_result}
             keeper = _keeper(config, shard.rs)
-            try:
-                with shard_client(config.mongo_conn_id, shard) as client:
-                    result = pull_changes(client, config, shard.rs, keeper).to_dict()
-            except ConnectionFailure as exc:
-                raise _unreachable(shard, exc) from None
+            # connection failures are retried inside the pull (connect.* settings), which names the
+            # hosts when it gives up
+            with shard_client(config.mongo_conn_id, shard) as client:
+                result = pull_changes(client, config, shard.rs, keeper).to_dict()
             if shard.retiring:
                 retired_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
                 keeper.commit(keeper.load() or Offset(), retired_at=retired_at)
@@ -234,9 +328,12 @@ def build_cdc_dag(config: SourceConfig) -> DAG:
                 config.topic_prefix,
                 "--committed",
                 json.dumps(committed, sort_keys=True),
+                *config.flattening.spark_arguments(),
             ]
 
-        @task(trigger_rule=TriggerRule.ALL_DONE)
+        # Default trigger rule: a failed transform must fail the run. A failed shard reaches here
+        # through plan_transform (all_done) and is reported below.
+        @task
         def summary(shards: list[dict]) -> dict:
             # Explicit map indexes: how a mapped group's output resolves outside the group depends on
             # its size (one shard gives a bare dict), and the summary must see every shard.
@@ -302,10 +399,17 @@ def build_topology_dag(config: SourceConfig, poke_interval_s: float = 180.0) -> 
 
 
 def summarize(pulls: list[dict], run_end: pendulum.DateTime) -> dict:
-    """Events per collection and op across shards, and the lag of the newest event at run end."""
+    """Events per collection and op across shards, the lag of the newest event at run end, and faults.
+
+    The faults are the disconnects and primary elections the pulls rode out (Debezium's
+    ``NumberOfDisconnects`` / ``NumberOfPrimaryElections``).
+    """
     events: dict[str, dict[str, int]] = {}
     newest = None
+    faults = {"disconnects": 0, "primary_elections": 0}
     for pull_result in pulls:
+        for counter in faults:
+            faults[counter] += pull_result.get(counter, 0)
         for namespace, ops in pull_result.get("events", {}).items():
             for op, count in ops.items():
                 events.setdefault(namespace, {}).setdefault(op, 0)
@@ -320,7 +424,8 @@ def summarize(pulls: list[dict], run_end: pendulum.DateTime) -> dict:
     for namespace in sorted(events):
         log.info("%s: %s", namespace, ", ".join(f"{op}={n}" for op, n in sorted(events[namespace].items())))
     log.info("lag from the newest event to run end: %s s", lag_s)
-    return {"events": events, "lag_seconds": lag_s}
+    log.info("disconnects: %d, primary elections: %d", faults["disconnects"], faults["primary_elections"])
+    return {"events": events, "lag_seconds": lag_s, **faults}
 
 
 def build_dags(directory: str | None = None) -> dict[str, DAG]:

@@ -1,15 +1,38 @@
 """One row of the ``changes`` table from one event, like Debezium's ExtractNewDocumentState.
 
-Rewrite mode: the document's fields become the row's columns, plus metadata columns.
+The document's fields become the row's columns, after the metadata columns
+(``FlatteningOptions.metadata_columns``: the ``add.fields`` columns, then ``__deleted``,
+``__cluster_time`` and ``__event_order``).
 
-* ``r``/``c``, and ``u`` with ``after``: the fields of ``after``.
+* ``r``/``c``, and ``u`` with ``after``: the fields of ``after``; a field the update removed is
+  absent, so its column is null in this row (Debezium's ``$unset`` handling, full-document mode).
 * ``u`` without ``after``: ``_id``, each updatedFields path set as a nested value
   (``{"a.b": 1}`` gives ``a = {b: 1}``) and each removedFields path set to null (Debezium's
-  ``$unset`` handling). A numeric path component (``"arr.2"``) cannot be told from a field
-  name here, so it nests like one (``arr = {"2": ...}``); if ``arr`` is an array elsewhere the
-  column falls back to EJSON text. truncatedArrays is not represented (the state applies it).
-* ``d``: only ``_id``, and ``__deleted`` true.
-* tombstones (no op) give no row.
+  ``$unset`` handling without full documents). A numeric path component (``"arr.2"``) cannot be
+  told from a field name here, so it nests like one (``arr = {"2": ...}``); if ``arr`` is an
+  array elsewhere the column falls back to EJSON text. truncatedArrays is not represented (the
+  state applies it).
+* ``d`` and tombstones, per ``delete.tombstone.handling.mode`` (Debezium's meaning):
+
+  ===========================  ====================================  ==========================
+  mode                         delete event                          tombstone (``op`` null)
+  ===========================  ====================================  ==========================
+  ``rewrite`` (default)        ``_id`` row, ``__deleted`` true       no row
+  ``rewrite-with-tombstone``   ``_id`` row, ``__deleted`` true       tombstone row
+  ``tombstone``                tombstone row                         no row (the delete is it)
+  ``drop``                     no row                                no row
+  ===========================  ====================================  ==========================
+
+  A tombstone row is a key without a value: ``_id``, ``__deleted`` true, the positions, and
+  every added field null (so ``__op`` is null). ``__deleted`` is false in every other row and
+  is kept in all modes (Debezium adds it in the rewrite modes only) so a reader can always tell.
+
+Then the document is encoded per the options: ``array.encoding: document`` turns every array
+into a document ``{"_0": ..., "_1": ...}`` (an empty array into null: Parquet has no empty
+structs), so elements of different types no longer merge into a fallback column;
+``flatten.struct`` lifts nested documents' fields to top-level ``a<delimiter>b`` columns (arrays
+stay as they are; an empty document stays a column of its own). If two paths of one document
+flatten to the same name, the later one gets a leading ``_`` until the name is free.
 """
 
 from __future__ import annotations
@@ -18,21 +41,13 @@ from typing import Any
 
 import orjson
 
-from mongo_cdc.transform import ejson_types as types
 from mongo_cdc.transform.document_state import set_path
+from mongo_cdc.transform.flatten_options import FlatteningOptions
 from mongo_cdc.transform.raw_events import ChangeEvent
-
-METADATA_COLUMNS: tuple[tuple[str, types.ColumnType], ...] = (
-    ("__op", types.STRING),
-    ("__source_ts_ms", types.LONG),
-    ("__deleted", types.BOOL),
-    ("__cluster_time", types.LONG),
-    ("__event_order", types.STRING),
-)
 
 
 def change_document(event: ChangeEvent) -> dict[str, Any] | None:
-    """The document part of the change row (parsed EJSON); None for a tombstone."""
+    """The document part of the change row (parsed EJSON), before encoding; None for a tombstone."""
     if event.op is None:
         return None
     if event.op != "d" and event.after is not None:
@@ -49,6 +64,64 @@ def change_document(event: ChangeEvent) -> dict[str, Any] | None:
     return document
 
 
-def change_metadata(event: ChangeEvent) -> tuple:
-    """Values of ``METADATA_COLUMNS`` for the event's row."""
-    return event.op, event.source_ts_ms, event.op == "d", event.cluster_time, event.event_order
+def change_row(event: ChangeEvent, options: FlatteningOptions) -> tuple[tuple, dict[str, Any]] | None:
+    """(values of ``options.metadata_columns``, encoded document) of the event's row; None for no row."""
+    mode = options.delete_tombstone_handling_mode
+    is_tombstone = event.op is None
+    if (is_tombstone and mode != "rewrite-with-tombstone") or (event.op == "d" and mode == "drop"):
+        return None
+    if is_tombstone or (event.op == "d" and mode == "tombstone"):
+        added = (None,) * len(options.added_fields)
+        document = {"_id": orjson.loads(event.document_id)}
+    else:
+        added = tuple(_event_value(event, field.path) for field in options.added_fields)
+        document = change_document(event)
+    deleted = is_tombstone or event.op == "d"
+    return added + (deleted, event.cluster_time, event.event_order), encode_document(document, options)
+
+
+def _event_value(event: ChangeEvent, path: tuple[str, ...]) -> Any:
+    if path == ("op",):
+        return event.op
+    if path == ("ts_ms",):
+        return event.ts_ms
+    return (event.source or {}).get(path[1])
+
+
+def encode_document(document: dict[str, Any], options: FlatteningOptions) -> dict[str, Any]:
+    """``document`` with ``array.encoding`` and ``flatten.struct`` applied."""
+    if options.array_encoding == "document":
+        document = _arrays_as_documents(document)
+    if options.flatten_struct:
+        document = _flattened(document, options.flatten_struct_delimiter)
+    return document
+
+
+def _is_embedded_document(value: Any) -> bool:
+    """A document, not an EJSON type wrapper (whose first field name starts with ``$``)."""
+    return isinstance(value, dict) and not (value and next(iter(value)).startswith("$"))
+
+
+def _arrays_as_documents(value: Any) -> Any:
+    if isinstance(value, list):
+        return {f"_{index}": _arrays_as_documents(element) for index, element in enumerate(value)} or None
+    if _is_embedded_document(value):
+        return {name: _arrays_as_documents(inner) for name, inner in value.items()}
+    return value
+
+
+def _flattened(document: dict[str, Any], delimiter: str) -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+
+    def lift(prefix: str | None, embedded: dict[str, Any]) -> None:
+        for name, value in embedded.items():
+            column = name if prefix is None else f"{prefix}{delimiter}{name}"
+            if _is_embedded_document(value) and value:
+                lift(column, value)
+                continue
+            while column in flat:
+                column = "_" + column
+            flat[column] = value
+
+    lift(None, document)
+    return flat

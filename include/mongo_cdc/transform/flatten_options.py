@@ -1,0 +1,150 @@
+"""The changes table's event-flattening options: Debezium ExtractNewDocumentState's option set.
+
+``mongo_cdc.config`` reads them from the source YAML (same key names as the SMT),
+``plan_transform`` hands them to the Spark job as ``spark_arguments()`` (``--flattening`` and the
+options as JSON, keyed like the YAML), which reads them back with ``from_json``;
+``mongo_cdc.transform.flatten`` applies them.
+Light on imports on purpose: the DAG file imports this when it is parsed.
+
+``add.fields`` names resolve like Debezium's: ``op`` and ``ts_ms`` are the event's own fields,
+any other bare name is a ``source`` field (``rs`` is ``source.rs``). The column is the prefix
+plus the name as written, with ``_`` for the dot (``source.rs`` -> ``__source_rs``,
+``rs`` -> ``__rs``), or the prefix plus the new name of a ``name:newName`` entry.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any, NamedTuple
+
+from mongo_cdc.transform import ejson_types as types
+
+ARRAY_ENCODINGS = ("array", "document")
+DELETE_TOMBSTONE_HANDLING_MODES = ("drop", "tombstone", "rewrite", "rewrite-with-tombstone")
+
+# Event fields add.fields can name, typed as in the raw events (mongo_cdc.lake.RAW_SCHEMA).
+EVENT_FIELDS: dict[str, types.ColumnType] = {
+    "op": types.STRING,
+    "ts_ms": types.LONG,
+    "source.version": types.STRING,
+    "source.connector": types.STRING,
+    "source.name": types.STRING,
+    "source.ts_ms": types.LONG,
+    "source.snapshot": types.BOOL,
+    "source.db": types.STRING,
+    "source.rs": types.STRING,
+    "source.collection": types.STRING,
+    "source.ord": types.INT,
+    "source.lsid": types.STRING,
+    "source.txnNumber": types.LONG,
+}
+_TOP_LEVEL_FIELDS = ("op", "ts_ms")
+
+# Every changes table has these after the added fields, whatever the options.
+FIXED_COLUMNS: tuple[tuple[str, types.ColumnType], ...] = (
+    ("__deleted", types.BOOL),
+    ("__cluster_time", types.LONG),
+    ("__event_order", types.STRING),
+)
+# The Spark job's hour partition and staging columns: an added field may not take them either.
+_RESERVED_NAMES = ("hour", "__raw_file")
+
+
+class AddedField(NamedTuple):
+    path: tuple[str, ...]  # ("op",) or ("source", "rs")
+    column: str
+    column_type: types.ColumnType
+
+
+def added_field(spec: str, prefix: str) -> AddedField:
+    """One ``add.fields`` entry (``name`` or ``name:newName``) resolved; ValueError if unknown."""
+    name, separator, new_name = spec.partition(":")
+    qualified = name if name in _TOP_LEVEL_FIELDS or "." in name else f"source.{name}"
+    if qualified not in EVENT_FIELDS or (separator and not new_name) or "," in spec or ":" in new_name:
+        source_fields = ", ".join(field.removeprefix("source.") for field in EVENT_FIELDS if "." in field)
+        raise ValueError(
+            f"key 'add.fields' has {spec!r}; allowed: op, ts_ms, source.<field> or <field> for the "
+            f"source fields {source_fields}, each optionally followed by ':<new name>'"
+        )
+    column = prefix + (new_name or name.replace(".", "_"))
+    return AddedField(tuple(qualified.split(".")), column, EVENT_FIELDS[qualified])
+
+
+@dataclass(frozen=True)
+class FlatteningOptions:
+    """Defaults as Debezium's, except two that keep the table as it always was: rewritten deletes
+    (Debezium's documentation names no single default) and ``__op`` / ``__source_ts_ms`` added
+    (Debezium adds none)."""
+
+    array_encoding: str = "array"
+    flatten_struct: bool = False
+    flatten_struct_delimiter: str = "_"
+    delete_tombstone_handling_mode: str = "rewrite"
+    add_fields: tuple[str, ...] = ("op", "source.ts_ms")
+    add_fields_prefix: str = "__"
+
+    def __post_init__(self) -> None:
+        for key, allowed in (
+            ("array.encoding", ARRAY_ENCODINGS),
+            ("delete.tombstone.handling.mode", DELETE_TOMBSTONE_HANDLING_MODES),
+        ):
+            value = getattr(self, _ATTRIBUTES[key])
+            if value not in allowed:
+                raise ValueError(f"key '{key}' is {value!r}; allowed values: {', '.join(allowed)}")
+        if not self.flatten_struct_delimiter:
+            raise ValueError("key 'flatten.struct.delimiter' must not be empty")
+        taken = {name for name, _ in FIXED_COLUMNS} | set(_RESERVED_NAMES)
+        for field in self.added_fields:
+            if field.column in taken:
+                raise ValueError(
+                    f"key 'add.fields' gives column {field.column!r} (with 'add.fields.prefix' "
+                    f"{self.add_fields_prefix!r}), a name already taken; rename the entry ('name:newName')"
+                )
+            taken.add(field.column)
+
+    @cached_property
+    def added_fields(self) -> tuple[AddedField, ...]:
+        return tuple(added_field(spec, self.add_fields_prefix) for spec in self.add_fields)
+
+    @property
+    def metadata_columns(self) -> tuple[tuple[str, types.ColumnType], ...]:
+        """The changes table's leading columns: the added fields, then ``FIXED_COLUMNS``."""
+        return tuple((field.column, field.column_type) for field in self.added_fields) + FIXED_COLUMNS
+
+    def to_json(self) -> dict[str, Any]:
+        """The options keyed by their YAML keys: the Spark job's ``--flattening`` argument, and what a
+        changes version records it was written with."""
+        by_key = {key: getattr(self, attribute) for key, attribute in _ATTRIBUTES.items()}
+        return {**by_key, "add.fields": list(self.add_fields)}
+
+    @classmethod
+    def from_json(cls, data: Any) -> FlatteningOptions:
+        """Inverse of ``to_json``; a missing key keeps its default. ValueError if anything is off."""
+        if not isinstance(data, dict) or set(data) - set(_ATTRIBUTES):
+            raise ValueError(f"expected an object with some of the keys {', '.join(_ATTRIBUTES)}")
+        for key, value in data.items():
+            if key == "add.fields":
+                value_ok = isinstance(value, list) and all(isinstance(item, str) for item in value)
+            else:
+                value_ok = isinstance(value, type(getattr(_DEFAULTS, _ATTRIBUTES[key])))
+            if not value_ok:
+                raise ValueError(f"key '{key}' has {value!r} of the wrong type")
+        return cls(**{_ATTRIBUTES[key]: tuple(v) if key == "add.fields" else v for key, v in data.items()})
+
+    def spark_arguments(self) -> list[str]:
+        """The arguments that hand these options to ``cdc_transform``."""
+        return ["--flattening", json.dumps(self.to_json(), sort_keys=True)]
+
+
+# YAML key -> FlatteningOptions attribute
+_ATTRIBUTES = {
+    "array.encoding": "array_encoding",
+    "flatten.struct": "flatten_struct",
+    "flatten.struct.delimiter": "flatten_struct_delimiter",
+    "delete.tombstone.handling.mode": "delete_tombstone_handling_mode",
+    "add.fields": "add_fields",
+    "add.fields.prefix": "add_fields_prefix",
+}
+_DEFAULTS = FlatteningOptions()

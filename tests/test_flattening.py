@@ -1,0 +1,348 @@
+"""The changes table's event-flattening options (Debezium ExtractNewDocumentState's), no Spark.
+
+Golden tests reproduce the seed's examples (array encoding, nested structure flattening,
+``$unset`` handling); the rest cover each option, the YAML keys and the Spark job's arguments.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import bson
+import pyarrow as pa
+import pytest
+import yaml
+from bson import Int64, ObjectId
+
+from mongo_cdc import extjson, lake
+from mongo_cdc.config import SourceConfigError, load_source
+from mongo_cdc.transform import ejson_types as types
+from mongo_cdc.transform.flatten import change_row, encode_document
+from mongo_cdc.transform.flatten_options import EVENT_FIELDS, FIXED_COLUMNS, FlatteningOptions
+from mongo_cdc.transform.raw_events import ChangeEvent
+from mongo_cdc.transform.table_layout import TableLayout
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "spark_apps"))
+import cdc_transform  # noqa: E402 - the Spark job's module, found through the path set just above
+
+DOCUMENT_ENCODING = FlatteningOptions(array_encoding="document")
+FLATTENED = FlatteningOptions(flatten_struct=True)
+SOURCE = {
+    "version": "mongo-cdc-0.1.0",
+    "connector": "mongodb",
+    "name": "shop",
+    "ts_ms": 1_700_000_000_000,
+    "snapshot": False,
+    "db": "sales",
+    "rs": "rs0",
+    "collection": "orders",
+    "ord": 3,
+    "lsid": None,
+    "txnNumber": None,
+}
+
+
+def ejson(document: dict) -> str:
+    return extjson.encode_str(bson.decode(bson.encode(document), extjson.DECODE_OPTIONS))
+
+
+def event(op: str | None, after: dict | None = None, update: dict | None = None, position=(7, "8207")):
+    return ChangeEvent(
+        document_id="1",
+        op=op,
+        ts_ms=1_700_000_000_123,
+        after=ejson(after) if after is not None else None,
+        update_description=update,
+        source=SOURCE,
+        cluster_time=position[0],
+        event_order=position[1],
+        rs="rs0",
+    )
+
+
+def removed(*fields: str) -> dict:
+    return {"updatedFields": None, "removedFields": list(fields), "truncatedArrays": []}
+
+
+def table_rows(events: list[ChangeEvent], options: FlatteningOptions) -> list[dict]:
+    """The rows the Spark job writes for ``events``: each as {column: value}."""
+    rows = [row for row in (change_row(e, options) for e in events) if row is not None]
+    document_type = types.NULL
+    for _, document in rows:
+        document_type = types.merge_types(document_type, types.type_of_document(document))
+    layout = TableLayout(options.metadata_columns, document_type, reserved_names=["hour", "__raw_file"])
+    names = [name for name, _ in layout.table_type[1]]
+    return [dict(zip(names, layout.row(*row), strict=True)) for row in rows]
+
+
+# -- golden: the seed's examples -----------------------------------------------------------
+
+SEED_ARRAY_DOCUMENT = {"_id": 1, "a1": [{"a": 1, "b": "none"}, {"a": "c", "d": "something"}]}
+
+
+def test_golden_document_encoding_of_a_heterogeneous_array():
+    _, document = change_row(event("c", SEED_ARRAY_DOCUMENT), DOCUMENT_ENCODING)
+    assert document == {
+        "_id": 1,
+        "a1": {"_0": {"a": 1, "b": "none"}, "_1": {"a": "c", "d": "something"}},
+    }
+    # Representable without fallback: each element keeps its own types...
+    assert types.type_of_document(document) == types.struct_type(
+        [
+            ("_id", types.INT),
+            (
+                "a1",
+                types.struct_type(
+                    [
+                        ("_0", types.struct_type([("a", types.INT), ("b", types.STRING)])),
+                        ("_1", types.struct_type([("a", types.STRING), ("d", types.STRING)])),
+                    ]
+                ),
+            ),
+        ]
+    )
+    # ...where the default array encoding merges the elements and `a` falls back to EJSON text.
+    _, as_array = change_row(event("c", SEED_ARRAY_DOCUMENT), FlatteningOptions())
+    element_type = dict(types.type_of_document(as_array)[1])["a1"][1]
+    assert dict(element_type[1])["a"] == types.FALLBACK
+
+
+def test_golden_nested_structure_flattening():
+    row = change_row(event("c", {"_id": 1, "a": {"b": 1, "c": "none"}, "d": 100}), FLATTENED)
+    assert row[1] == {"_id": 1, "a_b": 1, "a_c": "none", "d": 100}
+
+
+def test_golden_unset_with_full_documents_gives_the_removed_field_null():
+    inserted = event("c", {"_id": 1, "a": "x"}, position=(1, "81"))
+    unset = event("u", {"_id": 1}, removed("a"), position=(2, "82"))  # change_streams_update_full
+    rows = table_rows([inserted, unset], FlatteningOptions())
+    assert {key: rows[1][key] for key in ("_id", "a")} == {"_id": 1, "a": None}
+
+
+def test_golden_unset_without_full_documents_gives_the_removed_field_null():
+    [row] = table_rows([event("u", update=removed("a"))], FlatteningOptions())  # change_streams
+    # The seed's message is {"a": null}; a table row also keeps the key, `_id`.
+    assert {key: row[key] for key in ("_id", "a")} == {"_id": 1, "a": None}
+
+
+# -- array.encoding ------------------------------------------------------------------------
+
+
+def test_document_encoding_reaches_nested_arrays_and_leaves_ejson_wrappers_alone():
+    document = {"_id": ObjectId("65a1b2c3d4e5f60718293a4b"), "m": [[1, "x"], []], "n": {"l": [Int64(2)]}}
+    encoded = encode_document(json.loads(ejson(document)), DOCUMENT_ENCODING)
+    assert encoded == {
+        "_id": {"$oid": "65a1b2c3d4e5f60718293a4b"},
+        "m": {"_0": {"_0": 1, "_1": "x"}, "_1": None},  # an empty array has no struct to be
+        "n": {"l": {"_0": {"$numberLong": "2"}}},
+    }
+
+
+def test_array_encoding_keeps_arrays_by_default():
+    assert encode_document({"_id": 1, "l": [1, 2]}, FlatteningOptions()) == {"_id": 1, "l": [1, 2]}
+
+
+# -- flatten.struct ------------------------------------------------------------------------
+
+
+def test_flatten_uses_the_delimiter_at_every_level_and_keeps_arrays_and_values_whole():
+    options = FlatteningOptions(flatten_struct=True, flatten_struct_delimiter=".")
+    document = {
+        "_id": {"k": 1},
+        "a": {"b": {"c": 1}, "when": {"$date": {"$numberLong": "0"}}, "empty": {}},
+        "list": [{"x": 1}],
+    }
+    assert encode_document(document, options) == {
+        "_id.k": 1,
+        "a.b.c": 1,
+        "a.when": {"$date": {"$numberLong": "0"}},
+        "a.empty": {},
+        "list": [{"x": 1}],
+    }
+
+
+def test_flatten_after_document_encoding_names_array_elements_by_index():
+    options = FlatteningOptions(array_encoding="document", flatten_struct=True)
+    row = change_row(event("c", SEED_ARRAY_DOCUMENT), options)
+    assert row[1] == {"_id": 1, "a1__0_a": 1, "a1__0_b": "none", "a1__1_a": "c", "a1__1_d": "something"}
+
+
+def test_flatten_keeps_both_values_when_two_paths_give_one_name():
+    assert encode_document({"a": {"b": 1}, "a_b": 2}, FLATTENED) == {"a_b": 1, "_a_b": 2}
+
+
+def test_flatten_of_an_update_without_after_flattens_the_updated_paths():
+    update = {"updatedFields": ejson({"a.b": 5}), "removedFields": ["c.d"], "truncatedArrays": []}
+    assert change_row(event("u", update=update), FLATTENED)[1] == {"_id": 1, "a_b": 5, "c_d": None}
+
+
+# -- delete.tombstone.handling.mode --------------------------------------------------------
+
+DELETE, TOMBSTONE = event("d"), event(None)
+
+
+@pytest.mark.parametrize(
+    ("mode", "delete_row", "tombstone_row"),
+    [
+        ("rewrite", "rewritten", None),
+        ("rewrite-with-tombstone", "rewritten", "tombstone"),
+        ("tombstone", "tombstone", None),
+        ("drop", None, None),
+    ],
+)
+def test_delete_tombstone_handling_modes(mode, delete_row, tombstone_row):
+    options = FlatteningOptions(delete_tombstone_handling_mode=mode)
+    expected = {
+        None: None,
+        "rewritten": (("d", SOURCE["ts_ms"], True, 7, "8207"), {"_id": 1}),
+        "tombstone": ((None, None, True, 7, "8207"), {"_id": 1}),  # a key without a value
+    }
+    assert change_row(DELETE, options) == expected[delete_row]
+    assert change_row(TOMBSTONE, options) == expected[tombstone_row]
+    assert change_row(event("c", {"_id": 1}), options)[0][2] is False
+
+
+# -- add.fields / add.fields.prefix --------------------------------------------------------
+
+
+def test_add_fields_resolve_like_debezium_with_renames_and_prefix():
+    options = FlatteningOptions(
+        add_fields=("op", "ts_ms", "rs", "source.collection", "source.ts_ms:EVENT_TIMESTAMP"),
+        add_fields_prefix="meta_",
+    )
+    added = ["meta_op", "meta_ts_ms", "meta_rs", "meta_source_collection", "meta_EVENT_TIMESTAMP"]
+    assert [name for name, _ in options.metadata_columns] == added + [name for name, _ in FIXED_COLUMNS]
+    metadata, _ = change_row(event("u", {"_id": 1}), options)
+    assert metadata == ("u", 1_700_000_000_123, "rs0", "orders", 1_700_000_000_000, False, 7, "8207")
+
+
+def test_default_add_fields_are_the_tables_historic_op_and_source_ts_columns():
+    assert FlatteningOptions().metadata_columns == (
+        ("__op", types.STRING),
+        ("__source_ts_ms", types.LONG),
+        *FIXED_COLUMNS,
+    )
+    assert FlatteningOptions(add_fields=()).metadata_columns == FIXED_COLUMNS
+
+
+def test_every_addable_field_is_typed_as_in_the_raw_events():
+    arrow_types = {
+        pa.string(): types.STRING,
+        pa.int64(): types.LONG,
+        pa.int32(): types.INT,
+        pa.bool_(): types.BOOL,
+    }
+    raw = {field.name: arrow_types[field.type] for field in lake.RAW_SCHEMA if field.name in ("op", "ts_ms")}
+    raw.update({f"source.{f.name}": arrow_types[f.type] for f in lake.RAW_SCHEMA.field("source").type})
+    assert EVENT_FIELDS == raw
+
+
+def test_a_document_field_named_like_an_added_column_is_renamed_not_lost():
+    [row] = table_rows([event("c", {"_id": 1, "__op": "mine"})], FlatteningOptions())
+    assert (row["__op"], row["___op"]) == ("c", "mine")
+
+
+# -- the YAML keys -------------------------------------------------------------------------
+
+
+def load(tmp_path, **keys):
+    path = tmp_path / "orders.yaml"
+    path.write_text(yaml.safe_dump({"topic.prefix": "shop", **keys}))
+    return load_source(str(path))
+
+
+def test_yaml_keys_set_the_options(tmp_path):
+    config = load(
+        tmp_path,
+        **{
+            "array.encoding": "document",
+            "flatten.struct": True,
+            "flatten.struct.delimiter": "__",
+            "delete.tombstone.handling.mode": "rewrite-with-tombstone",
+            "add.fields": "op, source.rs:shard",
+            "add.fields.prefix": "",
+        },
+    )
+    assert config.flattening == FlatteningOptions(
+        array_encoding="document",
+        flatten_struct=True,
+        flatten_struct_delimiter="__",
+        delete_tombstone_handling_mode="rewrite-with-tombstone",
+        add_fields=("op", "source.rs:shard"),
+        add_fields_prefix="",
+    )
+    assert load(tmp_path, **{"add.fields": ["op", "rs"]}).add_fields == ("op", "rs")
+    assert load(tmp_path, **{"add.fields": []}).flattening.metadata_columns == FIXED_COLUMNS
+    assert load(tmp_path).flattening == FlatteningOptions()
+
+
+@pytest.mark.parametrize(
+    ("keys", "message"),
+    [
+        ({"array.encoding": "list"}, "key 'array.encoding' is 'list'; allowed values: array, document"),
+        (
+            {"delete.tombstone.handling.mode": "none"},
+            "key 'delete.tombstone.handling.mode' is 'none'; allowed values: drop, tombstone, rewrite, "
+            "rewrite-with-tombstone",
+        ),
+        ({"flatten.struct": "yes"}, "key 'flatten.struct' must be true or false"),
+        ({"flatten.struct.delimiter": ""}, "key 'flatten.struct.delimiter' must be a non-empty string"),
+        ({"add.fields.prefix": 5}, "key 'add.fields.prefix' must be a string"),
+        (
+            {"add.fields": "op,source.shard"},
+            "key 'add.fields' has 'source.shard'; allowed: op, ts_ms, source.<field> or <field> for "
+            "the source fields version, connector, name, ts_ms, snapshot, db, rs, collection, ord, lsid, "
+            "txnNumber, each optionally followed by ':<new name>'",
+        ),
+        ({"add.fields": "op:"}, "key 'add.fields' has 'op:'"),
+        ({"add.fields": ["op", 3]}, "key 'add.fields' must be a list of field names"),
+        ({"add.fields": "op,op"}, "key 'add.fields' gives column '__op'"),
+        ({"add.fields": "op:deleted"}, "key 'add.fields' gives column '__deleted'"),
+        ({"add.fields": "op:hour", "add.fields.prefix": ""}, "key 'add.fields' gives column 'hour'"),
+    ],
+)
+def test_bad_values_are_refused_naming_file_key_and_allowed_values(tmp_path, keys, message):
+    with pytest.raises(SourceConfigError) as error:
+        load(tmp_path, **keys)
+    assert str(error.value).startswith(f"{tmp_path / 'orders.yaml'}: ") and message in str(error.value)
+
+
+# -- the Spark job's arguments -------------------------------------------------------------
+
+
+def job_options(tmp_path, *arguments: str) -> FlatteningOptions:
+    base = ["--lake-root", str(tmp_path), "--topic-prefix", "shop", "--committed", "{}"]
+    return cdc_transform.parse_args([*base, *arguments]).flattening
+
+
+def test_the_job_reads_back_what_plan_transform_passes(tmp_path):
+    options = FlatteningOptions(
+        array_encoding="document",
+        flatten_struct=True,
+        flatten_struct_delimiter="-",
+        delete_tombstone_handling_mode="drop",
+        add_fields=("op", "source.ts_ms:at"),
+        add_fields_prefix="--",
+    )
+    assert job_options(tmp_path, *options.spark_arguments()) == options
+    assert job_options(tmp_path, *FlatteningOptions().spark_arguments()) == FlatteningOptions()
+    assert job_options(tmp_path) == FlatteningOptions()  # an invocation without the options
+
+
+@pytest.mark.parametrize(
+    ("flattening", "message"),
+    [
+        ('{"add.fields": ["op", "bogus"]}', "key 'add.fields' has 'bogus'"),
+        ('{"flatten.struct": "true"}', "key 'flatten.struct' has 'true' of the wrong type"),
+        ('{"array.encoding": "list"}', "key 'array.encoding' is 'list'; allowed values: array, document"),
+        ('{"flatten.structs": true}', "expected an object with some of the keys array.encoding, "),
+        ("{not json", "--flattening: "),
+    ],
+)
+def test_the_job_refuses_bad_options_with_exit_2(tmp_path, capsys, flattening, message):
+    with pytest.raises(SystemExit) as exit_:
+        job_options(tmp_path, "--flattening", flattening)
+    error = capsys.readouterr().err
+    assert exit_.value.code == 2 and error.count("\n") == 1 and message in error
