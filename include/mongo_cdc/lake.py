@@ -210,10 +210,6 @@ def pack_cluster_time(t: int, i: int) -> int:
     return (t << 32) | i
 
 
-def unpack_cluster_time(packed: int) -> tuple[int, int]:
-    return packed >> 32, packed & 0xFFFFFFFF
-
-
 def highest_raw_seq(lake_root: str, prefix: str, rs: str) -> int:
     """The highest batch number a replica set has landed so far (0 if none), manifests included.
 

@@ -58,11 +58,6 @@ def make_client(uri: str, options: dict | None = None) -> MongoClient:
     return MongoClient(uri, datetime_conversion=DECODE_OPTIONS.datetime_conversion, **settings)
 
 
-def is_sharded_source(client: MongoClient) -> bool:
-    hello = client.admin.command("hello")
-    return hello.get("msg") == "isdbgrid" or bool(hello.get("configsvr"))
-
-
 def discover_shards(client: MongoClient) -> list[Shard]:
     """The replica sets to stream from, sorted by shard id (draining shards included: they hold data)."""
     hello = client.admin.command("hello")
