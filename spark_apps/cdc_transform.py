@@ -20,7 +20,9 @@ applied (``_mongo_cdc.json``), so a run reads only the files committed since.
   into a new version, so every file of a version has the same schema. The event-flattening
   options (``--flattening``: Debezium ExtractNewDocumentState's, as JSON keyed like the source
   YAML, see ``mongo_cdc.transform.flatten``) are recorded in the version's metadata too: a run
-  with other options rebuilds the table, since they change its columns and rows.
+  with other options rebuilds the table, since they change its columns and rows. A backfill's
+  history files (``lake.HistoryFile``) get change files like raw files do (the state never reads
+  them); ``--rebuild-hours`` rewrites the change files of the given hour partitions.
 
 Column types: see ``mongo_cdc.transform.ejson_types``; names: ``mongo_cdc.transform.table_layout``
 (a top-level field named like a metadata column, or ``hour`` in changes, gets a leading ``_``).
@@ -38,6 +40,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import shutil
 import sys
 from typing import Any
@@ -70,17 +73,22 @@ from mongo_cdc.transform.versioned_table import VersionedTable, write_metadata
 
 log = logging.getLogger("cdc_transform")
 
+RawOrHistory = lake.RawFile | lake.HistoryFile
+
 DELETED_DIR = "_deleted"
 # Which metadata columns a state version holds, in its _mongo_cdc.json: older versions lack __rs.
 METADATA_COLUMNS_KEY = "metadata_columns"
 LEGACY_STATE_COLUMNS = ("__id", "__doc", "__cluster_time", "__event_order")
 # The flattening options a changes version was written with; versions without it had the defaults.
 FLATTENING_KEY = "flattening"
+# The history files (hour/name) a changes version has rows of.
+HISTORY_KEY = "history"
 # Spark writes changes partitioned by this column, one directory per raw file, then each
 # directory's single file is moved to its final name; a document field may not take the name.
 RAW_FILE_COLUMN = "__raw_file"
 # The changes table's hour=... directories: readers add it as a column, so no field may take it.
 HOUR_PARTITION_COLUMN = "hour"
+HOUR_NAME = re.compile(r"hour=\d{4}-\d{2}-\d{2}T\d{2}")
 STAGING_DIR = "_incoming"
 
 _SPARK_SCALARS = {
@@ -123,6 +131,18 @@ def _flattening(text: str) -> FlatteningOptions:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
+def _hours(text: str) -> tuple[str, ...]:
+    try:
+        hours = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise argparse.ArgumentTypeError(f"not JSON ({error})") from None
+    if not isinstance(hours, list) or not all(
+        isinstance(hour, str) and HOUR_NAME.fullmatch(hour) for hour in hours
+    ):
+        raise argparse.ArgumentTypeError('expected ["hour=YYYY-MM-DDTHH", ...]')
+    return tuple(hours)
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = _ArgumentParser(prog="cdc_transform", description=__doc__.splitlines()[0])
     parser.add_argument("--lake-root", required=True)
@@ -133,6 +153,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=_flattening,
         default=FlatteningOptions(),
         help='the changes table\'s event flattening, e.g. {"flatten.struct": true} (defaults otherwise)',
+    )
+    parser.add_argument(
+        "--rebuild-hours",
+        type=_hours,
+        default=(),
+        help='JSON list of hour partitions whose change files are rewritten, e.g. ["hour=2024-05-01T13"]',
     )
     args = parser.parse_args(argv)
     if not os.path.isdir(args.lake_root):
@@ -205,11 +231,14 @@ class CollectionTransform:
         committed: dict[str, int],
         snapshots: list[lake.SnapshotManifest],
         flattening: FlatteningOptions,
+        rebuild_hours: tuple[str, ...] = (),
     ) -> None:
         """``snapshots``: every snapshot manifest of the source (this collection's are picked here)."""
         self.spark = spark
         self.committed = committed
         self.raw_files = committed_files(lake.list_raw_files(lake_root, prefix, db, collection), committed)
+        self.history_files = lake.list_history_files(lake_root, prefix, db, collection)
+        self.rebuild_hours = rebuild_hours
         namespace = f"{db}.{collection}"
         self.snapshots = [s for s in committed_files(snapshots, committed) if namespace in s.collections]
         self.state = VersionedTable.of_collection(lake_root, "state", prefix, db, collection)
@@ -221,7 +250,7 @@ class CollectionTransform:
         summary.update(self.update_changes())
         return summary
 
-    def read_events(self, files: list[lake.RawFile]) -> RDD:
+    def read_events(self, files: list[RawOrHistory]) -> RDD:
         """(index in ``files``, ChangeEvent) for every row of ``files``."""
         paths = [raw.path for raw in files]
         slices = max(1, min(len(paths), self.spark.sparkContext.defaultParallelism * 4))
@@ -314,7 +343,15 @@ class CollectionTransform:
         if metadata.get(FLATTENING_KEY, FlatteningOptions().to_json()) != self.flattening.to_json():
             log.info("other flattening options: rebuilding the changes table")
             return self.rebuild_changes()
-        new_files = files_after(self.raw_files, metadata["watermarks"])
+        applied_history = set(metadata.get(HISTORY_KEY, []))
+        new_files = files_after(self.raw_files, metadata["watermarks"]) + [
+            history for history in self.history_files if _history_name(history) not in applied_history
+        ]
+        new_files += [
+            written
+            for written in self.raw_files + self.history_files
+            if _hour_of(written) in self.rebuild_hours and written not in new_files
+        ]
         stored_type = types.type_from_json(metadata["document_type"])
         if not new_files:
             return {"change_rows": metadata["rows"], "change_rows_written": 0, "changes_rebuilt": False}
@@ -324,28 +361,28 @@ class CollectionTransform:
             return self.rebuild_changes()
         current = self.changes.current_version()
         written = self.write_change_files(rows, stored_type, new_files, current)
+        # a rebuilt hour's files replace their earlier rows: count the table, not the sum
+        total = parquet_row_count(parquet_files(current))
         write_metadata(
             current,
             {
                 "watermarks": advance_watermarks(metadata["watermarks"], self.committed),
                 "document_type": types.type_to_json(stored_type),
-                "rows": metadata["rows"] + written,
+                "rows": total,
                 FLATTENING_KEY: self.flattening.to_json(),
+                HISTORY_KEY: sorted(map(_history_name, self.history_files)),
             },
         )
-        return {
-            "change_rows": metadata["rows"] + written,
-            "change_rows_written": written,
-            "changes_rebuilt": False,
-        }
+        return {"change_rows": total, "change_rows_written": written, "changes_rebuilt": False}
 
     def rebuild_changes(self) -> dict[str, Any]:
-        if not self.raw_files:
+        files = self.raw_files + self.history_files
+        if not files:
             return {"change_rows": 0, "change_rows_written": 0, "changes_rebuilt": False}
-        rows = _change_rows(self.read_events(self.raw_files), self.flattening)
+        rows = _change_rows(self.read_events(files), self.flattening)
         document_type = infer_document_type(rows.map(lambda row: row[2]))
         version_dir = self.changes.next_version_dir()
-        written = self.write_change_files(rows, document_type, self.raw_files, version_dir)
+        written = self.write_change_files(rows, document_type, files, version_dir)
         write_metadata(
             version_dir,
             {
@@ -353,13 +390,14 @@ class CollectionTransform:
                 "document_type": types.type_to_json(document_type),
                 "rows": written,
                 FLATTENING_KEY: self.flattening.to_json(),
+                HISTORY_KEY: sorted(map(_history_name, self.history_files)),
             },
         )
         self.changes.publish(version_dir)
         return {"change_rows": written, "change_rows_written": written, "changes_rebuilt": True}
 
     def write_change_files(
-        self, rows: RDD, document_type: types.ColumnType, files: list[lake.RawFile], target_dir: str
+        self, rows: RDD, document_type: types.ColumnType, files: list[RawOrHistory], target_dir: str
     ) -> int:
         """Write ``rows`` as one file per raw file into ``target_dir``; the number of rows written."""
         reserved = [RAW_FILE_COLUMN, HOUR_PARTITION_COLUMN]
@@ -393,6 +431,14 @@ class CollectionTransform:
             written.append(destination)
         shutil.rmtree(staging)
         return parquet_row_count(written)
+
+
+def _hour_of(written: RawOrHistory) -> str:
+    return os.path.basename(os.path.dirname(written.path))
+
+
+def _history_name(history: lake.HistoryFile) -> str:
+    return f"{history.hour}/{os.path.basename(history.path)}"
 
 
 def _state_metadata_schema() -> spark_types.StructType:
@@ -432,6 +478,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.committed,
                 snapshots,
                 args.flattening,
+                args.rebuild_hours,
             )
             summary[f"{db}.{collection}"] = transform.run()
     finally:

@@ -4,20 +4,24 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import time
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
+from unittest import mock
 
 import bson
 import pyarrow.parquet as pq
 from bson import json_util
 from bson.datetime_ms import DatetimeMS
+from sqlalchemy import select
 
 from mongo_cdc import extjson
-from mongo_cdc.lake import list_raw_files, table_path
+from mongo_cdc.lake import list_raw_files, pack_cluster_time, table_path
 
 EJSON_OPTIONS = json_util.JSONOptions(datetime_conversion=bson.DatetimeConversion.DATETIME_MS)
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+OPLOG_TRUNCATION_TIMEOUT_S = 90
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,55 @@ class CdcSource:
         assert run.state == expect, [(ti.task_id, ti.state) for ti in run.get_task_instances()]
         return run
 
+    def backfill(
+        self, from_date: dt.datetime, to_date: dt.datetime, expect: str = "success", skip_spark: bool = False
+    ) -> list:
+        """``airflow backfill create`` over [from_date, to_date]; its runs executed by ``dag.test()``.
+
+        Airflow's own backfill code creates the Backfill and its runs (run type ``backfill``); with no
+        scheduler here, ``dag.test()`` then runs each of them in place of a new manual run.
+        """
+        import airflow.models.dagrun as dagrun_module
+        from airflow.models.backfill import Backfill, ReprocessBehavior, _create_backfill
+        from airflow.models.dagrun import DagRun
+        from airflow.utils.session import create_session
+        from airflow.utils.state import DagRunState
+
+        backfill = _create_backfill(
+            dag_id=self.dag_id,
+            from_date=from_date,
+            to_date=to_date,
+            max_active_runs=1,
+            reverse=False,
+            dag_run_conf=None,
+            triggering_user_name="test",
+            reprocess_behavior=ReprocessBehavior.COMPLETED,
+        )
+
+        def the_backfill_run(*, dag, logical_date, session, **_: Any) -> DagRun:
+            run = session.scalars(
+                select(DagRun).where(
+                    DagRun.dag_id == dag.dag_id,
+                    DagRun.logical_date == logical_date,
+                    DagRun.backfill_id == backfill.id,
+                )
+            ).one()
+            run.state = DagRunState.RUNNING
+            session.commit()
+            run.dag = dag  # as create_dagrun leaves it
+            return run
+
+        with create_session() as session:
+            query = select(DagRun.logical_date).where(DagRun.backfill_id == backfill.id)
+            logical_dates = session.scalars(query.order_by(DagRun.logical_date)).all()
+        runs = []
+        with mock.patch.object(dagrun_module, "get_or_create_dagrun", the_backfill_run):
+            for logical_date in logical_dates:
+                runs.append(self.run(logical_date, expect=expect, skip_spark=skip_spark))
+        with create_session() as session:
+            session.get(Backfill, backfill.id).completed_at = dt.datetime.now(dt.timezone.utc)
+        return runs
+
     def state_rows(self, collection: str) -> list[dict]:
         return pq.read_table(
             table_path(self.lake_root, "state", self.prefix, self.database, collection)
@@ -74,6 +127,21 @@ class CdcSource:
             for r in self.raw_rows(collection)
             if r["op"] not in (None, "r")
         ]
+
+
+def overwrite_the_oplog_past(client, cluster_time: int) -> None:
+    """Write large documents (to a database no source captures) until the oplog's first entry is
+    newer than ``cluster_time`` (on a replica set started like conftest's ``small_oplog``)."""
+    blob = "x" * (512 * 1024)
+    deadline = time.monotonic() + OPLOG_TRUNCATION_TIMEOUT_S
+    writes = 0
+    while True:
+        first = client.local["oplog.rs"].find_one(sort=[("$natural", 1)])["ts"]
+        if pack_cluster_time(first.time, first.inc) > cluster_time:
+            return
+        assert time.monotonic() < deadline, "the oplog was not truncated in time"
+        client.oplog_filler.blobs.replace_one({"_id": writes % 4}, {"blob": f"{blob}{writes}"}, upsert=True)
+        writes += 1
 
 
 def documents(client, database: str, collection: str) -> list[dict]:

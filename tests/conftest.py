@@ -29,6 +29,15 @@ def replica_set(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReplicaSet
 
 
 @pytest.fixture
+def small_oplog(tmp_path: Path) -> Iterator[ReplicaSet]:
+    """A replica set whose 1 MB oplog is truncated within seconds (checkpoints every second)."""
+    with ReplicaSet(
+        "rs_small", tmp_path / "mongod", extra_args=("--oplogSize", "1", "--syncdelay", "1")
+    ) as rs:
+        yield rs
+
+
+@pytest.fixture
 def db_name(request: pytest.FixtureRequest) -> str:
     """A database name no other test uses, so tests sharing ``replica_set`` don't see each other's data."""
     # MongoDB caps database names at 63 bytes and forbids characters such as "/. \"$".

@@ -9,25 +9,22 @@ from __future__ import annotations
 
 import json
 import os
-import time
 
 import pyarrow.parquet as pq
 import pytest
 from airflow.models import Variable
-from cdc_support import assert_state_equals_collection
+from cdc_support import assert_state_equals_collection, overwrite_the_oplog_past
 from conftest import make_source
 from datagen import FALLBACK_FIELDS, load
 
 from mongo_cdc import extjson
 from mongo_cdc.events import token_cluster_time
-from mongo_cdc.lake import pack_cluster_time, table_path
+from mongo_cdc.lake import table_path
 from mongo_cdc.offsets import Offset, offset_key
 from mongo_cdc.snapshot import current_position, needs_snapshot
-from mongo_cdc.testing import ReplicaSet
 from mongo_cdc.transform.versioned_table import METADATA_FILE
 
 COUNTS = {"customers": 300, "orders": 300}
-OPLOG_TRUNCATION_TIMEOUT_S = 90
 
 
 def _offset(source, rs: str) -> dict:
@@ -139,30 +136,6 @@ def test_an_unknown_collection_or_shard_fails_discover_naming_the_known_ones(sce
 # -- the oplog loses the stored position --------------------------------------------------------
 
 
-@pytest.fixture
-def small_oplog(tmp_path):
-    """A replica set whose 1 MB oplog is truncated within seconds (checkpoints every second)."""
-    with ReplicaSet(
-        "rs_small", tmp_path / "mongod", extra_args=("--oplogSize", "1", "--syncdelay", "1")
-    ) as rs:
-        yield rs
-
-
-def _overwrite_the_oplog_past(client, cluster_time: int) -> None:
-    """Write large documents (to a database the source does not capture) until the oplog's first
-    entry is newer than ``cluster_time``."""
-    blob = "x" * (512 * 1024)
-    deadline = time.monotonic() + OPLOG_TRUNCATION_TIMEOUT_S
-    writes = 0
-    while True:
-        first = client.local["oplog.rs"].find_one(sort=[("$natural", 1)])["ts"]
-        if pack_cluster_time(first.time, first.inc) > cluster_time:
-            return
-        assert time.monotonic() < deadline, "the oplog was not truncated in time"
-        client.oplog_filler.blobs.replace_one({"_id": writes % 4}, {"blob": f"{blob}{writes}"}, upsert=True)
-        writes += 1
-
-
 def _as_written_before_the_rs_column(source, collection: str) -> None:
     """Rewrite the published state version the way the code before ``__rs`` wrote it."""
     version = os.path.realpath(
@@ -196,7 +169,7 @@ def test_oplog_loss_fails_initial_with_the_fix_and_when_needed_resnapshots(
         db.customers.delete_many({"_id": {"$in": [d["_id"] for d in deleted]}})
         db.orders.delete_many({"_id": {"$in": [d["_id"] for d in deleted]}})
         db.orders.update_one({}, {"$set": {"status": "updated while nobody streamed"}})
-        _overwrite_the_oplog_past(client, _offset(source, "rs_small")["cluster_time"])
+        overwrite_the_oplog_past(client, _offset(source, "rs_small")["cluster_time"])
 
         capfd.readouterr()
         run = source.run(expect="failed", skip_spark=True)  # snapshot.mode initial

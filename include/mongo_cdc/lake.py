@@ -4,6 +4,7 @@ Layout under ``lake.root``::
 
     raw/<topic.prefix>/<db>/<collection>/hour=<YYYY-MM-DDTHH>/<rs>-<seq>-<part>.parquet
     raw/<topic.prefix>/_snapshots/<rs>-<seq>.json     (one manifest per snapshot batch)
+    raw/<topic.prefix>/<db>/<collection>/hour=<YYYY-MM-DDTHH>/<rs>-history.parquet  (backfilled)
     changes/<topic.prefix>/<db>/<collection>   -> symlink to the current version directory
     state/<topic.prefix>/<db>/<collection>     -> symlink to the current version directory
     _versions/<changes|state>/<topic.prefix>/<db>/<collection>/v<NNNNNN>/...
@@ -13,6 +14,10 @@ belongs to the lake only once its ``seq`` is at or below the committed ``batch_s
 holds for a snapshot manifest: it says which collections its batch copied *completely*, so the
 transform can drop the documents the snapshot no longer found (even from a now empty collection,
 which has no raw file in that batch).
+
+A history file holds what a backfill run pulled from the oplog for an hour older than anything
+the live sync landed for that replica set (``backfill``). It belongs to no batch: the changes
+table shows its events, the state table never reads it (its events are older than the state).
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ import re
 from dataclasses import asdict, dataclass
 
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 RAW_SCHEMA = pa.schema(
     [
@@ -76,6 +83,7 @@ RAW_SCHEMA = pa.schema(
 )
 
 _FILE_NAME = re.compile(r"^(?P<rs>.+)-(?P<seq>\d{12})-(?P<part>\d{4})\.parquet$")
+_HISTORY_NAME = re.compile(r"^(?P<rs>.+)-history\.parquet$")
 _MANIFEST_NAME = re.compile(r"^(?P<rs>.+)-(?P<seq>\d{12})\.json$")
 # Under raw/<prefix>/ next to the database directories; the leading underscore keeps every reader
 # of the raw tree (list_raw_collections, Spark, pyarrow) from taking it for a database.
@@ -120,6 +128,10 @@ def raw_file_name(rs: str, seq: int, part: int) -> str:
     return f"{rs}-{seq:012d}-{part:04d}.parquet"
 
 
+def history_file_name(rs: str) -> str:
+    return f"{rs}-history.parquet"
+
+
 def raw_file_path(
     lake_root: str, prefix: str, db: str, collection: str, cluster_time: int, rs: str, seq: int, part: int
 ) -> str:
@@ -137,21 +149,44 @@ def parse_raw_file(path: str) -> RawFile | None:
     return RawFile(path, match["rs"], int(match["seq"]), int(match["part"]))
 
 
+def _hour_files(lake_root: str, prefix: str, db: str, collection: str) -> list[str]:
+    """Every file path in one collection's hour partitions, in hour order."""
+    base = raw_collection_dir(lake_root, prefix, db, collection)
+    paths = []
+    for hour in sorted(os.listdir(base)) if os.path.isdir(base) else []:
+        hour_dir = os.path.join(base, hour)
+        if hour.startswith("hour=") and os.path.isdir(hour_dir):
+            paths.extend(os.path.join(hour_dir, name) for name in sorted(os.listdir(hour_dir)))
+    return paths
+
+
 def list_raw_files(lake_root: str, prefix: str, db: str, collection: str) -> list[RawFile]:
     """Every raw file of one collection, in (rs, seq, part) order."""
-    base = raw_collection_dir(lake_root, prefix, db, collection)
-    found = []
-    if not os.path.isdir(base):
-        return found
-    for hour in sorted(os.listdir(base)):
-        hour_dir = os.path.join(base, hour)
-        if not hour.startswith("hour=") or not os.path.isdir(hour_dir):
-            continue
-        for name in os.listdir(hour_dir):
-            raw = parse_raw_file(os.path.join(hour_dir, name))
-            if raw:
-                found.append(raw)
+    found = [raw for raw in map(parse_raw_file, _hour_files(lake_root, prefix, db, collection)) if raw]
     return sorted(found, key=lambda f: (f.rs, f.seq, f.part))
+
+
+@dataclass(frozen=True)
+class HistoryFile:
+    """A backfilled hour of one replica set's events (see the module docstring)."""
+
+    path: str
+    rs: str
+
+    @property
+    def hour(self) -> str:
+        return os.path.basename(os.path.dirname(self.path))
+
+
+def list_history_files(lake_root: str, prefix: str, db: str, collection: str) -> list[HistoryFile]:
+    """Every history file of one collection, in hour order."""
+    paths = _hour_files(lake_root, prefix, db, collection)
+    return [history for history in map(parse_history_file, paths) if history]
+
+
+def parse_history_file(path: str) -> HistoryFile | None:
+    match = _HISTORY_NAME.match(os.path.basename(path))
+    return HistoryFile(path, match["rs"]) if match else None
 
 
 def list_raw_collections(lake_root: str, prefix: str) -> list[tuple[str, str]]:
@@ -226,3 +261,21 @@ def highest_raw_seq(lake_root: str, prefix: str, rs: str) -> int:
         if manifest.rs == rs:
             highest = max(highest, manifest.seq)
     return highest
+
+
+def earliest_landed_position(lake_root: str, prefix: str, rs: str) -> int | None:
+    """Packed cluster time of the oldest event or snapshot read the live sync landed for ``rs``.
+
+    Older history is only in the oplog; a backfill pulls it (``backfill``). None: nothing landed.
+    """
+    positions = [m.cluster_time for m in list_snapshot_manifests(lake_root, prefix) if m.rs == rs]
+    for db, collection in list_raw_collections(lake_root, prefix):
+        files = [raw for raw in list_raw_files(lake_root, prefix, db, collection) if raw.rs == rs]
+        if files:
+            # partitions hold events by cluster time: the oldest is in the first hour
+            first_hour = min(os.path.dirname(raw.path) for raw in files)
+            for raw in files:
+                if os.path.dirname(raw.path) == first_hour:
+                    column = pq.read_table(raw.path, columns=["cluster_time"]).column("cluster_time")
+                    positions.append(pc.min(column).as_py())
+    return min(positions, default=None)

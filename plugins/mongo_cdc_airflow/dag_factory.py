@@ -86,16 +86,33 @@ def _label_map_index(shard: dict) -> None:
     get_current_context()["shard_id"] = shard["id"]
 
 
+def is_backfill() -> bool:
+    """A backfill run (``airflow backfill create``, the UI's Backfill) only completes its past interval."""
+    return get_current_context()["dag_run"].run_type == "backfill"
+
+
+def backfill_interval_hours() -> list[str]:
+    from mongo_cdc.backfill import hour_partitions
+
+    context = get_current_context()
+    return hour_partitions(context["data_interval_start"], context["data_interval_end"])
+
+
 def _keeper(config: SourceConfig, rs: str) -> OffsetKeeper:
     return OffsetKeeper(VariableOffsetStore(), config.name, rs)
 
 
 def sole_writer(config: SourceConfig) -> Callable[[Callable[..., dict]], Callable[..., dict]]:
-    """Wrap a per-shard task so it is its offset's only writer while it runs (offsets.WriterConflict)."""
+    """Wrap a per-shard task so it is its offset's only writer while it runs (offsets.WriterConflict).
+
+    A backfill run never writes an offset, so it claims none and never waits for the live sync.
+    """
 
     def decorate(work: Callable[..., dict]) -> Callable[..., dict]:
         @functools.wraps(work)
         def claimed(shard_entry: dict, *args: object) -> dict:
+            if is_backfill():
+                return work(shard_entry, *args)
             ti = get_current_context()["ti"]
             me = {"dag_id": ti.dag_id, "run_id": ti.run_id, "task_id": ti.task_id, "map_index": ti.map_index}
 
@@ -157,6 +174,11 @@ def resnapshot_params() -> dict[str, Param]:
 
 def check_resnapshot_params(config: SourceConfig, params: Mapping[str, Any], shards: list[Shard]) -> None:
     """Fail before anything is copied when the trigger names a shard or collection the source lacks."""
+    if params["resnapshot"] and is_backfill():
+        raise ValueError(
+            "a backfill only completes past intervals and cannot re-snapshot; trigger the DAG with "
+            '{"resnapshot": true} as a normal run instead'
+        )
     if not params["resnapshot"]:
         if params["collections"] or params["shards"]:
             raise ValueError(
@@ -242,7 +264,8 @@ def build_cdc_dag(config: SourceConfig) -> DAG:
                 live = discover_shards(client)
             shards = reconcile(stored_topology(config.name), live, has_active_offset)
             check_resnapshot_params(config, get_current_context()["params"], shards)
-            store.set(topology_variable(config.name), json.dumps([s.to_dict() for s in shards]))
+            if not is_backfill():  # the live sync owns the topology it drains
+                store.set(topology_variable(config.name), json.dumps([s.to_dict() for s in shards]))
             for shard in shards:
                 log.info(
                     "shard %s (replica set %s)%s", shard.id, shard.rs, " retiring" if shard.retiring else ""
@@ -255,6 +278,9 @@ def build_cdc_dag(config: SourceConfig) -> DAG:
             from mongo_cdc.snapshot import run_snapshot, start_without_snapshot
 
             _label_map_index(shard_entry)
+            if is_backfill():
+                log.info("backfill run: no snapshot, the pull completes the interval's history")
+                return {"documents": {}, "seconds": 0}
             shard = Shard.from_dict(shard_entry)
             keeper = _keeper(config, shard.rs)
             offset = keeper.load()
@@ -288,6 +314,8 @@ def build_cdc_dag(config: SourceConfig) -> DAG:
 
             _label_map_index(shard_entry)
             shard = Shard.from_dict(shard_entry)
+            if is_backfill():
+                return backfill(shard)
             if config.snapshot_mode == "initial_only":
                 log.info("snapshot.mode is initial_only: no streaming")
                 return {"rs": shard.rs, "events": {}, "snapshot": snapshot_result}
@@ -302,6 +330,16 @@ def build_cdc_dag(config: SourceConfig) -> DAG:
                 log.info("shard %s left the cluster: its stream is drained and its offset retired", shard.id)
             result["snapshot"] = snapshot_result
             return result
+
+        def backfill(shard: Shard) -> dict:
+            from mongo_cdc.backfill import backfill_interval
+
+            context = get_current_context()
+            start, end = context["data_interval_start"], context["data_interval_end"]
+            offset = _keeper(config, shard.rs).load()
+            with shard_client(config.mongo_conn_id, shard) as client:
+                result = backfill_interval(client, config, shard.rs, offset, start, end)
+            return {"rs": shard.rs, "events": result.history_events, "backfill": result.to_dict()}
 
         @task_group
         def shard_sync(shard_entry: dict) -> dict:
@@ -329,6 +367,7 @@ def build_cdc_dag(config: SourceConfig) -> DAG:
                 "--committed",
                 json.dumps(committed, sort_keys=True),
                 *config.flattening.spark_arguments(),
+                *(["--rebuild-hours", json.dumps(backfill_interval_hours())] if is_backfill() else []),
             ]
 
         # Default trigger rule: a failed transform must fail the run. A failed shard reaches here

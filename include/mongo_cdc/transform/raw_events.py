@@ -8,7 +8,7 @@ from typing import Any, NamedTuple, Protocol, TypeVar
 import orjson
 import pyarrow.parquet as pq
 
-from mongo_cdc.lake import parse_raw_file
+from mongo_cdc.lake import parse_history_file, parse_raw_file
 
 _COLUMNS = ["key", "op", "ts_ms", "after", "updateDescription", "source", "cluster_time", "event_order"]
 
@@ -45,9 +45,9 @@ def event_from_row(row: dict[str, Any], rs: str) -> ChangeEvent:
 
 
 def read_raw_file(path: str) -> list[ChangeEvent]:
-    """Every event of one raw Parquet file, tombstones included, in file order."""
+    """Every event of one raw (or history) Parquet file, tombstones included, in file order."""
     rows = pq.ParquetFile(path).read(columns=_COLUMNS).to_pylist()
-    rs = parse_raw_file(path).rs
+    rs = (parse_raw_file(path) or parse_history_file(path)).rs
     return [event_from_row(row, rs) for row in rows]
 
 
