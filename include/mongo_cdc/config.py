@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from mongo_cdc.oversized_events import OVERSIZE_MODES
 from mongo_cdc.transform.flatten_options import (
     ARRAY_ENCODINGS,
     DELETE_TOMBSTONE_HANDLING_MODES,
@@ -60,6 +61,8 @@ class SourceConfig:
     connect_backoff_initial_delay_ms: int = 1000
     connect_backoff_max_delay_ms: int = 120_000
     connect_max_attempts: int = 16
+    cursor_oversize_handling_mode: str = "fail"
+    cursor_oversize_skip_threshold: int = 0
     # The changes table's event flattening (ExtractNewDocumentState's options): see `flattening`.
     array_encoding: str = _FLATTENING_DEFAULTS.array_encoding
     flatten_struct: bool = _FLATTENING_DEFAULTS.flatten_struct
@@ -206,6 +209,14 @@ _KEYS = {
     "connect.backoff.initial.delay.ms": ("connect_backoff_initial_delay_ms", _positive_int),
     "connect.backoff.max.delay.ms": ("connect_backoff_max_delay_ms", _positive_int),
     "connect.max.attempts": ("connect_max_attempts", _positive_int),
+    "cursor.oversize.handling.mode": (
+        "cursor_oversize_handling_mode",
+        lambda p, k, v: _choice(p, k, v, OVERSIZE_MODES),
+    ),
+    "cursor.oversize.skip.threshold": (
+        "cursor_oversize_skip_threshold",
+        lambda p, k, v: _positive_int(p, k, v, allow_zero=True),
+    ),
     "array.encoding": ("array_encoding", lambda p, k, v: _choice(p, k, v, ARRAY_ENCODINGS)),
     "flatten.struct": ("flatten_struct", _boolean),
     "flatten.struct.delimiter": (

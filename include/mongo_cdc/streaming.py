@@ -34,6 +34,15 @@ from mongo_cdc.events import DATA_OPERATIONS, SourceInfo, change_rows, rows_to_t
 from mongo_cdc.lake import hour_partition, pack_cluster_time, raw_collection_dir, raw_file_name
 from mongo_cdc.landing import write_table
 from mongo_cdc.offsets import Offset, OffsetError, OffsetKeeper
+from mongo_cdc.oversized_events import (
+    BSON_OBJECT_TOO_LARGE,
+    OVERSIZED_MARKER,
+    FragmentJoiner,
+    check_split_supported,
+    is_oversized_marker,
+    too_large_error,
+)
+from mongo_cdc.oversized_events import pipeline as oversize_pipeline
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +70,8 @@ class PullResult:
     # Debezium's NumberOfDisconnects / NumberOfPrimaryElections, as seen by this pull
     disconnects: int = 0
     primary_elections: int = 0
+    # events over 16 MB left out under cursor.oversize.handling.mode skip, per namespace
+    oversized_skipped: dict[str, int] = field(default_factory=lambda: defaultdict(int))
 
     def add_counts(self, batch: _MicroBatch) -> None:
         for namespace, ops in batch.events_by_op.items():
@@ -68,6 +79,8 @@ class PullResult:
                 self.events[namespace][op] += count
         for operation, count in batch.ignored_operations.items():
             self.ignored_operations[operation] += count
+        for namespace, count in batch.oversized_skipped.items():
+            self.oversized_skipped[namespace] += count
         newest = batch.newest_source_ts_ms
         if newest is not None and (self.newest_source_ts_ms is None or newest > self.newest_source_ts_ms):
             self.newest_source_ts_ms = newest
@@ -83,6 +96,7 @@ class PullResult:
             "ignored_operations": dict(self.ignored_operations),
             "disconnects": self.disconnects,
             "primary_elections": self.primary_elections,
+            "oversized_skipped": dict(self.oversized_skipped),
         }
 
 
@@ -94,6 +108,7 @@ class _MicroBatch:
         self.events = 0
         self.events_by_op: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         self.ignored_operations: dict[str, int] = defaultdict(int)
+        self.oversized_skipped: dict[str, int] = defaultdict(int)
         self.newest_source_ts_ms: int | None = None
 
     def add(self, namespace: str, op: str, rows: list[dict[str, Any]]) -> None:
@@ -143,6 +158,9 @@ def _watch_options(config: SourceConfig, offset: Offset) -> dict[str, Any]:
         "resume_after": offset.resume_token,
         "max_await_time_ms": POLL_INTERVAL_MS,
         "batch_size": config.max_batch_size,
+        "pipeline": oversize_pipeline(
+            config.cursor_oversize_handling_mode, config.cursor_oversize_skip_threshold
+        ),
     }
     if config.capture_mode == "change_streams_update_full":
         options["full_document"] = "updateLookup"
@@ -193,6 +211,8 @@ class _ChangeReader:
         if self.target is None:
             self.target = last_applied(self.client)
         batch = _MicroBatch()
+        # a reopened stream starts after a whole event: fragments read before are read again
+        fragments = FragmentJoiner()
         with self.client.watch(**_watch_options(self.config, self.offset)) as stream:
             opened_with_primary = self.client.primary
             while True:
@@ -201,6 +221,9 @@ class _ChangeReader:
                 if self._primary_moved_since(opened_with_primary):
                     return False
                 if change is not None:
+                    change = fragments.add(change)
+                    if change is None:
+                        continue
                     _collect(change, self.config, self.source, batch)
                     # strictly past the target: more events of one transaction share its cluster time
                     caught_up = token_cluster_time(change["_id"]) > self.target
@@ -292,12 +315,16 @@ def pull_changes(
             f"offset '{keeper.key}' has no resume position yet; the snapshot step must run first "
             "(check snapshot.mode)"
         )
+    if config.cursor_oversize_handling_mode == "split":
+        check_split_supported(client, rs)
     reader = _ChangeReader(client, config, rs, keeper, keeper.discard_uncommitted(offset))
     while True:
         try:
             if reader.read():
                 break
         except PyMongoError as exc:
+            if isinstance(exc, OperationFailure) and exc.code == BSON_OBJECT_TOO_LARGE:
+                raise too_large_error(rs, keeper.key, reader.offset.batch_seq) from exc
             if isinstance(exc, OperationFailure) and exc.code == CHANGE_STREAM_HISTORY_LOST:
                 raise ResumeError(
                     f"replica set {rs}: the stored resume position ({keeper.key}) is no longer in the oplog, "
@@ -316,6 +343,9 @@ def pull_changes(
 
 
 def _collect(change: dict, config: SourceConfig, source: SourceInfo, batch: _MicroBatch) -> None:
+    if is_oversized_marker(change):
+        _skip_oversized(change, config, batch)
+        return
     operation = change["operationType"]
     op = DATA_OPERATIONS.get(operation)
     if op is None:
@@ -328,3 +358,16 @@ def _collect(change: dict, config: SourceConfig, source: SourceInfo, batch: _Mic
     if op in config.skipped_operations or not config.captures_collection(db, collection):
         return
     batch.add(f"{db}.{collection}", op, change_rows(change, source, config.tombstones_on_delete))
+
+
+def _skip_oversized(marker: dict, config: SourceConfig, batch: _MicroBatch) -> None:
+    db, collection = marker["ns"]["db"], marker["ns"].get("coll", "")
+    if not config.captures_collection(db, collection):
+        return
+    key = marker.get("documentKey", {}).get("_id")
+    log.warning(
+        "skipped a %s event on %s.%s (document %s, cluster time %s): %d bytes is over the limit "
+        "(cursor.oversize.handling.mode skip)",
+        marker["operationType"], db, collection, key, marker["clusterTime"], marker[OVERSIZED_MARKER],
+    )  # fmt: skip
+    batch.oversized_skipped[f"{db}.{collection}"] += 1
