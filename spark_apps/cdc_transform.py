@@ -56,6 +56,7 @@ from mongo_cdc.transform import ejson_types as types
 from mongo_cdc.transform.document_state import (
     STATE_METADATA_COLUMNS,
     DocumentVersion,
+    drop_with_collection,
     fold_events,
     reconcile_with_snapshots,
 )
@@ -276,12 +277,22 @@ class CollectionTransform:
         previous = (
             self.previous_versions(current, metadata) if metadata else self.spark.sparkContext.emptyRDD()
         )
-        events = self.read_events(new_files).map(lambda indexed: (indexed[1].document_id, indexed[1]))
+        all_events = self.read_events(new_files).map(lambda indexed: indexed[1])
+        drops = (
+            all_events.filter(lambda event: event.op in lake.COLLECTION_OPERATIONS)
+            .map(lambda event: (event.position, event.rs))
+            .collect()
+        )
+        events = all_events.filter(lambda event: event.op not in lake.COLLECTION_OPERATIONS).map(
+            lambda event: (event.document_id, event)
+        )
 
         def fold_and_reconcile(grouped: tuple[str, tuple[Any, Any]]) -> DocumentVersion | None:
             document_id, (stored, document_events) = grouped
             version = fold_events(document_id, next(iter(stored), None), document_events)
-            return None if version is None else reconcile_with_snapshots(version, new_snapshots)
+            if version is None:
+                return None
+            return drop_with_collection(reconcile_with_snapshots(version, new_snapshots), drops)
 
         versions = (
             previous.map(lambda version: (version.document_id, version))

@@ -130,6 +130,7 @@ def test_fragments_of_a_split_event_are_joined_under_the_last_token():
     plain = {"_id": {"_data": "03"}, "operationType": "insert"}
 
     assert joiner.add(first) is None
+    assert joiner.pending  # the pull must not land or commit at a fragment's position
     assert joiner.add(last) == {
         "_id": {"_data": "02"},
         "operationType": "update",

@@ -17,7 +17,7 @@ from typing import Any, TextIO
 
 import pyarrow.parquet as pq
 
-from mongo_cdc.lake import list_raw_files
+from mongo_cdc.lake import COLLECTION_OPERATIONS, list_raw_files
 
 
 def debezium_record(row: dict[str, Any]) -> dict[str, Any]:
@@ -59,7 +59,12 @@ def write_json_lines(records: Iterable[dict[str, Any]], out: TextIO) -> int:
 
 
 def records(lake_root: str, prefix: str, db: str, collection: str) -> Iterator[dict[str, Any]]:
-    return (debezium_record(row) for row in raw_rows(lake_root, prefix, db, collection))
+    """Debezium's records of a collection; drops and renames have none (Debezium emits no event)."""
+    return (
+        debezium_record(row)
+        for row in raw_rows(lake_root, prefix, db, collection)
+        if row["op"] not in COLLECTION_OPERATIONS
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -82,6 +82,13 @@ RAW_SCHEMA = pa.schema(
     ]
 )
 
+# Raw ``op`` values of rows that stand for a whole collection (``collection_events``): no
+# document, key COLLECTION_KEY.
+DROP = "drop"
+RENAME = "rename"
+COLLECTION_OPERATIONS = frozenset({DROP, RENAME})
+COLLECTION_KEY = '{"id":null}'
+
 _FILE_NAME = re.compile(r"^(?P<rs>.+)-(?P<seq>\d{12})-(?P<part>\d{4})\.parquet$")
 _HISTORY_NAME = re.compile(r"^(?P<rs>.+)-history\.parquet$")
 _MANIFEST_NAME = re.compile(r"^(?P<rs>.+)-(?P<seq>\d{12})\.json$")

@@ -100,6 +100,11 @@ class FragmentJoiner:
     def __init__(self) -> None:
         self._fragments: list[dict[str, Any]] = []
 
+    @property
+    def pending(self) -> bool:
+        """Fragments of an event are waiting: its position is not one to land or commit at."""
+        return bool(self._fragments)
+
     def add(self, change: dict) -> dict | None:
         """The whole event once its last fragment arrives; None while fragments are missing."""
         split = change.get("splitEvent")

@@ -29,9 +29,20 @@ from typing import Any
 from pymongo import MongoClient
 from pymongo.errors import ConnectionFailure, CursorNotFound, OperationFailure, PyMongoError
 
+from mongo_cdc.collection_events import collection_row, rename_namespaces, renamed_collection_reads
 from mongo_cdc.config import SourceConfig
 from mongo_cdc.events import DATA_OPERATIONS, SourceInfo, change_rows, rows_to_table, token_cluster_time
-from mongo_cdc.lake import hour_partition, pack_cluster_time, raw_collection_dir, raw_file_name
+from mongo_cdc.lake import (
+    DROP,
+    RENAME,
+    SnapshotManifest,
+    hour_partition,
+    pack_cluster_time,
+    raw_collection_dir,
+    raw_file_name,
+    snapshot_manifest_path,
+    write_snapshot_manifest,
+)
 from mongo_cdc.landing import write_table
 from mongo_cdc.offsets import Offset, OffsetError, OffsetKeeper
 from mongo_cdc.oversized_events import (
@@ -110,11 +121,16 @@ class _MicroBatch:
         self.ignored_operations: dict[str, int] = defaultdict(int)
         self.oversized_skipped: dict[str, int] = defaultdict(int)
         self.newest_source_ts_ms: int | None = None
+        # the token of the last event read: every event up to it is in this batch or not captured
+        self.last_token: dict | None = None
+        # namespaces this batch copies completely (a rename's new name), as of copy_position
+        self.copied: tuple[str, ...] = ()
+        self.copy_position = 0
 
-    def add(self, namespace: str, op: str, rows: list[dict[str, Any]]) -> None:
+    def add(self, namespace: str, op: str, rows: list[dict[str, Any]], events: int = 1) -> None:
         self.rows.extend(rows)
-        self.events += 1
-        self.events_by_op[namespace][op] += 1
+        self.events += events
+        self.events_by_op[namespace][op] += events
         ts_ms = rows[0]["source"]["ts_ms"]
         if self.newest_source_ts_ms is None or ts_ms > self.newest_source_ts_ms:
             self.newest_source_ts_ms = ts_ms
@@ -147,9 +163,15 @@ def _land(
         directory: os.path.join(directory, raw_file_name(rs, seq, part))
         for part, directory in enumerate(groups)
     }
-    offset = keeper.begin_batch(offset, list(paths.values()))
+    manifest = SnapshotManifest(rs, seq, batch.copy_position, batch.copied) if batch.copied else None
+    pending = list(paths.values())
+    if manifest is not None:
+        pending.append(snapshot_manifest_path(config.lake_root, config.topic_prefix, rs, seq))
+    offset = keeper.begin_batch(offset, pending)
     for directory, rows in groups.items():
         write_table(paths[directory], rows_to_table(rows))
+    if manifest is not None:
+        write_snapshot_manifest(config.lake_root, config.topic_prefix, manifest)
     return keeper.commit(offset, resume_token=token, cluster_time=token_cluster_time(token), batch_seq=seq)
 
 
@@ -201,6 +223,8 @@ class _ChangeReader:
         self.target: int | None = None
         self.primary: tuple[str, int] | None = None
         self.failures = 0
+        # set by an invalidate: the next stream starts after it (a stream cannot resume after one)
+        self.start_after: dict | None = None
 
     def read(self) -> bool:
         """Open the stream at the last landed position and land batches until caught up (True).
@@ -213,7 +237,11 @@ class _ChangeReader:
         batch = _MicroBatch()
         # a reopened stream starts after a whole event: fragments read before are read again
         fragments = FragmentJoiner()
-        with self.client.watch(**_watch_options(self.config, self.offset)) as stream:
+        options = _watch_options(self.config, self.offset)
+        if self.start_after is not None:
+            del options["resume_after"]
+            options["start_after"] = self.start_after
+        with self.client.watch(**options) as stream:
             opened_with_primary = self.client.primary
             while True:
                 change = stream.try_next()
@@ -224,7 +252,17 @@ class _ChangeReader:
                     change = fragments.add(change)
                     if change is None:
                         continue
-                    _collect(change, self.config, self.source, batch)
+                    if change["operationType"] == "invalidate":
+                        log.warning("replica set %s: change stream invalidated; reopening after it", self.rs)
+                        self._land_read(batch)
+                        self.start_after = change["_id"]
+                        return False
+                    if change["operationType"] == RENAME:
+                        self._land_read(batch)
+                        batch = self._rename_batch(change)
+                    else:
+                        _collect(change, self.config, self.source, batch)
+                    batch.last_token = change["_id"]
                     # strictly past the target: more events of one transaction share its cluster time
                     caught_up = token_cluster_time(change["_id"]) > self.target
                     if batch.events >= self.config.max_batch_size or (caught_up and batch.events):
@@ -232,6 +270,8 @@ class _ChangeReader:
                         batch = _MicroBatch()
                     if not caught_up:
                         continue
+                if fragments.pending:  # the rest of a split event is on its way
+                    continue
                 token = stream.resume_token
                 if batch.events:
                     self._land(batch, token)
@@ -249,8 +289,31 @@ class _ChangeReader:
 
     def _land(self, batch: _MicroBatch, token: dict) -> None:
         self.offset = _land(self.keeper, self.offset, self.config, self.rs, batch, token)
+        self.start_after = None
         self.result.batches += 1
         self.result.add_counts(batch)
+
+    def _land_read(self, batch: _MicroBatch) -> None:
+        """Land the events read so far, so a collection event can take a batch of its own."""
+        if batch.events:
+            self._land(batch, batch.last_token)
+        else:
+            self.result.add_counts(batch)
+
+    def _rename_batch(self, change: dict) -> _MicroBatch:
+        """The rename row and, when the new name is captured, its copy: landed with the next events."""
+        batch = _MicroBatch()
+        old, new = rename_namespaces(change, self.config)
+        if old is not None:
+            batch.add(old, RENAME, [collection_row(change, self.source)])
+        if new is not None:
+            reads = renamed_collection_reads(self.client, change, self.source)
+            log.info("replica set %s: %s renamed to %s; copied its %d documents", self.rs,
+                     f"{change['ns']['db']}.{change['ns']['coll']}", new, len(reads))  # fmt: skip
+            batch.copied, batch.copy_position = (new,), token_cluster_time(change["_id"])
+            if reads:
+                batch.add(new, "r", reads, events=len(reads))
+        return batch
 
     def _primary_moved_since(self, opened_with_primary: tuple[str, int] | None) -> bool:
         """Count an election when the primary changed; True when it is not the stream's primary any more.
@@ -348,6 +411,10 @@ def _collect(change: dict, config: SourceConfig, source: SourceInfo, batch: _Mic
         return
     operation = change["operationType"]
     op = DATA_OPERATIONS.get(operation)
+    if operation == DROP:
+        if config.captures_collection(change["ns"]["db"], change["ns"]["coll"]):
+            batch.add(f"{change['ns']['db']}.{change['ns']['coll']}", DROP, [collection_row(change, source)])
+        return
     if op is None:
         namespace = change.get("ns", {})
         if config.captures_database(namespace.get("db", "")):

@@ -13,7 +13,8 @@ an array; setting past its end pads with nulls). With no previous version known,
 A complete snapshot of a collection at position P (a ``SnapshotManifest``) also says which
 documents are gone: a live document whose latest event came from the snapshot's replica set
 before P, and that the snapshot therefore did not read, was deleted while nobody streamed (an
-oplog lost, a source reset). ``reconcile_with_snapshots`` turns it into a deletion at P. Only
+oplog lost, a source reset). ``reconcile_with_snapshots`` turns it into a deletion at P. A drop
+or rename of the collection deletes the documents written before it (``drop_with_collection``). Only
 the snapshot's own replica set counts because a shard's snapshot sees that shard's documents only.
 
 Known limit: a field name containing a dot cannot be told apart from a nested path (the raw
@@ -97,6 +98,21 @@ def reconcile_with_snapshots(
     if version.document is None or not missed_by:
         return version
     return version._replace(document=None, cluster_time=max(missed_by), event_order="")
+
+
+def drop_with_collection(
+    version: DocumentVersion, drops: Iterable[tuple[tuple[int, str], str]]
+) -> DocumentVersion:
+    """``version`` deleted at the latest drop (or rename away) of its collection that came after it.
+
+    ``drops``: (position, replica set) of the collection's drop and rename events. Only drops on
+    the document's own replica set count: each shard drops its own part of a collection.
+    """
+    after = [position for position, rs in drops if rs == version.rs and version.position < position]
+    if version.document is None or not after:
+        return version
+    cluster_time, event_order = max(after)
+    return version._replace(document=None, cluster_time=cluster_time, event_order=event_order)
 
 
 def _document_to_update(document_id: str, version: DocumentVersion | None) -> dict:

@@ -41,6 +41,7 @@ from typing import Any
 
 import orjson
 
+from mongo_cdc.lake import COLLECTION_OPERATIONS
 from mongo_cdc.transform.document_state import set_path
 from mongo_cdc.transform.flatten_options import FlatteningOptions
 from mongo_cdc.transform.raw_events import ChangeEvent
@@ -66,6 +67,8 @@ def change_document(event: ChangeEvent) -> dict[str, Any] | None:
 
 def change_row(event: ChangeEvent, options: FlatteningOptions) -> tuple[tuple, dict[str, Any]] | None:
     """(values of ``options.metadata_columns``, encoded document) of the event's row; None for no row."""
+    if event.op in COLLECTION_OPERATIONS:  # a drop or rename has no document: the raw zone records it
+        return None
     mode = options.delete_tombstone_handling_mode
     is_tombstone = event.op is None
     if (is_tombstone and mode != "rewrite-with-tombstone") or (event.op == "d" and mode == "drop"):
