@@ -325,3 +325,31 @@ def test_capture_filters_and_skipped_operations_change_what_lands(
     full = ["c", "d", "r", "tombstone", "u"]
     want = {ns.format(one=one, two=two): full if ops == "full" else ops for ns, ops in expected.items()}
     assert landed(config, names) == {ns: want.get(ns, []) for ns in names}
+
+
+def test_a_narrowed_snapshot_keeps_the_streaming_position_of_the_stream_only_collections(
+    replica_set: ReplicaSet, db_name, tmp_path
+):
+    path = tmp_path / "narrow.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "topic.prefix": "n",
+                "lake.root": str(tmp_path / "lake"),
+                "database.include.list": [db_name],
+                "snapshot.include.collection.list": [f"{db_name}.copied"],
+            }
+        )
+    )
+    config = load_source(path)
+    names = [f"{db_name}.copied", f"{db_name}.streamed"]
+    with make_client(replica_set.uri, {}) as client:
+        client[db_name].copied.insert_one({"_id": 0})
+        client[db_name].streamed.insert_one({"_id": 0})
+        keeper = OffsetKeeper(MemoryOffsetStore(), config.name, replica_set.name)
+        run_snapshot(client, config, replica_set.name, keeper)
+        pull_changes(client, config, replica_set.name, keeper)
+        client[db_name].streamed.insert_one({"_id": 1})  # written between two runs
+        run_snapshot(client, config, replica_set.name, keeper)  # as snapshot.mode always does
+        pull_changes(client, config, replica_set.name, keeper)
+    assert landed(config, names) == {names[0]: ["r", "r"], names[1]: ["c"]}

@@ -304,6 +304,9 @@ def run_snapshot(
 ) -> SnapshotResult:
     """Copy every captured collection as ``op: r`` events and commit the pre-copy position.
 
+    ``snapshot.include.collection.list`` narrows the copy to the collections it matches; a replica
+    set that already streams then keeps its position, like a re-snapshot of some collections.
+
     For one shard of a cluster, ``cluster`` (config server or router) and ``shard_id`` restrict
     sharded collections to the chunk ranges the shard owns, so orphaned documents are not emitted.
 
@@ -329,8 +332,8 @@ def run_snapshot(
     if keeps_position and only:
         collections = sorted((db, coll) for db, _, coll in (name.partition(".") for name in only))
     else:
-        collections = [(db, coll) for db, coll in captured_collections(client, config)
-                       if config.snapshots_collection(db, coll)]
+        captured = captured_collections(client, config)
+        collections = [(db, coll) for db, coll in captured if config.snapshots_collection(db, coll)]
     seq = offset.batch_seq + 1
     # The manifest lets the transform drop the documents this copy no longer finds. A shard back
     # from retirement has none to drop: what it held before was all migrated to other shards, yet
