@@ -106,7 +106,8 @@ class CollectionFieldRules:
         return document
 
     def update_description(self, description: dict[str, Any]) -> dict[str, Any]:
-        """A change stream ``updateDescription`` rewritten (a new dict; the input is left alone)."""
+        """A change stream ``updateDescription`` rewritten: a new dict, whose ``updatedFields`` values
+        (sub-documents) are rewritten in place like ``document``."""
         updated = dict(description.get("updatedFields") or {})
         removed = list(description.get("removedFields") or [])
         truncated = list(description.get("truncatedArrays") or [])
