@@ -305,6 +305,7 @@ class CollectionTransform:
         layout = TableLayout(
             STATE_METADATA_COLUMNS,
             infer_document_type(live.map(lambda version: orjson.loads(version.document))),
+            sanitize_field_names=self.flattening.sanitize_field_names,
         )
         version_dir = self.state.next_version_dir()
         rows = live.map(lambda version: layout.row(tuple(version), orjson.loads(version.document)))
@@ -412,7 +413,12 @@ class CollectionTransform:
     ) -> int:
         """Write ``rows`` as one file per raw file into ``target_dir``; the number of rows written."""
         reserved = [RAW_FILE_COLUMN, HOUR_PARTITION_COLUMN]
-        layout = TableLayout(self.flattening.metadata_columns, document_type, reserved_names=reserved)
+        layout = TableLayout(
+            self.flattening.metadata_columns,
+            document_type,
+            reserved_names=reserved,
+            sanitize_field_names=self.flattening.sanitize_field_names,
+        )
         schema = spark_types.StructType(
             [spark_types.StructField(RAW_FILE_COLUMN, spark_types.IntegerType(), nullable=False)]
             + to_spark_type(layout.table_type).fields

@@ -9,10 +9,12 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 import yaml
 
+from mongo_cdc.field_filters import FieldFilters, FieldRule, parse_rules
 from mongo_cdc.oversized_events import OVERSIZE_MODES
 from mongo_cdc.transform.flatten_options import (
     ARRAY_ENCODINGS,
@@ -51,6 +53,9 @@ class SourceConfig:
     database_exclude: tuple[re.Pattern, ...] = ()
     collection_include: tuple[re.Pattern, ...] = ()
     collection_exclude: tuple[re.Pattern, ...] = ()
+    snapshot_include: tuple[re.Pattern, ...] = ()
+    field_exclude: tuple[FieldRule, ...] = ()
+    field_renames: tuple[FieldRule, ...] = ()
     snapshot_mode: str = "initial"
     capture_mode: str = "change_streams_update_full"
     snapshot_max_threads: int = 1
@@ -70,6 +75,7 @@ class SourceConfig:
     delete_tombstone_handling_mode: str = _FLATTENING_DEFAULTS.delete_tombstone_handling_mode
     add_fields: tuple[str, ...] = _FLATTENING_DEFAULTS.add_fields
     add_fields_prefix: str = _FLATTENING_DEFAULTS.add_fields_prefix
+    sanitize_field_names: bool = _FLATTENING_DEFAULTS.sanitize_field_names
 
     def __post_init__(self) -> None:
         self.flattening  # noqa: B018 - builds the options, so clashing ones are refused here
@@ -83,7 +89,12 @@ class SourceConfig:
             delete_tombstone_handling_mode=self.delete_tombstone_handling_mode,
             add_fields=self.add_fields,
             add_fields_prefix=self.add_fields_prefix,
+            sanitize_field_names=self.sanitize_field_names,
         )
+
+    @property
+    def field_filters(self) -> FieldFilters:
+        return _field_filters(self.field_exclude + self.field_renames)
 
     def captures_database(self, db: str) -> bool:
         if db in SYSTEM_DATABASES:
@@ -99,6 +110,19 @@ class SourceConfig:
         if self.collection_include:
             return any(p.fullmatch(namespace) for p in self.collection_include)
         return not any(p.fullmatch(namespace) for p in self.collection_exclude)
+
+    def snapshots_collection(self, db: str, collection: str) -> bool:
+        """Captured and copied by snapshots (``snapshot.include.collection.list``), not only streamed."""
+        if not self.captures_collection(db, collection):
+            return False
+        namespace = f"{db}.{collection}"
+        return not self.snapshot_include or any(p.fullmatch(namespace) for p in self.snapshot_include)
+
+
+@lru_cache(maxsize=64)
+def _field_filters(rules: tuple[FieldRule, ...]) -> FieldFilters:
+    """One ``FieldFilters`` per rule set, so its per-collection lookups are kept across calls."""
+    return FieldFilters(rules)
 
 
 def _regex_list(path: str, key: str, value: Any) -> tuple[re.Pattern, ...]:
@@ -119,6 +143,13 @@ def _regex_list(path: str, key: str, value: Any) -> tuple[re.Pattern, ...]:
                 f"{path}: key '{key}': invalid regular expression {item!r} ({exc})"
             ) from None
     return tuple(patterns)
+
+
+def _field_rules(path: str, key: str, value: Any) -> tuple[FieldRule, ...]:
+    try:
+        return parse_rules(key, value)
+    except ValueError as exc:
+        raise SourceConfigError(f"{path}: {exc}") from None
 
 
 def _positive_int(path: str, key: str, value: Any, allow_zero: bool = False) -> int:
@@ -199,6 +230,10 @@ _KEYS = {
     "database.exclude.list": ("database_exclude", _regex_list),
     "collection.include.list": ("collection_include", _regex_list),
     "collection.exclude.list": ("collection_exclude", _regex_list),
+    "snapshot.include.collection.list": ("snapshot_include", _regex_list),
+    "field.exclude.list": ("field_exclude", _field_rules),
+    "field.renames": ("field_renames", _field_rules),
+    "sanitize.field.names": ("sanitize_field_names", _boolean),
     "snapshot.mode": ("snapshot_mode", lambda p, k, v: _choice(p, k, v, SNAPSHOT_MODES)),
     "capture.mode": ("capture_mode", lambda p, k, v: _choice(p, k, v, CAPTURE_MODES)),
     "snapshot.max.threads": ("snapshot_max_threads", _positive_int),

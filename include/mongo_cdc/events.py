@@ -13,6 +13,7 @@ from typing import Any
 import pyarrow as pa
 
 from mongo_cdc import __version__, extjson
+from mongo_cdc.field_filters import CollectionFieldRules
 from mongo_cdc.lake import RAW_SCHEMA, pack_cluster_time
 
 CONNECTOR = "mongodb"
@@ -66,8 +67,11 @@ class SourceInfo:
         }
 
 
-def change_rows(change: dict, source: SourceInfo, tombstones: bool) -> list[dict[str, Any]]:
-    """Raw rows for one insert/update/replace/delete change-stream event."""
+def change_rows(
+    change: dict, source: SourceInfo, tombstones: bool, fields: CollectionFieldRules | None = None
+) -> list[dict[str, Any]]:
+    """Raw rows for one insert/update/replace/delete change-stream event (``fields``: its collection's
+    ``field.exclude.list`` / ``field.renames``)."""
     op = DATA_OPERATIONS[change["operationType"]]
     ts = change["clusterTime"]
     cluster_time = pack_cluster_time(ts.time, ts.inc)
@@ -77,6 +81,9 @@ def change_rows(change: dict, source: SourceInfo, tombstones: bool) -> list[dict
     txn_number = change.get("txnNumber")
     full_document = change.get("fullDocument")
     description = change.get("updateDescription")
+    if fields is not None:
+        full_document = fields.document(full_document) if full_document is not None else None
+        description = fields.update_description(description) if description is not None else None
     row = {
         "key": extjson.document_key(change["documentKey"]["_id"]),
         "op": op,
@@ -137,7 +144,10 @@ class SnapshotColumns:
     flush by repeating a one-row array, which keeps the per-document cost to two encodes.
     """
 
-    def __init__(self, source_block: dict[str, Any], cluster_time: int) -> None:
+    def __init__(
+        self, source_block: dict[str, Any], cluster_time: int, fields: CollectionFieldRules | None = None
+    ) -> None:
+        self._fields = fields
         self._constant = pa.Table.from_pylist(
             [
                 {
@@ -161,12 +171,16 @@ class SnapshotColumns:
         self.afters: list[str] = []
 
     def add(self, document: dict) -> None:
+        if self._fields is not None:
+            document = self._fields.document(document)
         self.keys.append(extjson.document_key(document["_id"]))
         self.afters.append(extjson.encode_str(document))
 
     def extend(self, documents: list[dict]) -> None:
         """``add`` for each document (decoded with ``extjson.DECODE_OPTIONS``), with no call per document."""
         key, encode = extjson.document_key, extjson.encode
+        if self._fields is not None:  # per-document work only when this collection has rules
+            documents = [self._fields.document(document) for document in documents]
         self.keys += [key(document["_id"]) for document in documents]
         self.afters += [encode(document).decode() for document in documents]
 

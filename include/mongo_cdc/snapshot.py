@@ -256,7 +256,7 @@ def _copy_collection(
         hour_partition(cluster_time),
     )
     block = source.block(db, collection, cluster_time, (cluster_time >> 32) * 1000, snapshot=True)
-    buffer = SnapshotColumns(block, cluster_time)
+    buffer = SnapshotColumns(block, cluster_time, config.field_filters.for_collection(db, collection))
     batches = _raw_batches(client[db].get_collection(collection), config.snapshot_fetch_size, owned)
     copied = group_bytes = 0
     try:
@@ -304,6 +304,9 @@ def run_snapshot(
 ) -> SnapshotResult:
     """Copy every captured collection as ``op: r`` events and commit the pre-copy position.
 
+    ``snapshot.include.collection.list`` narrows the copy to the collections it matches; a replica
+    set that already streams then keeps its position, like a re-snapshot of some collections.
+
     For one shard of a cluster, ``cluster`` (config server or router) and ``shard_id`` restrict
     sharded collections to the chunk ranges the shard owns, so orphaned documents are not emitted.
 
@@ -313,8 +316,12 @@ def run_snapshot(
     state skips. Without a streaming position to keep, every captured collection is copied.
     """
     stored = _stored_or_new(keeper, config, rs)
-    keeps_position = (
-        bool(only) and stored.snapshot_complete and stored.resume_token is not None and not stored.retired_at
+    streams = stored.snapshot_complete and stored.resume_token is not None and not stored.retired_at
+    # With snapshot.include.collection.list the collections left out are only streamed: moving the
+    # position to this copy would skip their events since the stored one, so it stays when it can.
+    keeps_position = streams and (
+        bool(only)
+        or (bool(config.snapshot_include) and not resume_position_lost(client, stored.resume_token))
     )
     if only and not keeps_position:
         log.info("replica set %s has no streaming position to keep: snapshotting every collection", rs)
@@ -322,10 +329,11 @@ def run_snapshot(
     offset = keeper.discard_uncommitted(replace(stored, retired_at=""))
     token = current_position(client)
     cluster_time = token_cluster_time(token)
-    if keeps_position:
+    if keeps_position and only:
         collections = sorted((db, coll) for db, _, coll in (name.partition(".") for name in only))
     else:
-        collections = captured_collections(client, config)
+        captured = captured_collections(client, config)
+        collections = [(db, coll) for db, coll in captured if config.snapshots_collection(db, coll)]
     seq = offset.batch_seq + 1
     # The manifest lets the transform drop the documents this copy no longer finds. A shard back
     # from retirement has none to drop: what it held before was all migrated to other shards, yet

@@ -424,7 +424,8 @@ def _collect(change: dict, config: SourceConfig, source: SourceInfo, batch: _Mic
     db, collection = change["ns"]["db"], change["ns"]["coll"]
     if op in config.skipped_operations or not config.captures_collection(db, collection):
         return
-    batch.add(f"{db}.{collection}", op, change_rows(change, source, config.tombstones_on_delete))
+    fields = config.field_filters.for_collection(db, collection)
+    batch.add(f"{db}.{collection}", op, change_rows(change, source, config.tombstones_on_delete, fields))
 
 
 def _skip_oversized(marker: dict, config: SourceConfig, batch: _MicroBatch) -> None:

@@ -84,6 +84,8 @@ class FlatteningOptions:
     delete_tombstone_handling_mode: str = "rewrite"
     add_fields: tuple[str, ...] = ("op", "source.ts_ms")
     add_fields_prefix: str = "__"
+    # Avro-safe column names in the changes and state tables (mongo_cdc.transform.table_layout)
+    sanitize_field_names: bool = False
 
     def __post_init__(self) -> None:
         for key, allowed in (
@@ -146,5 +148,6 @@ _ATTRIBUTES = {
     "delete.tombstone.handling.mode": "delete_tombstone_handling_mode",
     "add.fields": "add_fields",
     "add.fields.prefix": "add_fields_prefix",
+    "sanitize.field.names": "sanitize_field_names",
 }
 _DEFAULTS = FlatteningOptions()
