@@ -53,7 +53,7 @@ def collection_row(change: dict, source: SourceInfo) -> dict[str, Any]:
 
 
 def renamed_collection_reads(
-    client: MongoClient, change: dict, source: SourceInfo
+    client: MongoClient, change: dict, config: SourceConfig, source: SourceInfo
 ) -> list[dict[str, Any]]:
     """Snapshot reads of a renamed collection under its new name, positioned at the rename.
 
@@ -65,6 +65,9 @@ def renamed_collection_reads(
     block = source.block(db, collection, cluster_time, source_ts_ms, snapshot=True)
     processed = now_ms()
     documents = client[db].get_collection(collection, codec_options=extjson.DECODE_OPTIONS).find()
+    fields = config.field_filters.for_collection(db, collection)
+    if fields is not None:
+        documents = map(fields.document, documents)
     return [
         {
             "key": extjson.document_key(document["_id"]),

@@ -307,7 +307,7 @@ class _ChangeReader:
         if old is not None:
             batch.add(old, RENAME, [collection_row(change, self.source)])
         if new is not None:
-            reads = renamed_collection_reads(self.client, change, self.source)
+            reads = renamed_collection_reads(self.client, change, self.config, self.source)
             log.info("replica set %s: %s renamed to %s; copied its %d documents", self.rs,
                      f"{change['ns']['db']}.{change['ns']['coll']}", new, len(reads))  # fmt: skip
             batch.copied, batch.copy_position = (new,), token_cluster_time(change["_id"])
