@@ -29,6 +29,7 @@ from typing import Any
 from pymongo import MongoClient
 from pymongo.errors import ConnectionFailure, CursorNotFound, OperationFailure, PyMongoError
 
+from mongo_cdc.capture_modes import require_images, watch_options
 from mongo_cdc.config import SourceConfig
 from mongo_cdc.events import DATA_OPERATIONS, SourceInfo, change_rows, rows_to_table, token_cluster_time
 from mongo_cdc.lake import hour_partition, pack_cluster_time, raw_collection_dir, raw_file_name
@@ -139,14 +140,12 @@ def _land(
 
 
 def _watch_options(config: SourceConfig, offset: Offset) -> dict[str, Any]:
-    options: dict[str, Any] = {
+    return {
         "resume_after": offset.resume_token,
         "max_await_time_ms": POLL_INTERVAL_MS,
         "batch_size": config.max_batch_size,
+        **watch_options(config),
     }
-    if config.capture_mode == "change_streams_update_full":
-        options["full_document"] = "updateLookup"
-    return options
 
 
 def backoff_delay_ms(config: SourceConfig, attempt: int) -> int:
@@ -292,6 +291,7 @@ def pull_changes(
             f"offset '{keeper.key}' has no resume position yet; the snapshot step must run first "
             "(check snapshot.mode)"
         )
+    require_images(client, config, rs)
     reader = _ChangeReader(client, config, rs, keeper, keeper.discard_uncommitted(offset))
     while True:
         try:
