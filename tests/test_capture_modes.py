@@ -14,6 +14,7 @@ import re
 import pytest
 import yaml
 from bson import json_util
+from cdc_support import assert_state_equals_collection
 
 from mongo_cdc.capture_modes import ImagesNotEnabledError, watch_options
 from mongo_cdc.config import SourceConfig, SourceConfigError, load_source
@@ -271,3 +272,31 @@ def test_capture_settings_parse(tmp_path):
         "change_streams_update_full_with_pre_image",
         "post_image",
     )
+
+
+def test_pre_image_mode_through_the_dag_refuses_then_reaches_state(cdc_source, replica_set, db_name):
+    """End to end: the refusal fails the run, the fix lets it go on, and the state table (built from
+    update descriptions alone, as this mode has no full documents) equals the collection."""
+    source = cdc_source(db_name, **{"capture.mode": "change_streams_with_pre_image"})
+    with replica_set.client() as client:
+        db = client[db_name]
+        db.create_collection("items", **IMAGES_ON)
+        db.create_collection("plain")
+        db.items.insert_many([V1, W1])
+        db.plain.insert_one({"_id": 1})
+        refused = source.run(expect="failed", skip_spark=True)
+        failed = {ti.task_id for ti in refused.get_task_instances() if ti.state == "failed"}
+        assert failed == {"shard_sync.snapshot", "summary"} and source.raw_rows("items") == []
+
+        db.command({"collMod": "plain", **IMAGES_ON})
+        source.run(skip_spark=True)  # the snapshot; Spark folds it in with the changes below
+        db.items.update_one({"_id": 1}, {"$set": {"name": "b"}, "$unset": {"x": ""}})
+        db.items.update_one({"_id": 1}, [{"$set": {"tags": {"$slice": ["$tags", 2]}}}])
+        db.items.update_one({"_id": 2}, {"$set": {"n": 1}})
+        db.items.replace_one({"_id": 2}, {"_id": 2, "replaced": True})
+        db.plain.delete_one({"_id": 1})
+        source.run()
+        for collection in ("items", "plain"):
+            assert_state_equals_collection(source, client, collection)
+    befores = [json_util.loads(r["before"]) for r in source.raw_rows("items") if r["op"] == "u"]
+    assert befores == [V1, V2, W1, {"_id": 2, "n": 1}]
