@@ -132,6 +132,8 @@ def test_export_writes_one_json_line_per_record(customer_1004_events, tmp_path, 
         "source",
         "op",
         "ts_ms",
+        "ts_us",
+        "ts_ns",
         "transaction",
     }
     assert "5 records" in capsys.readouterr().err

@@ -294,7 +294,7 @@ def test_yaml_keys_set_the_options(tmp_path):
             {"add.fields": "op,source.shard"},
             "key 'add.fields' has 'source.shard'; allowed: op, ts_ms, source.<field> or <field> for "
             "the source fields version, connector, name, ts_ms, snapshot, db, rs, collection, ord, lsid, "
-            "txnNumber, each optionally followed by ':<new name>'",
+            "txnNumber, sequence, ts_us, ts_ns, wallTime, each optionally followed by ':<new name>'",
         ),
         ({"add.fields": "op:"}, "key 'add.fields' has 'op:'"),
         ({"add.fields": ["op", 3]}, "key 'add.fields' must be a list of field names"),

@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from mongo_cdc.capture_modes import CAPTURE_MODES, FULL_UPDATE_TYPES, check_full_update_type
 from mongo_cdc.field_filters import FieldFilters, FieldRule, parse_rules
 from mongo_cdc.oversized_events import OVERSIZE_MODES
 from mongo_cdc.transform.flatten_options import (
@@ -28,7 +29,6 @@ LAKE_ROOT_ENV = "MONGO_CDC_LAKE_ROOT"
 
 # Debezium's snapshot.mode values (see snapshot.needs_snapshot); no_data and never mean the same.
 SNAPSHOT_MODES = ("initial", "when_needed", "always", "initial_only", "no_data", "never")
-CAPTURE_MODES = ("change_streams_update_full", "change_streams")
 SKIPPABLE_OPERATIONS = ("c", "u", "d", "none")
 # Databases MongoDB uses for itself; Debezium never captures them either.
 SYSTEM_DATABASES = frozenset({"admin", "local", "config"})
@@ -58,6 +58,7 @@ class SourceConfig:
     field_renames: tuple[FieldRule, ...] = ()
     snapshot_mode: str = "initial"
     capture_mode: str = "change_streams_update_full"
+    capture_mode_full_update_type: str = "lookup"
     snapshot_max_threads: int = 1
     snapshot_fetch_size: int = 0
     max_batch_size: int = 2048
@@ -79,6 +80,7 @@ class SourceConfig:
 
     def __post_init__(self) -> None:
         self.flattening  # noqa: B018 - builds the options, so clashing ones are refused here
+        check_full_update_type(self.capture_mode, self.capture_mode_full_update_type)
 
     @property
     def flattening(self) -> FlatteningOptions:
@@ -235,7 +237,11 @@ _KEYS = {
     "field.renames": ("field_renames", _field_rules),
     "sanitize.field.names": ("sanitize_field_names", _boolean),
     "snapshot.mode": ("snapshot_mode", lambda p, k, v: _choice(p, k, v, SNAPSHOT_MODES)),
-    "capture.mode": ("capture_mode", lambda p, k, v: _choice(p, k, v, CAPTURE_MODES)),
+    "capture.mode": ("capture_mode", lambda p, k, v: _choice(p, k, v, tuple(CAPTURE_MODES))),
+    "capture.mode.full.update.type": (
+        "capture_mode_full_update_type",
+        lambda p, k, v: _choice(p, k, v, FULL_UPDATE_TYPES),
+    ),
     "snapshot.max.threads": ("snapshot_max_threads", _positive_int),
     "snapshot.fetch.size": ("snapshot_fetch_size", lambda p, k, v: _positive_int(p, k, v, allow_zero=True)),
     "max.batch.size": ("max_batch_size", _positive_int),
@@ -319,7 +325,7 @@ def load_source(path: str) -> SourceConfig:
     name = os.path.splitext(os.path.basename(path))[0]
     try:
         return SourceConfig(name=name, path=os.path.abspath(path), **values)
-    except ValueError as exc:  # the flattening options do not fit together
+    except ValueError as exc:  # the flattening or capture options do not fit together
         raise SourceConfigError(f"{path}: {exc}") from None
 
 

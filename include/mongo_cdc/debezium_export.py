@@ -1,8 +1,9 @@
 """Render raw events as Debezium change-event records (JSON Lines) for existing Debezium consumers.
 
 Each line is ``{"key": {"id": "<EJSON of _id>"}, "value": <payload>}`` where the payload has
-Debezium's shape: ``before``, ``after`` (EJSON strings), ``updateDescription``, ``source``,
-``op``, ``ts_ms``, ``transaction``; a tombstone's value is ``null``, as on a Kafka topic.
+Debezium's shape: ``before`` (with a pre-image ``capture.mode``), ``after`` (EJSON strings),
+``updateDescription``, ``source``, ``op``, ``ts_ms``/``ts_us``/``ts_ns``, ``transaction``; a
+tombstone's value is ``null``, as on a Kafka topic.
 
     python -m mongo_cdc.debezium_export --lake-root LAKE --topic-prefix P --collection db.coll [--output F]
 """
@@ -34,6 +35,9 @@ def debezium_record(row: dict[str, Any]) -> dict[str, Any]:
             "source": row["source"],
             "op": row["op"],
             "ts_ms": row["ts_ms"],
+            # processing time is kept in ms: the finer units Debezium 2 adds carry the same instant
+            "ts_us": row["ts_ms"] * 1000,
+            "ts_ns": row["ts_ms"] * 1_000_000,
             "transaction": None,
         },
     }

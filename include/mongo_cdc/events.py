@@ -51,6 +51,7 @@ class SourceInfo:
         snapshot: bool,
         lsid: str | None = None,
         txn_number: int | None = None,
+        wall_time: int | None = None,
     ) -> dict[str, Any]:
         return {
             "version": VERSION,
@@ -64,6 +65,12 @@ class SourceInfo:
             "ord": cluster_time & 0xFFFFFFFF,
             "lsid": lsid,
             "txnNumber": txn_number,
+            # Debezium's common source fields: sequence is for connectors with a multi-part position
+            # (never set by its MongoDB connector); ts_us/ts_ns are ts_ms at finer units
+            "sequence": None,
+            "ts_us": ts_ms * 1000,
+            "ts_ns": ts_ms * 1_000_000,
+            "wallTime": wall_time,
         }
 
 
@@ -80,15 +87,18 @@ def change_rows(
     lsid = change.get("lsid")
     txn_number = change.get("txnNumber")
     full_document = change.get("fullDocument")
+    # only with a pre-image capture.mode, and never for inserts
+    before_document = change.get("fullDocumentBeforeChange")
     description = change.get("updateDescription")
     if fields is not None:
         full_document = fields.document(full_document) if full_document is not None else None
+        before_document = fields.document(before_document) if before_document is not None else None
         description = fields.update_description(description) if description is not None else None
     row = {
         "key": extjson.document_key(change["documentKey"]["_id"]),
         "op": op,
         "ts_ms": now_ms(),
-        "before": None,
+        "before": extjson.encode_str(before_document) if before_document is not None else None,
         "after": extjson.encode_str(full_document) if full_document is not None else None,
         "updateDescription": _update_description(description) if description is not None else None,
         "source": source.block(
@@ -99,6 +109,7 @@ def change_rows(
             snapshot=False,
             lsid=extjson.encode_str(lsid) if lsid is not None else None,
             txn_number=int(txn_number) if txn_number is not None else None,
+            wall_time=int(wall) if wall is not None else None,
         ),
         "cluster_time": cluster_time,
         "event_order": change["_id"]["_data"],

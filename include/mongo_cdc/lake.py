@@ -72,6 +72,12 @@ RAW_SCHEMA = pa.schema(
                     pa.field("ord", pa.int32()),
                     pa.field("lsid", pa.string()),
                     pa.field("txnNumber", pa.int64()),
+                    # appended (not in Debezium's order) so files written before them stay a prefix
+                    pa.field("sequence", pa.string()),
+                    pa.field("ts_us", pa.int64()),
+                    pa.field("ts_ns", pa.int64()),
+                    # the event's wall-clock time in ms (change events only; MongoDB 6.0+)
+                    pa.field("wallTime", pa.int64()),
                 ]
             ),
         ),

@@ -33,6 +33,7 @@ from pymongo.collection import Collection
 from pymongo.cursor import RawBatchCursor
 from pymongo.errors import OperationFailure
 
+from mongo_cdc.capture_modes import captured_collection_options, require_images
 from mongo_cdc.config import SourceConfig
 from mongo_cdc.events import SnapshotColumns, SourceInfo, token_cluster_time
 from mongo_cdc.extjson import DECODE_OPTIONS
@@ -106,14 +107,7 @@ def resume_position_lost(client: MongoClient, token: dict) -> bool:
 
 
 def captured_collections(client: MongoClient, config: SourceConfig) -> list[tuple[str, str]]:
-    found = []
-    for db in client.list_database_names():
-        if not config.captures_database(db):
-            continue
-        for info in client[db].list_collections(filter={"type": "collection"}):
-            if config.captures_collection(db, info["name"]):
-                found.append((db, info["name"]))
-    return sorted(found)
+    return sorted((db, collection) for db, collection, _ in captured_collection_options(client, config))
 
 
 class _Progress:
@@ -315,6 +309,7 @@ def run_snapshot(
     miss no event; for the copied ones the stream replays events older than the copy, which the
     state skips. Without a streaming position to keep, every captured collection is copied.
     """
+    require_images(client, config, rs)
     stored = _stored_or_new(keeper, config, rs)
     streams = stored.snapshot_complete and stored.resume_token is not None and not stored.retired_at
     # With snapshot.include.collection.list the collections left out are only streamed: moving the

@@ -29,6 +29,7 @@ from typing import Any
 from pymongo import MongoClient
 from pymongo.errors import ConnectionFailure, CursorNotFound, OperationFailure, PyMongoError
 
+from mongo_cdc.capture_modes import require_images, watch_options
 from mongo_cdc.collection_events import collection_row, rename_namespaces, renamed_collection_reads
 from mongo_cdc.config import SourceConfig
 from mongo_cdc.events import DATA_OPERATIONS, SourceInfo, change_rows, rows_to_table, token_cluster_time
@@ -176,17 +177,15 @@ def _land(
 
 
 def _watch_options(config: SourceConfig, offset: Offset) -> dict[str, Any]:
-    options: dict[str, Any] = {
+    return {
         "resume_after": offset.resume_token,
         "max_await_time_ms": POLL_INTERVAL_MS,
         "batch_size": config.max_batch_size,
         "pipeline": oversize_pipeline(
             config.cursor_oversize_handling_mode, config.cursor_oversize_skip_threshold
         ),
+        **watch_options(config),
     }
-    if config.capture_mode == "change_streams_update_full":
-        options["full_document"] = "updateLookup"
-    return options
 
 
 def backoff_delay_ms(config: SourceConfig, attempt: int) -> int:
@@ -380,6 +379,7 @@ def pull_changes(
         )
     if config.cursor_oversize_handling_mode == "split":
         check_split_supported(client, rs)
+    require_images(client, config, rs)
     reader = _ChangeReader(client, config, rs, keeper, keeper.discard_uncommitted(offset))
     while True:
         try:

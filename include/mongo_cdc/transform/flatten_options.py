@@ -39,6 +39,10 @@ EVENT_FIELDS: dict[str, types.ColumnType] = {
     "source.ord": types.INT,
     "source.lsid": types.STRING,
     "source.txnNumber": types.LONG,
+    "source.sequence": types.STRING,
+    "source.ts_us": types.LONG,
+    "source.ts_ns": types.LONG,
+    "source.wallTime": types.LONG,
 }
 _TOP_LEVEL_FIELDS = ("op", "ts_ms")
 

@@ -1,0 +1,121 @@
+"""Debezium's ``capture.mode`` and ``capture.mode.full.update.type``: what a change stream is asked for.
+
+capture.mode                                 update ``after``                  ``before``
+-------------------------------------------  --------------------------------  -----------------
+change_streams                               none (``updateDescription`` only)  none
+change_streams_update_full (default)         ``updateLookup`` or post-image    none
+change_streams_with_pre_image                none                              ``whenAvailable``
+change_streams_update_full_with_pre_image    ``updateLookup`` or post-image    ``whenAvailable``
+
+(``after`` of an update is the ``fullDocument`` option, ``before`` ``fullDocumentBeforeChange``.)
+
+``capture.mode.full.update.type`` picks the update ``after`` of the two full modes: ``lookup``
+reads the document when the stream returns the event (it may already hold later writes, or be
+null when the document is gone by then); ``post_image`` takes the post-image MongoDB stored with
+the event (``fullDocument: whenAvailable``): the document exactly as that write left it.
+
+Pre- and post-images exist only for collections with ``changeStreamPreAndPostImages`` enabled.
+Debezium asks for them ``whenAvailable``, so a collection without the option silently yields null
+images; ``require_images`` refuses to start a snapshot or a pull in that case instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pymongo import MongoClient
+
+if TYPE_CHECKING:
+    from mongo_cdc.config import SourceConfig
+
+
+@dataclass(frozen=True)
+class CaptureMode:
+    full_update: bool  # updates carry the whole document in ``after``
+    pre_image: bool  # updates, replaces and deletes carry the previous document in ``before``
+
+
+CAPTURE_MODES = {
+    "change_streams_update_full": CaptureMode(full_update=True, pre_image=False),
+    "change_streams": CaptureMode(full_update=False, pre_image=False),
+    "change_streams_with_pre_image": CaptureMode(full_update=False, pre_image=True),
+    "change_streams_update_full_with_pre_image": CaptureMode(full_update=True, pre_image=True),
+}
+FULL_UPDATE_TYPES = ("lookup", "post_image")
+_FULL_DOCUMENT = {"lookup": "updateLookup", "post_image": "whenAvailable"}
+_ENABLE_IMAGES = "changeStreamPreAndPostImages: {enabled: true}"
+
+
+class ImagesNotEnabledError(RuntimeError):
+    """Captured collections lack ``changeStreamPreAndPostImages`` that the capture mode needs."""
+
+
+def check_full_update_type(capture_mode: str, full_update_type: str) -> None:
+    """Refuse ``post_image`` with a mode whose updates carry no full document: it would do nothing."""
+    if full_update_type == "post_image" and not CAPTURE_MODES[capture_mode].full_update:
+        full_modes = ", ".join(name for name, mode in CAPTURE_MODES.items() if mode.full_update)
+        raise ValueError(
+            f"key 'capture.mode.full.update.type' is 'post_image', but capture.mode '{capture_mode}' "
+            f"puts no full document in updates; use capture.mode {full_modes}, or drop the key"
+        )
+
+
+def watch_options(config: SourceConfig) -> dict[str, Any]:
+    """The ``fullDocument`` / ``fullDocumentBeforeChange`` options of ``MongoClient.watch``."""
+    mode = CAPTURE_MODES[config.capture_mode]
+    options: dict[str, Any] = {}
+    if mode.full_update:
+        options["full_document"] = _FULL_DOCUMENT[config.capture_mode_full_update_type]
+    if mode.pre_image:
+        options["full_document_before_change"] = "whenAvailable"
+    return options
+
+
+def needs_images(config: SourceConfig) -> bool:
+    """Whether the capture mode reads images MongoDB records only with changeStreamPreAndPostImages."""
+    mode = CAPTURE_MODES[config.capture_mode]
+    return mode.pre_image or (mode.full_update and config.capture_mode_full_update_type == "post_image")
+
+
+def captured_collection_options(client: MongoClient, config: SourceConfig) -> Iterator[tuple[str, str, dict]]:
+    """(db, collection, listCollections options) of every captured collection (views excluded)."""
+    for db in client.list_database_names():
+        if not config.captures_database(db):
+            continue
+        for info in client[db].list_collections(filter={"type": "collection"}):
+            if config.captures_collection(db, info["name"]):
+                yield db, info["name"], info.get("options", {})
+
+
+def require_images(client: MongoClient, config: SourceConfig, rs: str) -> None:
+    """Fail, naming every captured collection without ``changeStreamPreAndPostImages``, if the mode needs it.
+
+    Runs before anything lands, so a refused step leaves the lake and the offset as they were.
+    """
+    if not needs_images(config):
+        return
+    missing = sorted(
+        (db, collection)
+        for db, collection, options in captured_collection_options(client, config)
+        if not options.get("changeStreamPreAndPostImages", {}).get("enabled")
+    )
+    if not missing:
+        return
+    reason = (
+        f"capture.mode '{config.capture_mode}'"
+        if CAPTURE_MODES[config.capture_mode].pre_image
+        else "capture.mode.full.update.type 'post_image'"
+    )
+    fixes = "\n".join(
+        f'  use {db}; db.runCommand({{collMod: "{collection}", {_ENABLE_IMAGES}}})'
+        for db, collection in missing
+    )
+    names = ", ".join(f"{db}.{collection}" for db, collection in missing)
+    raise ImagesNotEnabledError(
+        f"replica set {rs}: {reason} needs change stream pre- and post-images, but "
+        f"{len(missing)} captured collection(s) do not record them: {names}. "
+        f"Nothing was landed and the offset is unchanged. Enable them (changes made before that carry "
+        f"no images), then run again:\n{fixes}"
+    )
