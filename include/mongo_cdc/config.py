@@ -60,6 +60,8 @@ class SourceConfig:
     connect_backoff_initial_delay_ms: int = 1000
     connect_backoff_max_delay_ms: int = 120_000
     connect_max_attempts: int = 16
+    provide_transaction_metadata: bool = False
+    heartbeat_interval_ms: int = 0  # 0: no heartbeats
     # The changes table's event flattening (ExtractNewDocumentState's options): see `flattening`.
     array_encoding: str = _FLATTENING_DEFAULTS.array_encoding
     flatten_struct: bool = _FLATTENING_DEFAULTS.flatten_struct
@@ -206,6 +208,11 @@ _KEYS = {
     "connect.backoff.initial.delay.ms": ("connect_backoff_initial_delay_ms", _positive_int),
     "connect.backoff.max.delay.ms": ("connect_backoff_max_delay_ms", _positive_int),
     "connect.max.attempts": ("connect_max_attempts", _positive_int),
+    "provide.transaction.metadata": ("provide_transaction_metadata", _boolean),
+    "heartbeat.interval.ms": (
+        "heartbeat_interval_ms",
+        lambda p, k, v: _positive_int(p, k, v, allow_zero=True),
+    ),
     "array.encoding": ("array_encoding", lambda p, k, v: _choice(p, k, v, ARRAY_ENCODINGS)),
     "flatten.struct": ("flatten_struct", _boolean),
     "flatten.struct.delimiter": (

@@ -31,9 +31,11 @@ from pymongo.errors import ConnectionFailure, CursorNotFound, OperationFailure, 
 
 from mongo_cdc.config import SourceConfig
 from mongo_cdc.events import DATA_OPERATIONS, SourceInfo, change_rows, rows_to_table, token_cluster_time
+from mongo_cdc.heartbeats import Heartbeats
 from mongo_cdc.lake import hour_partition, pack_cluster_time, raw_collection_dir, raw_file_name
 from mongo_cdc.landing import write_table
 from mongo_cdc.offsets import Offset, OffsetError, OffsetKeeper
+from mongo_cdc.transactions import TransactionTracker
 
 log = logging.getLogger(__name__)
 
@@ -116,9 +118,16 @@ def last_applied(client: MongoClient) -> int:
 
 
 def _land(
-    keeper: OffsetKeeper, offset: Offset, config: SourceConfig, rs: str, batch: _MicroBatch, token: dict
+    keeper: OffsetKeeper,
+    offset: Offset,
+    config: SourceConfig,
+    rs: str,
+    batch: _MicroBatch,
+    token: dict,
+    transactions: TransactionTracker,
 ) -> Offset:
-    """Write one micro-batch (one file per collection and hour), then commit its resume token."""
+    """Write one micro-batch (one file per collection and hour, plus its transaction records), then
+    commit its resume token."""
     seq = offset.batch_seq + 1
     groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for row in batch.rows:
@@ -132,10 +141,21 @@ def _land(
         directory: os.path.join(directory, raw_file_name(rs, seq, part))
         for part, directory in enumerate(groups)
     }
-    offset = keeper.begin_batch(offset, list(paths.values()))
+    transaction_files = transactions.batch_files(config.lake_root, config.topic_prefix, seq)
+    offset = keeper.begin_batch(offset, [*paths.values(), *transaction_files])
     for directory, rows in groups.items():
         write_table(paths[directory], rows_to_table(rows))
-    return keeper.commit(offset, resume_token=token, cluster_time=token_cluster_time(token), batch_seq=seq)
+    for path, table in transaction_files.items():
+        write_table(path, table)
+    committed = keeper.commit(
+        offset,
+        resume_token=token,
+        cluster_time=token_cluster_time(token),
+        batch_seq=seq,
+        open_transaction=transactions.state(),
+    )
+    transactions.landed()
+    return committed
 
 
 def _watch_options(config: SourceConfig, offset: Offset) -> dict[str, Any]:
@@ -180,6 +200,10 @@ class _ChangeReader:
         self.offset = offset
         self.source = SourceInfo(config.topic_prefix, rs)
         self.result = PullResult(rs=rs)
+        self.transactions = TransactionTracker(
+            config.provide_transaction_metadata, rs, offset.open_transaction
+        )
+        self.heartbeats = Heartbeats(config, rs)
         self.target: int | None = None
         self.primary: tuple[str, int] | None = None
         self.failures = 0
@@ -193,6 +217,7 @@ class _ChangeReader:
         if self.target is None:
             self.target = last_applied(self.client)
         batch = _MicroBatch()
+        self.transactions.rewind()
         with self.client.watch(**_watch_options(self.config, self.offset)) as stream:
             opened_with_primary = self.client.primary
             while True:
@@ -201,16 +226,23 @@ class _ChangeReader:
                 if self._primary_moved_since(opened_with_primary):
                     return False
                 if change is not None:
-                    _collect(change, self.config, self.source, batch)
+                    _collect(change, self.config, self.source, batch, self.transactions)
                     # strictly past the target: more events of one transaction share its cluster time
-                    caught_up = token_cluster_time(change["_id"]) > self.target
-                    if batch.events >= self.config.max_batch_size or (caught_up and batch.events):
+                    # (and an open transaction's END has to land with it)
+                    caught_up = (
+                        token_cluster_time(change["_id"]) > self.target
+                        and not self.transactions.in_transaction
+                    )
+                    if batch.events >= self.config.max_batch_size or (caught_up and self._has_news(batch)):
                         self._land(batch, change["_id"])
                         batch = _MicroBatch()
                     if not caught_up:
                         continue
                 token = stream.resume_token
-                if batch.events:
+                # The stream has shown everything up to here, and a transaction shows whole: any
+                # transaction still open is over.
+                self.transactions.finish()
+                if self._has_news(batch):
                     self._land(batch, token)
                     batch = _MicroBatch()
                 # An empty getMore means the server has nothing newer to show; reaching the target
@@ -222,12 +254,18 @@ class _ChangeReader:
                         self.offset = self.keeper.commit(
                             self.offset, resume_token=token, cluster_time=token_cluster_time(token)
                         )
+                    self.heartbeats.beat(self.offset)
                     return True
 
+    def _has_news(self, batch: _MicroBatch) -> bool:
+        """Whether there is anything to land: events, or transaction records (an END alone)."""
+        return bool(batch.events or self.transactions.records)
+
     def _land(self, batch: _MicroBatch, token: dict) -> None:
-        self.offset = _land(self.keeper, self.offset, self.config, self.rs, batch, token)
+        self.offset = _land(self.keeper, self.offset, self.config, self.rs, batch, token, self.transactions)
         self.result.batches += 1
         self.result.add_counts(batch)
+        self.heartbeats.beat(self.offset)
 
     def _primary_moved_since(self, opened_with_primary: tuple[str, int] | None) -> bool:
         """Count an election when the primary changed; True when it is not the stream's primary any more.
@@ -315,7 +353,14 @@ def pull_changes(
     return result
 
 
-def _collect(change: dict, config: SourceConfig, source: SourceInfo, batch: _MicroBatch) -> None:
+def _collect(
+    change: dict,
+    config: SourceConfig,
+    source: SourceInfo,
+    batch: _MicroBatch,
+    transactions: TransactionTracker,
+) -> None:
+    transactions.observe(change)
     operation = change["operationType"]
     op = DATA_OPERATIONS.get(operation)
     if op is None:
@@ -327,4 +372,6 @@ def _collect(change: dict, config: SourceConfig, source: SourceInfo, batch: _Mic
     db, collection = change["ns"]["db"], change["ns"]["coll"]
     if op in config.skipped_operations or not config.captures_collection(db, collection):
         return
-    batch.add(f"{db}.{collection}", op, change_rows(change, source, config.tombstones_on_delete))
+    rows = change_rows(change, source, config.tombstones_on_delete)
+    transactions.annotate(change, rows[0])
+    batch.add(f"{db}.{collection}", op, rows)
