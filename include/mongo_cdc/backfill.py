@@ -38,6 +38,7 @@ from mongo_cdc.lake import (
 from mongo_cdc.landing import write_table
 from mongo_cdc.offsets import Offset
 from mongo_cdc.streaming import _collect, _MicroBatch, _watch_options
+from mongo_cdc.transactions import TransactionTracker
 
 log = logging.getLogger(__name__)
 
@@ -157,6 +158,8 @@ def _pull_history(
     source = SourceInfo(config.topic_prefix, rs)
     counts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     batch = _MicroBatch()
+    # history files carry no transaction metadata: BEGIN/END records belong to the live batches
+    no_transactions = TransactionTracker(False, rs, None)
     hour = hour_partition(history_from)
     with client.watch(**options) as stream:
         while True:
@@ -169,7 +172,7 @@ def _pull_history(
             if hour_partition(position) != hour:  # one hour at a time stays in memory
                 _write_history(config, rs, batch, counts)
                 batch, hour = _MicroBatch(), hour_partition(position)
-            _collect(change, config, source, batch)
+            _collect(change, config, source, batch, no_transactions)
     _write_history(config, rs, batch, counts)
     return {namespace: dict(ops) for namespace, ops in counts.items()}
 

@@ -69,6 +69,8 @@ class SourceConfig:
     connect_max_attempts: int = 16
     cursor_oversize_handling_mode: str = "fail"
     cursor_oversize_skip_threshold: int = 0
+    provide_transaction_metadata: bool = False
+    heartbeat_interval_ms: int = 0  # 0: no heartbeats
     # The changes table's event flattening (ExtractNewDocumentState's options): see `flattening`.
     array_encoding: str = _FLATTENING_DEFAULTS.array_encoding
     flatten_struct: bool = _FLATTENING_DEFAULTS.flatten_struct
@@ -256,6 +258,11 @@ _KEYS = {
     ),
     "cursor.oversize.skip.threshold": (
         "cursor_oversize_skip_threshold",
+        lambda p, k, v: _positive_int(p, k, v, allow_zero=True),
+    ),
+    "provide.transaction.metadata": ("provide_transaction_metadata", _boolean),
+    "heartbeat.interval.ms": (
+        "heartbeat_interval_ms",
         lambda p, k, v: _positive_int(p, k, v, allow_zero=True),
     ),
     "array.encoding": ("array_encoding", lambda p, k, v: _choice(p, k, v, ARRAY_ENCODINGS)),

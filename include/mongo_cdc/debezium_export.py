@@ -3,9 +3,13 @@
 Each line is ``{"key": {"id": "<EJSON of _id>"}, "value": <payload>}`` where the payload has
 Debezium's shape: ``before`` (with a pre-image ``capture.mode``), ``after`` (EJSON strings),
 ``updateDescription``, ``source``, ``op``, ``ts_ms``/``ts_us``/``ts_ns``, ``transaction``; a
-tombstone's value is ``null``, as on a Kafka topic.
+tombstone's value is ``null``, as on a Kafka topic. Drops and renames have no record (Debezium
+emits none). ``--transactions`` exports the BEGIN/END records instead
+(``provide.transaction.metadata``), each
+``{"key": {"id": <transaction id>}, "value": {status, id, event_count, data_collections, ts_ms}}``.
 
     python -m mongo_cdc.debezium_export --lake-root LAKE --topic-prefix P --collection db.coll [--output F]
+    python -m mongo_cdc.debezium_export --lake-root LAKE --topic-prefix P --transactions [--output F]
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from typing import Any, TextIO
 
 import pyarrow.parquet as pq
 
-from mongo_cdc.lake import COLLECTION_OPERATIONS, list_raw_files
+from mongo_cdc.lake import COLLECTION_OPERATIONS, TRANSACTION_DIR, list_batch_files, list_raw_files, raw_dir
 
 
 def debezium_record(row: dict[str, Any]) -> dict[str, Any]:
@@ -38,9 +42,20 @@ def debezium_record(row: dict[str, Any]) -> dict[str, Any]:
             # processing time is kept in ms: the finer units Debezium 2 adds carry the same instant
             "ts_us": row["ts_ms"] * 1000,
             "ts_ns": row["ts_ms"] * 1_000_000,
-            "transaction": None,
+            # files landed before the column existed have none
+            "transaction": row.get("transaction"),
         },
     }
+
+
+def transaction_records(lake_root: str, prefix: str) -> list[dict[str, Any]]:
+    """Every BEGIN/END record as a Debezium transaction-topic record, in oplog order (BEGIN first)."""
+    rows = []
+    for raw in list_batch_files(raw_dir(lake_root, prefix, TRANSACTION_DIR)):
+        rows.extend(pq.read_table(raw.path).to_pylist())
+    rows.sort(key=lambda r: (r["cluster_time"], r["status"] != "BEGIN"))
+    fields = ("status", "id", "event_count", "data_collections", "ts_ms")
+    return [{"key": {"id": row["id"]}, "value": {name: row[name] for name in fields}} for row in rows]
 
 
 def raw_rows(
@@ -75,13 +90,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lake-root", required=True)
     parser.add_argument("--topic-prefix", required=True)
-    parser.add_argument("--collection", required=True, help="db.collection")
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--collection", help="db.collection")
+    what.add_argument("--transactions", action="store_true", help="the transaction BEGIN/END records")
     parser.add_argument("--output", help="file to write (default: standard output)")
     args = parser.parse_args(argv)
-    db, dot, collection = args.collection.partition(".")
-    if not dot or not collection:
-        parser.error(f"--collection must be db.collection, got {args.collection!r}")
-    lines = records(args.lake_root, args.topic_prefix, db, collection)
+    if args.transactions:
+        lines: Iterable[dict[str, Any]] = transaction_records(args.lake_root, args.topic_prefix)
+    else:
+        db, dot, collection = args.collection.partition(".")
+        if not dot or not collection:
+            parser.error(f"--collection must be db.collection, got {args.collection!r}")
+        lines = records(args.lake_root, args.topic_prefix, db, collection)
     if args.output:
         with open(args.output, "w", encoding="utf-8") as out:
             count = write_json_lines(lines, out)

@@ -5,6 +5,8 @@ Layout under ``lake.root``::
     raw/<topic.prefix>/<db>/<collection>/hour=<YYYY-MM-DDTHH>/<rs>-<seq>-<part>.parquet
     raw/<topic.prefix>/_snapshots/<rs>-<seq>.json     (one manifest per snapshot batch)
     raw/<topic.prefix>/<db>/<collection>/hour=<YYYY-MM-DDTHH>/<rs>-history.parquet  (backfilled)
+    raw/<topic.prefix>/transaction/hour=<YYYY-MM-DDTHH>/<rs>-<seq>-<part>.parquet  (BEGIN/END records)
+    raw/<topic.prefix>/__heartbeat/hour=<YYYY-MM-DDTHH>/<rs>-<ts_ms>.parquet   (heartbeats)
     changes/<topic.prefix>/<db>/<collection>   -> symlink to the current version directory
     state/<topic.prefix>/<db>/<collection>     -> symlink to the current version directory
     _versions/<changes|state>/<topic.prefix>/<db>/<collection>/v<NNNNNN>/...
@@ -13,11 +15,14 @@ Layout under ``lake.root``::
 belongs to the lake only once its ``seq`` is at or below the committed ``batch_seq``. The same
 holds for a snapshot manifest: it says which collections its batch copied *completely*, so the
 transform can drop the documents the snapshot no longer found (even from a now empty collection,
-which has no raw file in that batch).
+which has no raw file in that batch), and for transaction records.
 
 A history file holds what a backfill run pulled from the oplog for an hour older than anything
 the live sync landed for that replica set (``backfill``). It belongs to no batch: the changes
 table shows its events, the state table never reads it (its events are older than the state).
+
+``transaction`` is a reserved name under ``raw/<topic.prefix>/``: a database of that name cannot be
+captured (its directory would be taken for the transaction records).
 """
 
 from __future__ import annotations
@@ -85,6 +90,17 @@ RAW_SCHEMA = pa.schema(
         pa.field("cluster_time", pa.int64(), nullable=False),
         # resume token _data (hex, bytewise ordered); "" for snapshot reads
         pa.field("event_order", pa.string(), nullable=False),
+        # Debezium's transaction block (provide.transaction.metadata); null outside a transaction
+        pa.field(
+            "transaction",
+            pa.struct(
+                [
+                    pa.field("id", pa.string()),
+                    pa.field("total_order", pa.int64()),
+                    pa.field("data_collection_order", pa.int64()),
+                ]
+            ),
+        ),
     ]
 )
 
@@ -101,6 +117,10 @@ _MANIFEST_NAME = re.compile(r"^(?P<rs>.+)-(?P<seq>\d{12})\.json$")
 # Under raw/<prefix>/ next to the database directories; the leading underscore keeps every reader
 # of the raw tree (list_raw_collections, Spark, pyarrow) from taking it for a database.
 SNAPSHOTS_DIR = "_snapshots"
+# Also next to the database directories. A database may be named "transaction", so that name is
+# refused for capture (raw_collection_dir) rather than silently read as transaction records.
+TRANSACTION_DIR = "transaction"
+HEARTBEAT_DIR = "__heartbeat"
 
 
 @dataclass(frozen=True)
@@ -126,8 +146,22 @@ class SnapshotManifest:
         return json.dumps(asdict(self))
 
 
+class ReservedDatabaseError(ValueError):
+    """A captured database has the name of a directory the lake reserves under ``raw/<prefix>/``."""
+
+
 def raw_collection_dir(lake_root: str, prefix: str, db: str, collection: str) -> str:
+    if db == TRANSACTION_DIR:
+        raise ReservedDatabaseError(
+            f"database '{db}' cannot be captured by topic.prefix '{prefix}': raw/{prefix}/{db} is reserved "
+            f"for transaction metadata records. Exclude it (database.exclude.list: [{db}])."
+        )
     return os.path.join(lake_root, "raw", prefix, db, collection)
+
+
+def raw_dir(lake_root: str, prefix: str, name: str) -> str:
+    """A reserved directory under ``raw/<prefix>/`` (``TRANSACTION_DIR``, ``HEARTBEAT_DIR``)."""
+    return os.path.join(lake_root, "raw", prefix, name)
 
 
 def hour_partition(cluster_time: int) -> str:
@@ -162,9 +196,8 @@ def parse_raw_file(path: str) -> RawFile | None:
     return RawFile(path, match["rs"], int(match["seq"]), int(match["part"]))
 
 
-def _hour_files(lake_root: str, prefix: str, db: str, collection: str) -> list[str]:
-    """Every file path in one collection's hour partitions, in hour order."""
-    base = raw_collection_dir(lake_root, prefix, db, collection)
+def _hour_files(base: str) -> list[str]:
+    """Every file path in the hour partitions under ``base``, in hour order."""
     paths = []
     for hour in sorted(os.listdir(base)) if os.path.isdir(base) else []:
         hour_dir = os.path.join(base, hour)
@@ -175,7 +208,12 @@ def _hour_files(lake_root: str, prefix: str, db: str, collection: str) -> list[s
 
 def list_raw_files(lake_root: str, prefix: str, db: str, collection: str) -> list[RawFile]:
     """Every raw file of one collection, in (rs, seq, part) order."""
-    found = [raw for raw in map(parse_raw_file, _hour_files(lake_root, prefix, db, collection)) if raw]
+    return list_batch_files(raw_collection_dir(lake_root, prefix, db, collection))
+
+
+def list_batch_files(base: str) -> list[RawFile]:
+    """Every ``hour=*/<rs>-<seq>-<part>.parquet`` file under ``base``, in (rs, seq, part) order."""
+    found = [raw for raw in map(parse_raw_file, _hour_files(base)) if raw]
     return sorted(found, key=lambda f: (f.rs, f.seq, f.part))
 
 
@@ -193,7 +231,7 @@ class HistoryFile:
 
 def list_history_files(lake_root: str, prefix: str, db: str, collection: str) -> list[HistoryFile]:
     """Every history file of one collection, in hour order."""
-    paths = _hour_files(lake_root, prefix, db, collection)
+    paths = _hour_files(raw_collection_dir(lake_root, prefix, db, collection))
     return [history for history in map(parse_history_file, paths) if history]
 
 
@@ -203,14 +241,14 @@ def parse_history_file(path: str) -> HistoryFile | None:
 
 
 def list_raw_collections(lake_root: str, prefix: str) -> list[tuple[str, str]]:
-    """(db, collection) pairs that have a raw directory."""
+    """(db, collection) pairs that have a raw directory (not the reserved ``_*`` and ``transaction``)."""
     base = os.path.join(lake_root, "raw", prefix)
     pairs = []
     if not os.path.isdir(base):
         return pairs
     for db in sorted(os.listdir(base)):
         db_dir = os.path.join(base, db)
-        if db.startswith(("_", ".")) or not os.path.isdir(db_dir):
+        if db.startswith(("_", ".")) or db == TRANSACTION_DIR or not os.path.isdir(db_dir):
             continue
         pairs.extend((db, coll) for coll in sorted(os.listdir(db_dir)) if not coll.startswith((".", "_")))
     return pairs
@@ -273,6 +311,10 @@ def highest_raw_seq(lake_root: str, prefix: str, rs: str) -> int:
     for manifest in list_snapshot_manifests(lake_root, prefix):
         if manifest.rs == rs:
             highest = max(highest, manifest.seq)
+    # a batch may hold nothing but a transaction's END record
+    for raw in list_batch_files(raw_dir(lake_root, prefix, TRANSACTION_DIR)):
+        if raw.rs == rs:
+            highest = max(highest, raw.seq)
     return highest
 
 

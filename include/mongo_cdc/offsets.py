@@ -12,6 +12,8 @@ in production; the store is pluggable so this module stays free of Airflow)::
       "snapshot": {"status": "complete", "seq": 1, "cluster_time": ..., "completed_at": "..."},
       "pending": ["/lake/raw/.../rs0-000000000043-0000.parquet"],  # written, not yet committed
       "retired_at": "",                         # set once a removed shard's stream is drained
+      "open_transaction": null,                 # a transaction the last batch ended inside of (its
+                                                # counters, see transactions.OpenTransaction)
       "writer": {"dag_id": ..., "run_id": ..., "task_id": ..., "map_index": 0, "since": "..."},
       "updated_at": "2026-11-21T15:00:00+00:00"
     }
@@ -72,6 +74,7 @@ class Offset:
     snapshot: dict = field(default_factory=dict)
     pending: tuple[str, ...] = ()
     retired_at: str = ""
+    open_transaction: dict | None = None
     writer: dict | None = None
     updated_at: str = ""
 
@@ -125,6 +128,12 @@ def parse_offset(key: str, text: str) -> Offset:
         problems.append("'pending' must be a list of paths")
     if not isinstance(data.get("retired_at", ""), str):
         problems.append("'retired_at' must be a string")
+    open_transaction = data.get("open_transaction")
+    if open_transaction is not None and not _is_open_transaction(open_transaction):
+        problems.append(
+            "'open_transaction' must be null or an object with id (string), cluster_time, ts_ms and "
+            "total_order (integers) and data_collections (an object of integers)"
+        )
     writer = data.get("writer")
     if writer is not None and not (
         isinstance(writer, dict) and {"dag_id", "run_id", "task_id"} <= set(writer)
@@ -139,8 +148,23 @@ def parse_offset(key: str, text: str) -> Offset:
         snapshot=data.get("snapshot", {}),
         pending=tuple(pending),
         retired_at=data.get("retired_at", ""),
+        open_transaction=open_transaction,
         writer=writer,
         updated_at=data.get("updated_at", ""),
+    )
+
+
+def _is_integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_open_transaction(value: Any) -> bool:
+    return (
+        isinstance(value, dict)
+        and isinstance(value.get("id"), str)
+        and all(_is_integer(value.get(name)) for name in ("cluster_time", "ts_ms", "total_order"))
+        and isinstance(value.get("data_collections"), dict)
+        and all(_is_integer(count) for count in value["data_collections"].values())
     )
 
 

@@ -28,7 +28,8 @@ MAX_EVENT_BYTES = 16 * 1024 * 1024
 _EVENT_OVERHEAD_BYTES = 64 * 1024
 OVERSIZED_MARKER = "mongoCdcOversizedBytes"
 _LARGE_PARTS = ("$fullDocument", "$fullDocumentBeforeChange", "$updateDescription")
-_KEPT_FIELDS = ("_id", "operationType", "ns", "documentKey", "clusterTime", "wallTime")
+# lsid/txnNumber too: a skipped event inside a transaction must not look like its end
+_KEPT_FIELDS = ("_id", "operationType", "ns", "documentKey", "clusterTime", "wallTime", "lsid", "txnNumber")
 
 
 class OversizedEventError(RuntimeError):

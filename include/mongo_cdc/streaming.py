@@ -33,6 +33,7 @@ from mongo_cdc.capture_modes import require_images, watch_options
 from mongo_cdc.collection_events import collection_row, rename_namespaces, renamed_collection_reads
 from mongo_cdc.config import SourceConfig
 from mongo_cdc.events import DATA_OPERATIONS, SourceInfo, change_rows, rows_to_table, token_cluster_time
+from mongo_cdc.heartbeats import Heartbeats
 from mongo_cdc.lake import (
     DROP,
     RENAME,
@@ -55,6 +56,7 @@ from mongo_cdc.oversized_events import (
     too_large_error,
 )
 from mongo_cdc.oversized_events import pipeline as oversize_pipeline
+from mongo_cdc.transactions import TransactionTracker
 
 log = logging.getLogger(__name__)
 
@@ -148,9 +150,16 @@ def last_applied(client: MongoClient) -> int:
 
 
 def _land(
-    keeper: OffsetKeeper, offset: Offset, config: SourceConfig, rs: str, batch: _MicroBatch, token: dict
+    keeper: OffsetKeeper,
+    offset: Offset,
+    config: SourceConfig,
+    rs: str,
+    batch: _MicroBatch,
+    token: dict,
+    transactions: TransactionTracker,
 ) -> Offset:
-    """Write one micro-batch (one file per collection and hour), then commit its resume token."""
+    """Write one micro-batch (one file per collection and hour, plus its transaction records), then
+    commit its resume token."""
     seq = offset.batch_seq + 1
     groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for row in batch.rows:
@@ -165,15 +174,26 @@ def _land(
         for part, directory in enumerate(groups)
     }
     manifest = SnapshotManifest(rs, seq, batch.copy_position, batch.copied) if batch.copied else None
-    pending = list(paths.values())
+    transaction_files = transactions.batch_files(config.lake_root, config.topic_prefix, seq)
+    pending = [*paths.values(), *transaction_files]
     if manifest is not None:
         pending.append(snapshot_manifest_path(config.lake_root, config.topic_prefix, rs, seq))
     offset = keeper.begin_batch(offset, pending)
     for directory, rows in groups.items():
         write_table(paths[directory], rows_to_table(rows))
+    for path, table in transaction_files.items():
+        write_table(path, table)
     if manifest is not None:
         write_snapshot_manifest(config.lake_root, config.topic_prefix, manifest)
-    return keeper.commit(offset, resume_token=token, cluster_time=token_cluster_time(token), batch_seq=seq)
+    committed = keeper.commit(
+        offset,
+        resume_token=token,
+        cluster_time=token_cluster_time(token),
+        batch_seq=seq,
+        open_transaction=transactions.state(),
+    )
+    transactions.landed()
+    return committed
 
 
 def _watch_options(config: SourceConfig, offset: Offset) -> dict[str, Any]:
@@ -219,6 +239,10 @@ class _ChangeReader:
         self.offset = offset
         self.source = SourceInfo(config.topic_prefix, rs)
         self.result = PullResult(rs=rs)
+        self.transactions = TransactionTracker(
+            config.provide_transaction_metadata, rs, offset.open_transaction
+        )
+        self.heartbeats = Heartbeats(config, rs)
         self.target: int | None = None
         self.primary: tuple[str, int] | None = None
         self.failures = 0
@@ -236,6 +260,7 @@ class _ChangeReader:
         batch = _MicroBatch()
         # a reopened stream starts after a whole event: fragments read before are read again
         fragments = FragmentJoiner()
+        self.transactions.rewind()
         options = _watch_options(self.config, self.offset)
         if self.start_after is not None:
             del options["resume_after"]
@@ -260,11 +285,15 @@ class _ChangeReader:
                         self._land_read(batch)
                         batch = self._rename_batch(change)
                     else:
-                        _collect(change, self.config, self.source, batch)
+                        _collect(change, self.config, self.source, batch, self.transactions)
                     batch.last_token = change["_id"]
                     # strictly past the target: more events of one transaction share its cluster time
-                    caught_up = token_cluster_time(change["_id"]) > self.target
-                    if batch.events >= self.config.max_batch_size or (caught_up and batch.events):
+                    # (and an open transaction's END has to land with it)
+                    caught_up = (
+                        token_cluster_time(change["_id"]) > self.target
+                        and not self.transactions.in_transaction
+                    )
+                    if batch.events >= self.config.max_batch_size or (caught_up and self._has_news(batch)):
                         self._land(batch, change["_id"])
                         batch = _MicroBatch()
                     if not caught_up:
@@ -272,7 +301,10 @@ class _ChangeReader:
                 if fragments.pending:  # the rest of a split event is on its way
                     continue
                 token = stream.resume_token
-                if batch.events:
+                # The stream has shown everything up to here, and a transaction shows whole: any
+                # transaction still open is over.
+                self.transactions.finish()
+                if self._has_news(batch):
                     self._land(batch, token)
                     batch = _MicroBatch()
                 # An empty getMore means the server has nothing newer to show; reaching the target
@@ -284,17 +316,23 @@ class _ChangeReader:
                         self.offset = self.keeper.commit(
                             self.offset, resume_token=token, cluster_time=token_cluster_time(token)
                         )
+                    self.heartbeats.beat(self.offset)
                     return True
 
+    def _has_news(self, batch: _MicroBatch) -> bool:
+        """Whether there is anything to land: events, or transaction records (an END alone)."""
+        return bool(batch.events or self.transactions.records)
+
     def _land(self, batch: _MicroBatch, token: dict) -> None:
-        self.offset = _land(self.keeper, self.offset, self.config, self.rs, batch, token)
+        self.offset = _land(self.keeper, self.offset, self.config, self.rs, batch, token, self.transactions)
         self.start_after = None
         self.result.batches += 1
         self.result.add_counts(batch)
+        self.heartbeats.beat(self.offset)
 
     def _land_read(self, batch: _MicroBatch) -> None:
         """Land the events read so far, so a collection event can take a batch of its own."""
-        if batch.events:
+        if self._has_news(batch):
             self._land(batch, batch.last_token)
         else:
             self.result.add_counts(batch)
@@ -405,7 +443,14 @@ def pull_changes(
     return result
 
 
-def _collect(change: dict, config: SourceConfig, source: SourceInfo, batch: _MicroBatch) -> None:
+def _collect(
+    change: dict,
+    config: SourceConfig,
+    source: SourceInfo,
+    batch: _MicroBatch,
+    transactions: TransactionTracker,
+) -> None:
+    transactions.observe(change)
     if is_oversized_marker(change):
         _skip_oversized(change, config, batch)
         return
@@ -425,7 +470,9 @@ def _collect(change: dict, config: SourceConfig, source: SourceInfo, batch: _Mic
     if op in config.skipped_operations or not config.captures_collection(db, collection):
         return
     fields = config.field_filters.for_collection(db, collection)
-    batch.add(f"{db}.{collection}", op, change_rows(change, source, config.tombstones_on_delete, fields))
+    rows = change_rows(change, source, config.tombstones_on_delete, fields)
+    transactions.annotate(change, rows[0])
+    batch.add(f"{db}.{collection}", op, rows)
 
 
 def _skip_oversized(marker: dict, config: SourceConfig, batch: _MicroBatch) -> None:
