@@ -33,11 +33,10 @@ from mongo_cdc.lake import (
     history_file_name,
     hour_partition,
     pack_cluster_time,
-    raw_collection_dir,
 )
 from mongo_cdc.landing import write_table
 from mongo_cdc.offsets import Offset
-from mongo_cdc.streaming import _collect, _MicroBatch, _watch_options
+from mongo_cdc.streaming import MicroBatch, collect_change, rows_by_partition, stream_options
 from mongo_cdc.transactions import TransactionTracker
 
 log = logging.getLogger(__name__)
@@ -152,12 +151,12 @@ def _pull_history(
 ) -> dict[str, dict[str, int]]:
     """Land the captured events in [history_from, history_to) as history files (per collection and hour)."""
     log.info("replica set %s: pulling history from %s to %s", rs, _utc(history_from), _utc(history_to))
-    options = _watch_options(config, offset)
+    options = stream_options(config, offset)
     del options["resume_after"]
     options["start_at_operation_time"] = Timestamp(history_from >> 32, history_from & 0xFFFFFFFF)
     source = SourceInfo(config.topic_prefix, rs)
     counts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-    batch = _MicroBatch()
+    batch = MicroBatch()
     # history files carry no transaction metadata: BEGIN/END records belong to the live batches
     no_transactions = TransactionTracker(False, rs, None)
     hour = hour_partition(history_from)
@@ -171,24 +170,16 @@ def _pull_history(
                 continue
             if hour_partition(position) != hour:  # one hour at a time stays in memory
                 _write_history(config, rs, batch, counts)
-                batch, hour = _MicroBatch(), hour_partition(position)
-            _collect(change, config, source, batch, no_transactions)
+                batch, hour = MicroBatch(), hour_partition(position)
+            collect_change(change, config, source, batch, no_transactions)
     _write_history(config, rs, batch, counts)
     return {namespace: dict(ops) for namespace, ops in counts.items()}
 
 
 def _write_history(
-    config: SourceConfig, rs: str, batch: _MicroBatch, counts: dict[str, dict[str, int]]
+    config: SourceConfig, rs: str, batch: MicroBatch, counts: dict[str, dict[str, int]]
 ) -> None:
-    groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for row in batch.rows:
-        source = row["source"]
-        directory = os.path.join(
-            raw_collection_dir(config.lake_root, config.topic_prefix, source["db"], source["collection"]),
-            hour_partition(row["cluster_time"]),
-        )
-        groups[directory].append(row)
-    for directory, rows in groups.items():
+    for directory, rows in rows_by_partition(config, batch.rows).items():
         write_table(os.path.join(directory, history_file_name(rs)), rows_to_table(rows))
     for namespace, ops in batch.events_by_op.items():
         for op, count in ops.items():

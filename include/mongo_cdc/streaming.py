@@ -87,7 +87,7 @@ class PullResult:
     # events over 16 MB left out under cursor.oversize.handling.mode skip, per namespace
     oversized_skipped: dict[str, int] = field(default_factory=lambda: defaultdict(int))
 
-    def add_counts(self, batch: _MicroBatch) -> None:
+    def add_counts(self, batch: MicroBatch) -> None:
         for namespace, ops in batch.events_by_op.items():
             for op, count in ops.items():
                 self.events[namespace][op] += count
@@ -114,7 +114,7 @@ class PullResult:
         }
 
 
-class _MicroBatch:
+class MicroBatch:
     """Events read but not landed yet, with their counts: a reopened stream reads them again."""
 
     def __init__(self) -> None:
@@ -149,26 +149,32 @@ def last_applied(client: MongoClient) -> int:
     return pack_cluster_time(applied.time, applied.inc)
 
 
-def _land(
-    keeper: OffsetKeeper,
-    offset: Offset,
-    config: SourceConfig,
-    rs: str,
-    batch: _MicroBatch,
-    token: dict,
-    transactions: TransactionTracker,
-) -> Offset:
-    """Write one micro-batch (one file per collection and hour, plus its transaction records), then
-    commit its resume token."""
-    seq = offset.batch_seq + 1
+def rows_by_partition(config: SourceConfig, rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Raw rows grouped by the directory they land in: their collection's hour partition."""
     groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for row in batch.rows:
+    for row in rows:
         source = row["source"]
         directory = os.path.join(
             raw_collection_dir(config.lake_root, config.topic_prefix, source["db"], source["collection"]),
             hour_partition(row["cluster_time"]),
         )
         groups[directory].append(row)
+    return groups
+
+
+def _land(
+    keeper: OffsetKeeper,
+    offset: Offset,
+    config: SourceConfig,
+    rs: str,
+    batch: MicroBatch,
+    token: dict,
+    transactions: TransactionTracker,
+) -> Offset:
+    """Write one micro-batch (one file per collection and hour, plus its transaction records), then
+    commit its resume token."""
+    seq = offset.batch_seq + 1
+    groups = rows_by_partition(config, batch.rows)
     paths = {
         directory: os.path.join(directory, raw_file_name(rs, seq, part))
         for part, directory in enumerate(groups)
@@ -196,7 +202,7 @@ def _land(
     return committed
 
 
-def _watch_options(config: SourceConfig, offset: Offset) -> dict[str, Any]:
+def stream_options(config: SourceConfig, offset: Offset) -> dict[str, Any]:
     return {
         "resume_after": offset.resume_token,
         "max_await_time_ms": POLL_INTERVAL_MS,
@@ -257,11 +263,11 @@ class _ChangeReader:
         """
         if self.target is None:
             self.target = last_applied(self.client)
-        batch = _MicroBatch()
+        batch = MicroBatch()
         # a reopened stream starts after a whole event: fragments read before are read again
         fragments = FragmentJoiner()
         self.transactions.rewind()
-        options = _watch_options(self.config, self.offset)
+        options = stream_options(self.config, self.offset)
         if self.start_after is not None:
             del options["resume_after"]
             options["start_after"] = self.start_after
@@ -285,7 +291,7 @@ class _ChangeReader:
                         self._land_read(batch)
                         batch = self._rename_batch(change)
                     else:
-                        _collect(change, self.config, self.source, batch, self.transactions)
+                        collect_change(change, self.config, self.source, batch, self.transactions)
                     batch.last_token = change["_id"]
                     # strictly past the target: more events of one transaction share its cluster time
                     # (and an open transaction's END has to land with it)
@@ -295,7 +301,7 @@ class _ChangeReader:
                     )
                     if batch.events >= self.config.max_batch_size or (caught_up and self._has_news(batch)):
                         self._land(batch, change["_id"])
-                        batch = _MicroBatch()
+                        batch = MicroBatch()
                     if not caught_up:
                         continue
                 if fragments.pending:  # the rest of a split event is on its way
@@ -306,7 +312,7 @@ class _ChangeReader:
                 self.transactions.finish()
                 if self._has_news(batch):
                     self._land(batch, token)
-                    batch = _MicroBatch()
+                    batch = MicroBatch()
                 # An empty getMore means the server has nothing newer to show; reaching the target
                 # position then proves every event up to it has been seen.
                 if token_cluster_time(token) >= self.target:
@@ -319,27 +325,27 @@ class _ChangeReader:
                     self.heartbeats.beat(self.offset)
                     return True
 
-    def _has_news(self, batch: _MicroBatch) -> bool:
+    def _has_news(self, batch: MicroBatch) -> bool:
         """Whether there is anything to land: events, or transaction records (an END alone)."""
         return bool(batch.events or self.transactions.records)
 
-    def _land(self, batch: _MicroBatch, token: dict) -> None:
+    def _land(self, batch: MicroBatch, token: dict) -> None:
         self.offset = _land(self.keeper, self.offset, self.config, self.rs, batch, token, self.transactions)
         self.start_after = None
         self.result.batches += 1
         self.result.add_counts(batch)
         self.heartbeats.beat(self.offset)
 
-    def _land_read(self, batch: _MicroBatch) -> None:
+    def _land_read(self, batch: MicroBatch) -> None:
         """Land the events read so far, so a collection event can take a batch of its own."""
         if self._has_news(batch):
             self._land(batch, batch.last_token)
         else:
             self.result.add_counts(batch)
 
-    def _rename_batch(self, change: dict) -> _MicroBatch:
+    def _rename_batch(self, change: dict) -> MicroBatch:
         """The rename row and, when the new name is captured, its copy: landed with the next events."""
-        batch = _MicroBatch()
+        batch = MicroBatch()
         old, new = rename_namespaces(change, self.config)
         if old is not None:
             batch.add(old, RENAME, [collection_row(change, self.source)])
@@ -443,11 +449,11 @@ def pull_changes(
     return result
 
 
-def _collect(
+def collect_change(
     change: dict,
     config: SourceConfig,
     source: SourceInfo,
-    batch: _MicroBatch,
+    batch: MicroBatch,
     transactions: TransactionTracker,
 ) -> None:
     transactions.observe(change)
@@ -475,7 +481,7 @@ def _collect(
     batch.add(f"{db}.{collection}", op, rows)
 
 
-def _skip_oversized(marker: dict, config: SourceConfig, batch: _MicroBatch) -> None:
+def _skip_oversized(marker: dict, config: SourceConfig, batch: MicroBatch) -> None:
     db, collection = marker["ns"]["db"], marker["ns"].get("coll", "")
     if not config.captures_collection(db, collection):
         return
