@@ -277,7 +277,10 @@ class CollectionTransform:
         previous = (
             self.previous_versions(current, metadata) if metadata else self.spark.sparkContext.emptyRDD()
         )
-        all_events = self.read_events(new_files).map(lambda indexed: indexed[1])
+        # read once: the drops are collected first, then the rest is folded
+        all_events = (
+            self.read_events(new_files).map(lambda indexed: indexed[1]).persist(StorageLevel.MEMORY_AND_DISK)
+        )
         drops = (
             all_events.filter(lambda event: event.op in lake.COLLECTION_OPERATIONS)
             .map(lambda event: (event.position, event.rs))
@@ -315,6 +318,7 @@ class CollectionTransform:
             os.path.join(version_dir, DELETED_DIR)
         )
         versions.unpersist()
+        all_events.unpersist()
         write_metadata(
             version_dir,
             {

@@ -24,20 +24,13 @@ from pymongo import MongoClient
 
 from mongo_cdc import extjson
 from mongo_cdc.config import SourceConfig
-from mongo_cdc.events import SourceInfo, now_ms
-from mongo_cdc.lake import COLLECTION_KEY, pack_cluster_time
-
-
-def _event_position(change: dict) -> tuple[int, int]:
-    ts = change["clusterTime"]
-    cluster_time = pack_cluster_time(ts.time, ts.inc)
-    wall = change.get("wallTime")
-    return cluster_time, int(wall) if wall is not None else ts.time * 1000
+from mongo_cdc.events import SourceInfo, event_position, now_ms
+from mongo_cdc.lake import COLLECTION_KEY
 
 
 def collection_row(change: dict, source: SourceInfo) -> dict[str, Any]:
     """The raw row of a drop or rename, in the namespace the event names."""
-    cluster_time, source_ts_ms = _event_position(change)
+    cluster_time, source_ts_ms = event_position(change)
     to = change.get("to")
     return {
         "key": COLLECTION_KEY,
@@ -60,7 +53,7 @@ def renamed_collection_reads(
     Read after the rename, so a document may already show later writes; those writes' events
     come after the rename in the stream and fold over these reads, as after any snapshot.
     """
-    cluster_time, source_ts_ms = _event_position(change)
+    cluster_time, source_ts_ms = event_position(change)
     db, collection = change["to"]["db"], change["to"]["coll"]
     block = source.block(db, collection, cluster_time, source_ts_ms, snapshot=True)
     processed = now_ms()

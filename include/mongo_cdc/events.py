@@ -74,16 +74,21 @@ class SourceInfo:
         }
 
 
+def event_position(change: dict) -> tuple[int, int]:
+    """(packed cluster time, source ts_ms) of a change event; ts_ms is its wall time if it has one."""
+    ts = change["clusterTime"]
+    wall = change.get("wallTime")
+    return pack_cluster_time(ts.time, ts.inc), int(wall) if wall is not None else ts.time * 1000
+
+
 def change_rows(
     change: dict, source: SourceInfo, tombstones: bool, fields: CollectionFieldRules | None = None
 ) -> list[dict[str, Any]]:
     """Raw rows for one insert/update/replace/delete change-stream event (``fields``: its collection's
     ``field.exclude.list`` / ``field.renames``)."""
     op = DATA_OPERATIONS[change["operationType"]]
-    ts = change["clusterTime"]
-    cluster_time = pack_cluster_time(ts.time, ts.inc)
+    cluster_time, source_ts_ms = event_position(change)
     wall = change.get("wallTime")
-    source_ts_ms = int(wall) if wall is not None else ts.time * 1000
     lsid = change.get("lsid")
     txn_number = change.get("txnNumber")
     full_document = change.get("fullDocument")
