@@ -133,7 +133,7 @@ def app_environment() -> dict[str, str]:
     return {
         **os.environ,
         "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""),
-        "PYTHONPATH": os.pathsep.join([os.path.join(REPO, "include"), os.path.join(REPO, "plugins")]),
+        "PYTHONPATH": os.path.join(REPO, "include"),
         "PYSPARK_PYTHON": sys.executable,
     }
 
