@@ -1,37 +1,30 @@
-"""Spark job: every collection's committed raw change events -> its ``state`` and ``changes`` tables.
+"""Spark job: every collection's committed raw events -> its Delta ``state`` and ``changes`` tables.
 
-    spark-submit spark_apps/cdc_transform.py --lake-root /lake --topic-prefix shop \\
-        --committed '{"rs0": 42}'
+    spark-submit spark_apps/cdc_transform.py --lake-root /lake --topic-prefix shop
 
-``--committed`` maps each replica set to its committed ``batch_seq``; raw files with a larger
-seq are writes in flight and are ignored. Each table keeps per replica set the last seq it
-applied (``_mongo_cdc.json``), so a run reads only the files committed since.
+Object-store credentials come from the environment (``storage.LakeLocation.from_env``). The lake
+says what is committed (the batch log, ``landing.SourceLake``); each derived table records per
+replica set the last batch it applied (Delta app transactions, ``raw_events.applied_app_id``) in
+the same commit as its data, so a run applies exactly the batches committed since the last one,
+whatever crashed before. Spark parallelises the Python work (reading raw files through the lake's
+filesystem, folding, typing, building Arrow batches); delta-rs commits, so no Spark jar is needed.
 
-* state: the previous version (from ``__doc``) plus the new events, folded per document, is
-  written whole as a new version. Deleted documents' last positions are kept in the hidden
-  ``_deleted`` directory so a replayed old insert cannot bring them back. A committed snapshot
-  manifest (``raw/<prefix>/_snapshots``) past the watermark then reconciles the collection: a
-  document of the snapshot's replica set that the snapshot did not read is deleted at its position
-  (``document_state.reconcile_with_snapshots``). ``__rs`` names each document's replica set;
-  versions written before that column existed get the table's only replica set, if it has one.
-* changes: one file per raw file (same hour directory and base name, so a re-run overwrites).
-  New files go into the current version while the column types stay the same; when the new
-  events add a field or widen a type, the whole table is rebuilt from every committed raw file
-  into a new version, so every file of a version has the same schema. The event-flattening
-  options (``--flattening``: Debezium ExtractNewDocumentState's, as JSON keyed like the source
-  YAML, see ``mongo_cdc.transform.flatten``) are recorded in the version's metadata too: a run
-  with other options rebuilds the table, since they change its columns and rows. A backfill's
-  history files (``lake.HistoryFile``) get change files like raw files do (the state never reads
-  them); ``--rebuild-hours`` rewrites the change files of the given hour partitions.
+* state: the new events are folded per document (its normalised ``_id``, ``transform.keys``), with
+  the stored version where an update without ``after`` needs it, then MERGEd into the table in one
+  commit: newer versions update, deletions delete, new documents insert; an event at or before a
+  document's stored position changes nothing. A committed snapshot manifest, drop or rename in the
+  new batches also deletes the documents of that replica set sitting before it (the MERGE's
+  ``when_not_matched_by_source``). Only the data files holding changed documents are rewritten.
+* changes: one row per new event, appended, partitioned by ``hour``; old files are never
+  rewritten. A new field adds a column; a value whose type conflicts with its column's goes to the
+  column's fallback sibling (``transform.columns``). The flattening options (``--flattening``, keyed
+  like the source YAML) are recorded in the table's schema: other options rebuild the table, and
+  say so. ``--rebuild-hours`` rewrites the rows of those hours from the raw rows and backfilled
+  history (a backfill run).
 
-Column types: see ``mongo_cdc.transform.ejson_types``; names: ``mongo_cdc.transform.table_layout``
-(a top-level field named like a metadata column, or ``hour`` in changes, gets a leading ``_``).
-
-Output: the last stdout line is a JSON summary, per ``<db>.<collection>``: ``new_events`` (raw
-rows newly applied to the state), ``state_rows``, ``change_rows`` (in the table),
-``change_rows_written`` (this run) and ``changes_rebuilt``. Bad arguments print one line to stderr
-and exit 2 before Spark starts. spark-submit merges a Python app's stderr (the log) into its
-stdout. Runs over the same lake must not overlap (the DAG runs one at a time).
+Output: the last stdout line is a JSON summary per ``<db>.<collection>``: ``new_events``,
+``state_rows``, ``change_rows``, ``change_rows_written``, ``changes_rebuilt``, and the tables'
+versions. Bad arguments print one line to stderr and exit 2 before Spark starts.
 """
 
 from __future__ import annotations
@@ -39,22 +32,25 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import re
-import shutil
 import sys
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, NamedTuple
 
-import orjson
+import bson
+import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from pyspark import RDD, StorageLevel
 from pyspark.sql import SparkSession
-from pyspark.sql import types as spark_types
 
-from mongo_cdc import lake
-from mongo_cdc.transform import ejson_types as types
+from mongo_cdc import extjson, lake
+from mongo_cdc.extjson import DECODE_OPTIONS
+from mongo_cdc.landing import COMMIT_RETRIES, SnapshotManifest, SourceLake, open_table
+from mongo_cdc.storage import LakeLocation
+from mongo_cdc.transform import columns
 from mongo_cdc.transform.document_state import (
-    STATE_METADATA_COLUMNS,
     DocumentVersion,
     drop_with_collection,
     fold_events,
@@ -62,67 +58,40 @@ from mongo_cdc.transform.document_state import (
 )
 from mongo_cdc.transform.flatten import change_row
 from mongo_cdc.transform.flatten_options import FlatteningOptions
+from mongo_cdc.transform.keys import document_key
 from mongo_cdc.transform.raw_events import (
+    RAW_COLUMNS,
+    BatchWindow,
     ChangeEvent,
-    advance_watermarks,
-    committed_files,
-    files_after,
-    read_raw_file,
+    applied_app_id,
+    committed_filter,
+    event_from_row,
 )
 from mongo_cdc.transform.table_layout import TableLayout
-from mongo_cdc.transform.versioned_table import VersionedTable, write_metadata
 
 log = logging.getLogger("cdc_transform")
 
-RawOrHistory = lake.RawFile | lake.HistoryFile
-
-DELETED_DIR = "_deleted"
-# Which metadata columns a state version holds, in its _mongo_cdc.json: older versions lack __rs.
-METADATA_COLUMNS_KEY = "metadata_columns"
-LEGACY_STATE_COLUMNS = ("__id", "__doc", "__cluster_time", "__event_order")
-# The flattening options a changes version was written with; versions without it had the defaults.
-FLATTENING_KEY = "flattening"
-# The history files (hour/name) a changes version has rows of.
-HISTORY_KEY = "history"
-# Spark writes changes partitioned by this column, one directory per raw file, then each
-# directory's single file is moved to its final name; a document field may not take the name.
-RAW_FILE_COLUMN = "__raw_file"
-# The changes table's hour=... directories: readers add it as a column, so no field may take it.
-HOUR_PARTITION_COLUMN = "hour"
-HOUR_NAME = re.compile(r"hour=\d{4}-\d{2}-\d{2}T\d{2}")
-STAGING_DIR = "_incoming"
-
-_SPARK_SCALARS = {
-    types.NULL: spark_types.StringType(),
-    types.INT: spark_types.IntegerType(),
-    types.LONG: spark_types.LongType(),
-    types.DOUBLE: spark_types.DoubleType(),
-    types.BOOL: spark_types.BooleanType(),
-    types.STRING: spark_types.StringType(),
-    types.OBJECT_ID: spark_types.StringType(),
-    types.DATE: spark_types.TimestampType(),
-    types.DECIMAL: spark_types.StringType(),
-    types.BINARY: spark_types.BinaryType(),
-    types.FALLBACK: spark_types.StringType(),
-}
+HOUR_NAME = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}")
+# The state table's leading columns (a DocumentVersion's, with the document rendered two ways).
+STATE_METADATA_COLUMNS: tuple[tuple[str, columns.ColumnType], ...] = (
+    ("__key", columns.STRING),
+    ("__id", columns.STRING),
+    ("__doc", columns.STRING),
+    ("__doc_bson", columns.BINARY),
+    ("__cluster_time", columns.LONG),
+    ("__event_order", columns.STRING),
+    ("__rs", columns.STRING),
+)
+# A MERGE source row's deletion flag: never a column of the table.
+DELETED_FLAG = "__merge_deleted"
+# Where the changes table records the flattening options it was written with.
+FLATTENING_METADATA = "mongo_cdc.flattening"
 
 
 class _ArgumentParser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         sys.stderr.write(f"{self.prog}: error: {message}\n")
         sys.exit(2)
-
-
-def _committed(text: str) -> dict[str, int]:
-    try:
-        committed = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise argparse.ArgumentTypeError(f"not JSON ({error})") from None
-    if not isinstance(committed, dict) or not all(
-        isinstance(seq, int) and not isinstance(seq, bool) and seq >= 0 for seq in committed.values()
-    ):
-        raise argparse.ArgumentTypeError('expected {"<replica set>": <batch_seq >= 0>, ...}')
-    return committed
 
 
 def _flattening(text: str) -> FlatteningOptions:
@@ -137,18 +106,15 @@ def _hours(text: str) -> tuple[str, ...]:
         hours = json.loads(text)
     except json.JSONDecodeError as error:
         raise argparse.ArgumentTypeError(f"not JSON ({error})") from None
-    if not isinstance(hours, list) or not all(
-        isinstance(hour, str) and HOUR_NAME.fullmatch(hour) for hour in hours
-    ):
-        raise argparse.ArgumentTypeError('expected ["hour=YYYY-MM-DDTHH", ...]')
+    if not isinstance(hours, list) or not all(isinstance(h, str) and HOUR_NAME.fullmatch(h) for h in hours):
+        raise argparse.ArgumentTypeError('expected ["YYYY-MM-DDTHH", ...]')
     return tuple(hours)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = _ArgumentParser(prog="cdc_transform", description=__doc__.splitlines()[0])
-    parser.add_argument("--lake-root", required=True)
+    parser.add_argument("--lake-root", required=True, help="a local path or an s3://, gs://, abfss:// URI")
     parser.add_argument("--topic-prefix", required=True)
-    parser.add_argument("--committed", required=True, type=_committed, help='{"<rs>": <batch_seq>}')
     parser.add_argument(
         "--flattening",
         type=_flattening,
@@ -159,12 +125,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--rebuild-hours",
         type=_hours,
         default=(),
-        help='JSON list of hour partitions whose change files are rewritten, e.g. ["hour=2024-05-01T13"]',
+        help='JSON list of hours whose change rows are rewritten, e.g. ["2024-05-01T13"]',
     )
     args = parser.parse_args(argv)
-    if not os.path.isdir(args.lake_root):
-        parser.error(f"--lake-root {args.lake_root!r} is not a directory")
-    if args.topic_prefix in ("", ".", "..") or os.sep in args.topic_prefix:
+    if args.topic_prefix in ("", ".", "..") or "/" in args.topic_prefix:
         parser.error(f"--topic-prefix {args.topic_prefix!r} is not a directory name")
     return args
 
@@ -174,307 +138,416 @@ def build_session() -> SparkSession:
         SparkSession.builder.appName("mongo-cdc-transform")
         .config("spark.ui.enabled", "false")
         .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.sql.caseSensitive", "true")  # documents may have fields "a" and "A"
-        # INT96 (the default) is read by pyarrow as nanoseconds, which overflow outside 1677-2262.
-        .config("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
-        .config("spark.sql.parquet.datetimeRebaseModeInWrite", "CORRECTED")
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("WARN")
-    # Small by default (each collection's data is modest); spark-submit --conf still wins.
-    if not spark.sparkContext.getConf().contains("spark.sql.shuffle.partitions"):
-        spark.conf.set("spark.sql.shuffle.partitions", str(max(2, spark.sparkContext.defaultParallelism)))
     return spark
 
 
-def to_spark_type(column_type: types.ColumnType) -> spark_types.DataType:
-    if isinstance(column_type, tuple):
-        kind, inner = column_type
-        if kind == types.ARRAY:
-            return spark_types.ArrayType(to_spark_type(inner), containsNull=True)
-        return spark_types.StructType(
-            [
-                spark_types.StructField(name, to_spark_type(field_type), nullable=True)
-                for name, field_type in inner
-            ]
+class RawFile(NamedTuple):
+    """A data file of a raw table: its path under the lake root, partition and batch range."""
+
+    path: str
+    hour: str
+    min_seq: int | None
+    max_seq: int | None
+
+
+def raw_files(table: DeltaTable, table_path: str) -> list[RawFile]:
+    actions = pa.table(table.get_add_actions(flatten=True))
+    names = actions.column_names
+    return [
+        RawFile(
+            f"{table_path}/{row['path']}",
+            row["partition.hour"],
+            row["min.batch_seq"] if "min.batch_seq" in names else None,
+            row["max.batch_seq"] if "max.batch_seq" in names else None,
         )
-    return _SPARK_SCALARS[column_type]
+        for row in actions.to_pylist()
+    ]
 
 
-def infer_document_type(documents: RDD) -> types.ColumnType:
-    """The merged type of an RDD of parsed documents."""
-    return documents.map(types.type_of_document).fold(types.NULL, types.merge_types)
+def read_raw_events(location: LakeLocation, path: str, row_filter: pc.Expression) -> list[ChangeEvent]:
+    """The events of one raw data file that pass ``row_filter``."""
+    filesystem, base = location.filesystem()
+    full_path = f"{base}/{path}" if base else path
+    table = pq.read_table(full_path, columns=RAW_COLUMNS, filesystem=filesystem, filters=row_filter)
+    return [event_from_row(row) for row in table.to_pylist()]
 
 
-def parquet_row_count(paths: list[str]) -> int:
-    return sum(pq.ParquetFile(path).metadata.num_rows for path in paths)
+def arrow_chunks(rdd: RDD, schema: pa.Schema) -> pa.RecordBatchReader:
+    """A reader over an RDD of Arrow IPC streams, one partition at a time (memory stays bounded)."""
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        for chunk in rdd.toLocalIterator():
+            yield from pa.ipc.open_stream(chunk)
+
+    return pa.RecordBatchReader.from_batches(schema, batches())
 
 
-def parquet_files(directory: str) -> list[str]:
-    """The data files directly in ``directory`` and its partition directories."""
-    found = []
-    for parent, directories, names in os.walk(directory):
-        directories[:] = [name for name in directories if not name.startswith(("_", "."))]
-        found.extend(os.path.join(parent, name) for name in names if name.endswith(".parquet"))
-    return [path for path in found if not os.path.basename(path).startswith(("_", "."))]
+def ipc_bytes(batch: pa.RecordBatch) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as writer:
+        writer.write_batch(batch)
+    return sink.getvalue().to_pybytes()
+
+
+def table_schema_fields(table: DeltaTable | None, metadata_columns: tuple) -> columns.StructFields | None:
+    """The document columns a table has (read from its schema's ``mongo_cdc.type`` metadata)."""
+    if table is None:
+        return None
+    names = {name for name, _ in metadata_columns} | {lake.HOUR_COLUMN}
+    arrow_schema = pa.schema(table.schema().to_arrow())
+    return columns.fields_from_arrow(pa.schema([field for field in arrow_schema if field.name not in names]))
+
+
+def _position_after(left: str, right: str) -> str:
+    """SQL: ``left``'s position is after ``right``'s."""
+    return (
+        f"({left}.__cluster_time > {right}.__cluster_time OR ({left}.__cluster_time = {right}.__cluster_time "
+        f"AND {left}.__event_order > {right}.__event_order))"
+    )
+
+
+def _sql(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
 
 
 class CollectionTransform:
-    """Brings one collection's state and changes tables up to the committed raw files."""
+    """Brings one collection's state and changes tables up to the committed raw batches."""
 
     def __init__(
         self,
         spark: SparkSession,
-        lake_root: str,
-        prefix: str,
-        db: str,
-        collection: str,
+        source_lake: SourceLake,
+        namespace: str,
         committed: dict[str, int],
-        snapshots: list[lake.SnapshotManifest],
+        manifests: list[SnapshotManifest],
         flattening: FlatteningOptions,
-        rebuild_hours: tuple[str, ...] = (),
+        rebuild_hours: tuple[str, ...],
     ) -> None:
-        """``snapshots``: every snapshot manifest of the source (this collection's are picked here)."""
         self.spark = spark
+        self.source_lake = source_lake
+        self.location = source_lake.location
+        self.options = source_lake.options
+        self.namespace = namespace
+        db, _, collection = namespace.partition(".")
         self.committed = committed
-        self.raw_files = committed_files(lake.list_raw_files(lake_root, prefix, db, collection), committed)
-        self.history_files = lake.list_history_files(lake_root, prefix, db, collection)
-        self.rebuild_hours = rebuild_hours
-        namespace = f"{db}.{collection}"
-        self.snapshots = [s for s in committed_files(snapshots, committed) if namespace in s.collections]
-        self.state = VersionedTable.of_collection(lake_root, "state", prefix, db, collection)
-        self.changes = VersionedTable.of_collection(lake_root, "changes", prefix, db, collection)
+        self.manifests = [m for m in manifests if namespace in m.collections]
         self.flattening = flattening
+        self.rebuild_hours = rebuild_hours
+        self.raw_path = "/".join(("raw", source_lake.prefix, db, collection))
+        self.state_uri = lake.table_uri(self.location, "state", source_lake.prefix, db, collection)
+        self.changes_uri = lake.table_uri(self.location, "changes", source_lake.prefix, db, collection)
+        raw = open_table(self.location.table_uri(self.raw_path), self.options)
+        self.files = raw_files(raw, self.raw_path) if raw is not None else []
 
     def run(self) -> dict[str, Any]:
         summary = self.update_state()
         summary.update(self.update_changes())
         return summary
 
-    def read_events(self, files: list[RawOrHistory]) -> RDD:
-        """(index in ``files``, ChangeEvent) for every row of ``files``."""
-        paths = [raw.path for raw in files]
-        slices = max(1, min(len(paths), self.spark.sparkContext.defaultParallelism * 4))
-        return self.spark.sparkContext.parallelize(list(enumerate(paths)), slices).flatMap(
-            lambda indexed: ((indexed[0], event) for event in read_raw_file(indexed[1]))
+    def events(self, files: list[RawFile], row_filter: pc.Expression) -> RDD:
+        location = self.location
+        slices = max(1, min(len(files), self.spark.sparkContext.defaultParallelism * 4))
+        return self.spark.sparkContext.parallelize([f.path for f in files], slices).flatMap(
+            lambda path: read_raw_events(location, path, row_filter)
+        )
+
+    def applied(self, table: DeltaTable | None, name: str) -> dict[str, int]:
+        if table is None:
+            return {}
+        return {rs: table.transaction_version(applied_app_id(name, rs)) or 0 for rs in self.committed}
+
+    def commit_properties(self, name: str) -> CommitProperties:
+        """The commit's app transactions: this table has applied every committed batch."""
+        return CommitProperties(
+            app_transactions=[
+                Transaction(applied_app_id(name, rs), seq) for rs, seq in self.committed.items()
+            ],
+            max_commit_retries=COMMIT_RETRIES,
         )
 
     # -- state ---------------------------------------------------------------------------
 
     def update_state(self) -> dict[str, Any]:
-        metadata = self.state.read_metadata()
-        watermarks = metadata["watermarks"] if metadata else {}
-        new_files = files_after(self.raw_files, watermarks)
-        # a snapshot of a now empty collection has no raw file, only its manifest
-        new_snapshots = files_after(self.snapshots, watermarks)
-        current = self.state.current_version()
-        if not new_files and not new_snapshots:
-            return {
-                "new_events": 0,
-                "state_rows": parquet_row_count(parquet_files(current)) if current else 0,
-            }
-
-        previous = (
-            self.previous_versions(current, metadata) if metadata else self.spark.sparkContext.emptyRDD()
-        )
-        # read once: the drops are collected first, then the rest is folded
-        all_events = (
-            self.read_events(new_files).map(lambda indexed: indexed[1]).persist(StorageLevel.MEMORY_AND_DISK)
-        )
+        table = open_table(self.state_uri, self.options)
+        applied = self.applied(table, "state")
+        window = BatchWindow(applied, self.committed)
+        manifests = [m for m in self.manifests if applied.get(m.rs, 0) < m.seq <= self.committed.get(m.rs, 0)]
+        if window.is_empty:
+            return {"new_events": 0, "state_rows": _row_count(table)}
+        files = [f for f in self.files if window.may_hold(f.min_seq, f.max_seq)]
+        events = self.events(files, window.filter()).persist(StorageLevel.MEMORY_AND_DISK)
         drops = (
-            all_events.filter(lambda event: event.op in lake.COLLECTION_OPERATIONS)
+            events.filter(lambda event: event.op in lake.COLLECTION_OPERATIONS)
             .map(lambda event: (event.position, event.rs))
             .collect()
         )
-        events = all_events.filter(lambda event: event.op not in lake.COLLECTION_OPERATIONS).map(
-            lambda event: (event.document_id, event)
+        keyed = events.filter(lambda event: event.op not in lake.COLLECTION_OPERATIONS).map(
+            lambda event: (document_key(event.document_id), event)
         )
+        # an update without the full document applies to the stored version: load just those
+        needs_stored = (
+            keyed.filter(lambda item: item[1].op == "u" and item[1].after_bson is None)
+            .keys()
+            .distinct()
+            .collect()
+        )
+        stored = self.spark.sparkContext.broadcast(_stored_versions(table, needs_stored))
 
-        def fold_and_reconcile(grouped: tuple[str, tuple[Any, Any]]) -> DocumentVersion | None:
-            document_id, (stored, document_events) = grouped
-            version = fold_events(document_id, next(iter(stored), None), document_events)
+        def fold(item: tuple[str, Any]) -> DocumentVersion | None:
+            key, document_events = item
+            version = fold_events(key, stored.value.get(key), document_events)
             if version is None:
                 return None
-            return drop_with_collection(reconcile_with_snapshots(version, new_snapshots), drops)
+            return drop_with_collection(reconcile_with_snapshots(version, manifests), drops)
 
-        versions = (
-            previous.map(lambda version: (version.document_id, version))
-            .cogroup(events)
-            .map(fold_and_reconcile)
-            .filter(lambda version: version is not None)
-            .persist(StorageLevel.MEMORY_AND_DISK)
+        versions = keyed.groupByKey().map(fold).filter(lambda v: v is not None)
+        versions = versions.persist(StorageLevel.MEMORY_AND_DISK)
+        document_type = (
+            versions.filter(lambda version: version.document is not None)
+            .map(lambda version: columns.type_of_document(bson.decode(version.document, DECODE_OPTIONS)))
+            .fold(columns.NULL, columns.merge_types)
         )
-        live = versions.filter(lambda version: version.document is not None)
         layout = TableLayout(
             STATE_METADATA_COLUMNS,
-            infer_document_type(live.map(lambda version: orjson.loads(version.document))),
+            document_type,
+            stored=table_schema_fields(table, STATE_METADATA_COLUMNS),
             sanitize_field_names=self.flattening.sanitize_field_names,
         )
-        version_dir = self.state.next_version_dir()
-        rows = live.map(lambda version: layout.row(tuple(version), orjson.loads(version.document)))
-        self.spark.createDataFrame(rows, to_spark_type(layout.table_type)).write.parquet(version_dir)
-        deleted = versions.filter(lambda version: version.document is None).map(tuple)
-        self.spark.createDataFrame(deleted, _state_metadata_schema()).write.parquet(
-            os.path.join(version_dir, DELETED_DIR)
-        )
+        new_events = events.count()
+        if table is None:
+            live = versions.filter(lambda version: version.document is not None)
+            reader = arrow_chunks(
+                live.mapPartitions(lambda part: _state_chunks(part, layout, False)), layout.schema
+            )
+            write_deltalake(
+                self.state_uri,
+                reader,
+                mode="append",
+                storage_options=self.options,
+                commit_properties=self.commit_properties("state"),
+            )
+        else:
+            self.merge_state(table, versions, layout, manifests, drops)
         versions.unpersist()
-        all_events.unpersist()
-        write_metadata(
-            version_dir,
-            {
-                "watermarks": advance_watermarks(watermarks, self.committed),
-                METADATA_COLUMNS_KEY: [name for name, _ in STATE_METADATA_COLUMNS],
-            },
+        events.unpersist()
+        return {"new_events": new_events, "state_rows": _row_count(open_table(self.state_uri, self.options))}
+
+    def merge_state(
+        self,
+        table: DeltaTable,
+        versions: RDD,
+        layout: TableLayout,
+        manifests: list[SnapshotManifest],
+        drops: list[tuple[tuple[int, str], str]],
+    ) -> None:
+        schema = layout.schema.append(pa.field(DELETED_FLAG, pa.bool_()))
+        reader = arrow_chunks(versions.mapPartitions(lambda part: _state_chunks(part, layout, True)), schema)
+        merger = table.merge(
+            reader,
+            predicate="t.__key = s.__key",
+            source_alias="s",
+            target_alias="t",
+            merge_schema=True,
+            commit_properties=self.commit_properties("state"),
         )
-        self.state.publish(version_dir)
-        return {
-            "new_events": parquet_row_count([raw.path for raw in new_files]),
-            "state_rows": parquet_row_count(parquet_files(version_dir)),
-        }
-
-    def previous_versions(self, version_dir: str, metadata: dict[str, Any]) -> RDD:
-        """Every document's version in a state version: live rows and deletion markers.
-
-        A version written before ``__rs`` existed is read without it (a document field of that
-        name may hold the column); its documents get the table's only replica set, or none.
-        """
-        columns = metadata.get(METADATA_COLUMNS_KEY, LEGACY_STATE_COLUMNS)
-        schema = to_spark_type((types.STRUCT, tuple(c for c in STATE_METADATA_COLUMNS if c[0] in columns)))
-        reader = self.spark.read.schema(schema)
-        versions = reader.parquet(version_dir)
-        deleted_dir = os.path.join(version_dir, DELETED_DIR)
-        if os.path.isdir(deleted_dir):
-            versions = versions.unionByName(reader.parquet(deleted_dir))
-        if "__rs" in columns:
-            return versions.rdd.map(lambda row: DocumentVersion(*row))
-        only_rs = next(iter(metadata["watermarks"])) if len(metadata["watermarks"]) == 1 else None
-        return versions.rdd.map(lambda row: DocumentVersion(*row, rs=only_rs))
+        newer = _position_after("s", "t")
+        merger = merger.when_matched_delete(predicate=f"s.{DELETED_FLAG} AND {newer}")
+        merger = merger.when_matched_update_all(
+            predicate=f"NOT s.{DELETED_FLAG} AND {newer}", except_cols=[DELETED_FLAG]
+        )
+        merger = merger.when_not_matched_insert_all(
+            predicate=f"NOT s.{DELETED_FLAG}", except_cols=[DELETED_FLAG]
+        )
+        # documents the new batches did not touch: gone if a snapshot missed them or a drop came after
+        gone = [f"(t.__rs = {_sql(m.rs)} AND t.__cluster_time < {m.cluster_time})" for m in manifests]
+        gone += [
+            f"(t.__rs = {_sql(rs)} AND (t.__cluster_time < {ct} OR (t.__cluster_time = {ct} "
+            f"AND t.__event_order < {_sql(order)})))"
+            for (ct, order), rs in drops
+        ]
+        if gone:
+            merger = merger.when_not_matched_by_source_delete(predicate=" OR ".join(gone))
+        metrics = merger.execute()
+        log.info("%s state merge: %s", self.namespace, metrics)
 
     # -- changes -------------------------------------------------------------------------
 
     def update_changes(self) -> dict[str, Any]:
-        metadata = self.changes.read_metadata()
-        if metadata is None:
-            return self.rebuild_changes()
-        if metadata.get(FLATTENING_KEY, FlatteningOptions().to_json()) != self.flattening.to_json():
-            log.info("other flattening options: rebuilding the changes table")
-            return self.rebuild_changes()
-        applied_history = set(metadata.get(HISTORY_KEY, []))
-        new_files = files_after(self.raw_files, metadata["watermarks"]) + [
-            history for history in self.history_files if _history_name(history) not in applied_history
-        ]
-        new_files += [
-            written
-            for written in self.raw_files + self.history_files
-            if _hour_of(written) in self.rebuild_hours and written not in new_files
-        ]
-        stored_type = types.type_from_json(metadata["document_type"])
-        if not new_files:
-            return {"change_rows": metadata["rows"], "change_rows_written": 0, "changes_rebuilt": False}
-        rows = _change_rows(self.read_events(new_files), self.flattening)
-        if types.merge_types(stored_type, infer_document_type(rows.map(lambda row: row[2]))) != stored_type:
-            log.info("new fields or wider types: rebuilding the changes table")
-            return self.rebuild_changes()
-        current = self.changes.current_version()
-        written = self.write_change_files(rows, stored_type, new_files, current)
-        # a rebuilt hour's files replace their earlier rows: count the table, not the sum
-        total = parquet_row_count(parquet_files(current))
-        write_metadata(
-            current,
-            {
-                "watermarks": advance_watermarks(metadata["watermarks"], self.committed),
-                "document_type": types.type_to_json(stored_type),
-                "rows": total,
-                FLATTENING_KEY: self.flattening.to_json(),
-                HISTORY_KEY: sorted(map(_history_name, self.history_files)),
-            },
-        )
-        return {"change_rows": total, "change_rows_written": written, "changes_rebuilt": False}
+        table = open_table(self.changes_uri, self.options)
+        rebuilt = table is not None and _recorded_flattening(table) != self.flattening.to_json()
+        if rebuilt:
+            log.warning(
+                "%s: other flattening options than the changes table's: rebuilding it", self.namespace
+            )
+            table = None
+        applied = self.applied(table, "changes")
+        window = BatchWindow(applied, self.committed)
+        written = 0
+        if not window.is_empty:
+            files = [f for f in self.files if window.may_hold(f.min_seq, f.max_seq)]
+            written += self.write_changes(table, files, window.filter(), overwrite=rebuilt)
+            table = open_table(self.changes_uri, self.options)
+        if self.rebuild_hours and table is not None:
+            hours = set(self.rebuild_hours)
+            files = [f for f in self.files if f.hour in hours]
+            written += self.write_changes(table, files, committed_filter(self.committed), hours=hours)
+            table = open_table(self.changes_uri, self.options)
+        return {
+            "change_rows": _row_count(table),
+            "change_rows_written": written,
+            "changes_rebuilt": rebuilt,
+        }
 
-    def rebuild_changes(self) -> dict[str, Any]:
-        files = self.raw_files + self.history_files
-        if not files:
-            return {"change_rows": 0, "change_rows_written": 0, "changes_rebuilt": False}
-        rows = _change_rows(self.read_events(files), self.flattening)
-        document_type = infer_document_type(rows.map(lambda row: row[2]))
-        version_dir = self.changes.next_version_dir()
-        written = self.write_change_files(rows, document_type, files, version_dir)
-        write_metadata(
-            version_dir,
-            {
-                "watermarks": advance_watermarks({}, self.committed),
-                "document_type": types.type_to_json(document_type),
-                "rows": written,
-                FLATTENING_KEY: self.flattening.to_json(),
-                HISTORY_KEY: sorted(map(_history_name, self.history_files)),
-            },
-        )
-        self.changes.publish(version_dir)
-        return {"change_rows": written, "change_rows_written": written, "changes_rebuilt": True}
-
-    def write_change_files(
-        self, rows: RDD, document_type: types.ColumnType, files: list[RawOrHistory], target_dir: str
+    def write_changes(
+        self,
+        table: DeltaTable | None,
+        files: list[RawFile],
+        row_filter: pc.Expression,
+        overwrite: bool = False,
+        hours: set[str] | None = None,
     ) -> int:
-        """Write ``rows`` as one file per raw file into ``target_dir``; the number of rows written."""
-        reserved = [RAW_FILE_COLUMN, HOUR_PARTITION_COLUMN]
+        """Append the change rows of ``files`` (or replace the table, or the given hours, with them)."""
+        options = self.flattening
+        rows = self.events(files, row_filter).flatMap(lambda event: _change_rows(event, options))
+        rows = rows.persist(StorageLevel.MEMORY_AND_DISK)
+        document_type = rows.map(lambda row: columns.type_of_document(row[1])).fold(
+            columns.NULL, columns.merge_types
+        )
         layout = TableLayout(
-            self.flattening.metadata_columns,
+            options.metadata_columns,
             document_type,
-            reserved_names=reserved,
-            sanitize_field_names=self.flattening.sanitize_field_names,
+            stored=None if overwrite else table_schema_fields(table, options.metadata_columns),
+            reserved_names=[lake.HOUR_COLUMN],
+            sanitize_field_names=options.sanitize_field_names,
         )
-        schema = spark_types.StructType(
-            [spark_types.StructField(RAW_FILE_COLUMN, spark_types.IntegerType(), nullable=False)]
-            + to_spark_type(layout.table_type).fields
-        )
-        staging = os.path.join(target_dir, STAGING_DIR)
-        shutil.rmtree(staging, ignore_errors=True)  # left by a crashed run
-        data = rows.map(lambda row: (row[0], *layout.row(row[1], row[2])))
+        schema = _with_flattening(layout.schema.append(pa.field(lake.HOUR_COLUMN, pa.string())), options)
+        reader = arrow_chunks(rows.mapPartitions(lambda part: _change_chunks(part, layout, schema)), schema)
+        count = rows.count()
+        properties = self.commit_properties("changes")
+        if table is None or overwrite:
+            write_deltalake(
+                self.changes_uri,
+                reader,
+                mode="overwrite" if overwrite else "append",
+                schema_mode="overwrite" if overwrite else None,
+                partition_by=[lake.HOUR_COLUMN],
+                storage_options=self.options,
+                commit_properties=properties,
+            )
+        elif hours is not None:
+            listed = ", ".join(_sql(hour) for hour in sorted(hours))
+            write_deltalake(
+                table,
+                reader,
+                mode="overwrite",
+                predicate=f"{lake.HOUR_COLUMN} IN ({listed})",
+                schema_mode="merge",
+                commit_properties=properties,
+            )
+        else:
+            write_deltalake(table, reader, mode="append", schema_mode="merge", commit_properties=properties)
+        rows.unpersist()
+        return count
+
+
+def _stored_versions(table: DeltaTable | None, keys: list[str]) -> dict[str, DocumentVersion]:
+    """The stored versions of ``keys`` (documents an update without ``after`` applies to)."""
+    if table is None or not keys:
+        return {}
+    wanted = ["__key", "__id", "__doc_bson", "__cluster_time", "__event_order", "__rs"]
+    rows = table.to_pyarrow_dataset().to_table(
+        columns=wanted, filter=pc.field("__key").isin(pa.array(keys, pa.string()))
+    )
+    return {row["__key"]: DocumentVersion(*(row[name] for name in wanted)) for row in rows.to_pylist()}
+
+
+def _state_chunks(
+    versions: Iterator[DocumentVersion], layout: TableLayout, with_flag: bool
+) -> Iterator[bytes]:
+    """Arrow IPC chunks of state rows (with the MERGE's deletion flag when ``with_flag``)."""
+    chunk: list[DocumentVersion] = []
+    for version in versions:
+        chunk.append(version)
+        if len(chunk) == 50_000:
+            yield ipc_bytes(_state_batch(chunk, layout, with_flag))
+            chunk = []
+    if chunk:
+        yield ipc_bytes(_state_batch(chunk, layout, with_flag))
+
+
+def _state_batch(versions: list[DocumentVersion], layout: TableLayout, with_flag: bool) -> pa.RecordBatch:
+    documents = [
+        bson.decode(v.document, DECODE_OPTIONS) if v.document is not None else None for v in versions
+    ]
+    metadata = [
         (
-            self.spark.createDataFrame(data, schema)
-            .repartition(RAW_FILE_COLUMN)
-            .sortWithinPartitions(RAW_FILE_COLUMN, "__cluster_time", "__event_order")
-            .write.partitionBy(RAW_FILE_COLUMN)
-            .parquet(staging)
+            v.key,
+            v.document_id_json,
+            extjson.encode_str(document) if document is not None else None,
+            v.document,
+            v.cluster_time,
+            v.event_order,
+            v.rs,
         )
-        written = []
-        for entry in sorted(os.listdir(staging)):
-            if not entry.startswith(f"{RAW_FILE_COLUMN}="):
-                continue
-            raw = files[int(entry.split("=", 1)[1])]
-            produced = parquet_files(os.path.join(staging, entry))
-            if len(produced) != 1:
-                raise RuntimeError(f"expected one changes file for {raw.path}, Spark wrote {produced}")
-            hour_dir = os.path.basename(os.path.dirname(raw.path))
-            destination = os.path.join(target_dir, hour_dir, os.path.basename(raw.path))
-            os.makedirs(os.path.dirname(destination), exist_ok=True)
-            os.replace(produced[0], destination)
-            written.append(destination)
-        shutil.rmtree(staging)
-        return parquet_row_count(written)
+        for v, document in zip(versions, documents, strict=True)
+    ]
+    batch = layout.batch(metadata, [document or {} for document in documents])
+    if not with_flag:
+        return batch
+    flags = pa.array([document is None for document in documents], pa.bool_())
+    return pa.RecordBatch.from_arrays(
+        [*batch.columns, flags], schema=batch.schema.append(pa.field(DELETED_FLAG, pa.bool_()))
+    )
 
 
-def _hour_of(written: RawOrHistory) -> str:
-    return os.path.basename(os.path.dirname(written.path))
+def _change_rows(event: ChangeEvent, options: FlatteningOptions) -> list[tuple[tuple, dict]]:
+    row = change_row(event, options)
+    return [] if row is None else [row]
 
 
-def _history_name(history: lake.HistoryFile) -> str:
-    return f"{history.hour}/{os.path.basename(history.path)}"
+def _change_chunks(
+    rows: Iterator[tuple[tuple, dict]], layout: TableLayout, schema: pa.Schema
+) -> Iterator[bytes]:
+    chunk: list[tuple[tuple, dict]] = []
+
+    def batch_of(part: list[tuple[tuple, dict]]) -> bytes:
+        part.sort(key=lambda row: row[0][-2:])  # (cluster_time, event_order): files in oplog order
+        batch = layout.batch([row[0] for row in part], [row[1] for row in part])
+        cluster_times = batch.column(batch.schema.get_field_index("__cluster_time")).to_pylist()
+        hours = pa.array([lake.hour_partition(ct) for ct in cluster_times], pa.string())
+        return ipc_bytes(pa.RecordBatch.from_arrays([*batch.columns, hours], schema=schema))
+
+    for row in rows:
+        chunk.append(row)
+        if len(chunk) == 50_000:
+            yield batch_of(chunk)
+            chunk = []
+    if chunk:
+        yield batch_of(chunk)
 
 
-def _state_metadata_schema() -> spark_types.StructType:
-    return to_spark_type((types.STRUCT, STATE_METADATA_COLUMNS))
+def _with_flattening(schema: pa.Schema, options: FlatteningOptions) -> pa.Schema:
+    index = schema.get_field_index(lake.HOUR_COLUMN)
+    field = schema.field(index).with_metadata(
+        {FLATTENING_METADATA: json.dumps(options.to_json(), sort_keys=True)}
+    )
+    return schema.set(index, field)
 
 
-def _change_rows(events: RDD, flattening: FlatteningOptions) -> RDD:
-    """(raw file index, metadata values, encoded document) per event that has a changes row."""
+def _recorded_flattening(table: DeltaTable) -> dict[str, Any]:
+    """The flattening options the changes table was written with (defaults where none are recorded)."""
+    field = pa.schema(table.schema().to_arrow()).field(lake.HOUR_COLUMN)
+    recorded = (field.metadata or {}).get(FLATTENING_METADATA.encode())
+    return json.loads(recorded) if recorded else FlatteningOptions().to_json()
 
-    def rows_of(indexed: tuple[int, ChangeEvent]) -> list[tuple[int, tuple, dict]]:
-        index, event = indexed
-        row = change_row(event, flattening)
-        return [] if row is None else [(index, *row)]
 
-    return events.flatMap(rows_of)
+def _row_count(table: DeltaTable | None) -> int:
+    if table is None:
+        return 0
+    return pc.sum(pa.table(table.get_add_actions(flatten=True)).column("num_records")).as_py() or 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -484,24 +557,19 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s", force=True
     )
     logging.getLogger("py4j").setLevel(logging.WARNING)
+    source_lake = SourceLake(LakeLocation.from_env(args.lake_root), args.topic_prefix)
+    committed = source_lake.committed()
+    manifests = source_lake.manifests()
+    namespaces = sorted(set(source_lake.namespaces()) | {ns for m in manifests for ns in m.collections})
     spark = build_session()
     try:
         summary = {}
-        snapshots = lake.list_snapshot_manifests(args.lake_root, args.topic_prefix)
-        for db, collection in lake.list_raw_collections(args.lake_root, args.topic_prefix):
-            log.info("transforming %s.%s", db, collection)
+        for namespace in namespaces:
+            log.info("transforming %s", namespace)
             transform = CollectionTransform(
-                spark,
-                args.lake_root,
-                args.topic_prefix,
-                db,
-                collection,
-                args.committed,
-                snapshots,
-                args.flattening,
-                args.rebuild_hours,
+                spark, source_lake, namespace, committed, manifests, args.flattening, args.rebuild_hours
             )
-            summary[f"{db}.{collection}"] = transform.run()
+            summary[namespace] = transform.run()
     finally:
         spark.stop()
     print(json.dumps({"collections": summary}, sort_keys=True))

@@ -11,13 +11,15 @@ from typing import Any
 from unittest import mock
 
 import bson
-import pyarrow.parquet as pq
+import pyarrow as pa
 from bson import json_util
 from bson.datetime_ms import DatetimeMS
 from sqlalchemy import select
 
 from mongo_cdc import extjson
-from mongo_cdc.lake import list_raw_files, pack_cluster_time, table_path
+from mongo_cdc.lake import pack_cluster_time, table_uri
+from mongo_cdc.landing import SourceLake, open_table
+from mongo_cdc.storage import LakeLocation
 
 EJSON_OPTIONS = json_util.JSONOptions(datetime_conversion=bson.DatetimeConversion.DATETIME_MS)
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
@@ -104,20 +106,26 @@ class CdcSource:
             session.get(Backfill, backfill.id).completed_at = dt.datetime.now(dt.timezone.utc)
         return runs
 
+    @property
+    def lake(self) -> SourceLake:
+        return SourceLake(LakeLocation(self.lake_root), self.prefix)
+
+    def table_rows(self, zone: str, collection: str) -> list[dict]:
+        """Every live row of a derived table, read with delta-rs (no table yet: none)."""
+        table = open_table(
+            table_uri(LakeLocation(self.lake_root), zone, self.prefix, self.database, collection), {}
+        )
+        return [] if table is None else pa.table(table.to_pyarrow_dataset().to_table()).to_pylist()
+
     def state_rows(self, collection: str) -> list[dict]:
-        return pq.read_table(
-            table_path(self.lake_root, "state", self.prefix, self.database, collection)
-        ).to_pylist()
+        return self.table_rows("state", collection)
 
     def change_rows(self, collection: str) -> list[dict]:
-        return pq.read_table(
-            table_path(self.lake_root, "changes", self.prefix, self.database, collection)
-        ).to_pylist()
+        return self.table_rows("changes", collection)
 
     def raw_rows(self, collection: str) -> list[dict]:
-        rows = []
-        for raw in list_raw_files(self.lake_root, self.prefix, self.database, collection):
-            rows.extend(pq.read_table(raw.path).to_pylist())
+        """The committed raw rows of a collection, in oplog order (a tombstone after its delete)."""
+        rows = self.lake.committed_raw(f"{self.database}.{collection}").to_pylist()
         return sorted(rows, key=lambda r: (r["cluster_time"], r["event_order"], r["op"] is None))
 
     def streamed_events(self, collection: str) -> list[tuple[str, str]]:
@@ -170,7 +178,8 @@ def assert_state_equals_documents(
     assert sorted(by_id) == sorted(extjson.encode_str(d["_id"]) for d in docs)
     for doc in docs:
         row = by_id[extjson.encode_str(doc["_id"])]
-        # the lossless copy is byte-for-byte the same BSON
+        # the lossless copy is byte-for-byte the same BSON, and its Extended JSON parses back to it
+        assert row["__doc_bson"] == bson.encode(doc)
         assert bson.encode(json_util.loads(row["__doc"], json_options=EJSON_OPTIONS)) == bson.encode(doc)
         for field, value in doc.items():
             if field in fallback:

@@ -19,9 +19,9 @@ from cdc_support import assert_state_equals_collection
 from mongo_cdc.capture_modes import ImagesNotEnabledError, watch_options
 from mongo_cdc.config import SourceConfig, SourceConfigError, load_source
 from mongo_cdc.debezium_export import debezium_record, raw_rows
-from mongo_cdc.offsets import MemoryOffsetStore, OffsetKeeper
 from mongo_cdc.snapshot import run_snapshot
 from mongo_cdc.streaming import pull_changes
+from mongo_cdc.testing.lake import memory_keeper
 from mongo_cdc.topology import make_client
 
 PRE_IMAGE_MODES = ("change_streams_with_pre_image", "change_streams_update_full_with_pre_image")
@@ -54,7 +54,7 @@ def _document(ejson: str | None) -> dict | None:
 
 
 def _capture(replica_set, db_name: str, config: SourceConfig) -> list[dict]:
-    keeper = OffsetKeeper(MemoryOffsetStore(), config.name, "rs0")
+    keeper = memory_keeper(config, "rs0")
     with make_client(replica_set.uri) as client:
         db = client[db_name]
         db.create_collection("items", **IMAGES_ON)
@@ -186,7 +186,7 @@ def test_missing_images_refuse_the_snapshot_naming_every_collection(
 ):
     config = _config(tmp_path, db_name, **settings)
     config = dataclasses.replace(config, collection_exclude=(re.compile(re.escape(f"{db_name}.scratch")),))
-    keeper = OffsetKeeper(MemoryOffsetStore(), config.name, "rs0")
+    keeper = memory_keeper(config, "rs0")
     with make_client(replica_set.uri) as client:
         _prepare_collections(client, db_name)
         with pytest.raises(ImagesNotEnabledError) as failure:
@@ -203,7 +203,7 @@ def test_missing_images_refuse_the_snapshot_naming_every_collection(
 
 def test_missing_images_refuse_the_pull_leaving_offset_and_lake_untouched(replica_set, db_name, tmp_path):
     lookup = _config(tmp_path, db_name)
-    keeper = OffsetKeeper(MemoryOffsetStore(), lookup.name, "rs0")
+    keeper = memory_keeper(lookup, "rs0")
     with make_client(replica_set.uri) as client:
         _prepare_collections(client, db_name)
         run_snapshot(client, lookup, "rs0", keeper)

@@ -16,8 +16,9 @@ from cdc_support import assert_state_equals_collection
 
 from mongo_cdc.config import SourceConfig
 from mongo_cdc.lake import COLLECTION_KEY, pack_cluster_time
-from mongo_cdc.offsets import MemoryOffsetStore, Offset, OffsetKeeper
+from mongo_cdc.offsets import Offset
 from mongo_cdc.streaming import pull_changes
+from mongo_cdc.testing.lake import memory_keeper
 
 
 def _assert_each_event_landed_once(source, collection: str) -> None:
@@ -155,7 +156,7 @@ def test_an_invalidated_stream_is_reopened_after_the_invalidate_with_nothing_los
         lake_root=str(tmp_path / "lake"),
         database_include=(re.compile("shop"),),
     )
-    keeper = OffsetKeeper(MemoryOffsetStore(), "inv", "rs0")
+    keeper = memory_keeper(config, "rs0")
     keeper.save(Offset(resume_token=_token(100, "00"), cluster_time=pack_cluster_time(100, 1)))
     client = _FakeClient()
 

@@ -13,9 +13,9 @@ from bson import Binary, Int64, ObjectId, json_util
 from mongo_cdc import extjson
 from mongo_cdc.config import SourceConfig
 from mongo_cdc.debezium_export import debezium_record, main, raw_rows, write_json_lines
-from mongo_cdc.offsets import MemoryOffsetStore, OffsetKeeper
 from mongo_cdc.snapshot import run_snapshot
 from mongo_cdc.streaming import pull_changes
+from mongo_cdc.testing.lake import memory_keeper
 from mongo_cdc.topology import make_client
 
 # 000_2a07268966eb8866.txt, "Examples of representing document _id fields in event key payloads"
@@ -60,7 +60,7 @@ def customer_1004_events(replica_set, db_name, tmp_path):
         name="inventory", path="inventory.yaml", topic_prefix="fulfillment", lake_root=str(tmp_path)
     )
     config = SourceConfig(**{**config.__dict__, "database_include": (re.compile(db_name),)})
-    keeper = OffsetKeeper(MemoryOffsetStore(), "inventory", "rs0")
+    keeper = memory_keeper(config, "rs0")
     with make_client(replica_set.uri) as client:
         run_snapshot(client, config, "rs0", keeper)
         customers = client[db_name].customers

@@ -24,7 +24,7 @@ from mongo_cdc import extjson, snapshot
 from mongo_cdc.config import SourceConfig
 from mongo_cdc.events import SnapshotColumns, SourceInfo
 from mongo_cdc.lake import RAW_SCHEMA
-from mongo_cdc.offsets import MemoryOffsetStore, OffsetKeeper
+from mongo_cdc.testing.lake import memory_keeper
 
 LOADS_OPTIONS = JSONOptions(datetime_conversion=DatetimeConversion.DATETIME_MS)
 OID = ObjectId("65a1b2c3d4e5f60718293a4b")
@@ -36,7 +36,7 @@ VALUES = {
     "double_negative_zero": -0.0,
     "double_max": 1.7976931348623157e308,
     "double_min_subnormal": 5e-324,
-    "string": "héllo \"quoted\" \\ back\nslash \x01 🚀",
+    "string": 'héllo "quoted" \\ back\nslash \x01 🚀',
     "document": {"a": 1, "b": {"c": [1, 2]}},
     "empty_document": {},
     "array": [1, "two", 3.0, None, {"four": 4}],
@@ -220,7 +220,7 @@ def test_snapshot_rows_equal_documents_encoded_one_by_one(replica_set, db_name, 
             database_include=(re.compile(re.escape(db_name)),),
             snapshot_fetch_size=333,
         )
-        result = snapshot.run_snapshot(client, config, "rs0", OffsetKeeper(MemoryOffsetStore(), "t", "rs0"))
+        result = snapshot.run_snapshot(client, config, "rs0", memory_keeper(config, "rs0"))
         expected = list(client[db_name].get_collection("things", codec_options=extjson.DECODE_OPTIONS).find())
 
     assert result.documents == {f"{db_name}.nothing": 0, f"{db_name}.things": len(documents)}

@@ -14,10 +14,10 @@ from bson import json_util
 from mongo_cdc.config import SourceConfigError, load_source
 from mongo_cdc.field_filters import FieldFilters, FieldRenameConflict, parse_rules
 from mongo_cdc.lake import list_raw_files
-from mongo_cdc.offsets import MemoryOffsetStore, OffsetKeeper
 from mongo_cdc.snapshot import run_snapshot
 from mongo_cdc.streaming import pull_changes
 from mongo_cdc.testing import ReplicaSet
+from mongo_cdc.testing.lake import memory_keeper
 from mongo_cdc.topology import make_client
 from mongo_cdc.transform import ejson_types as types
 from mongo_cdc.transform.table_layout import TableLayout, avro_name
@@ -251,10 +251,16 @@ def test_rules_sanitizing_and_snapshot_include_through_the_dag(cdc_source, repli
     assert (state["1"]["title"], state["1"]["unit_price"], state["1"]["items"]) == ("a2", 2, [{"sku": "A"}])
     assert "secret" not in state["1"] and "name" not in state["1"]
     assert json_util.loads(state["2"]["__doc"]) == {
-        "_id": 2, "title": "b", "items": [{"sku": "B"}], "unit-price": 3
+        "_id": 2,
+        "title": "b",
+        "items": [{"sku": "B"}],
+        "unit-price": 3,
     }
     assert [(row["__op"], row["title"], row["unit_price"]) for row in source.change_rows("orders")] == [
-        ("r", "a", 2), ("r", "b", 3), ("u", "a2", 2), ("u", "b", 3)
+        ("r", "a", 2),
+        ("r", "b", 3),
+        ("u", "a2", 2),
+        ("u", "b", 3),
     ]
     assert [row["_id"] for row in source.state_rows("audit")] == ["streamed"]
 
@@ -314,7 +320,7 @@ def test_capture_filters_and_skipped_operations_change_what_lands(
         for namespace in names:
             db, collection = namespace.split(".")
             client[db][collection].insert_one({"_id": 0})
-        keeper = OffsetKeeper(MemoryOffsetStore(), config.name, replica_set.name)
+        keeper = memory_keeper(config, replica_set.name)
         run_snapshot(client, config, replica_set.name, keeper)
         for namespace in names:
             db, collection = namespace.split(".")
@@ -346,7 +352,7 @@ def test_a_narrowed_snapshot_keeps_the_streaming_position_of_the_stream_only_col
     with make_client(replica_set.uri, {}) as client:
         client[db_name].copied.insert_one({"_id": 0})
         client[db_name].streamed.insert_one({"_id": 0})
-        keeper = OffsetKeeper(MemoryOffsetStore(), config.name, replica_set.name)
+        keeper = memory_keeper(config, replica_set.name)
         run_snapshot(client, config, replica_set.name, keeper)
         pull_changes(client, config, replica_set.name, keeper)
         client[db_name].streamed.insert_one({"_id": 1})  # written between two runs

@@ -16,10 +16,10 @@ import pytest
 
 from mongo_cdc.config import SourceConfig, SourceConfigError, load_source
 from mongo_cdc.lake import list_raw_files
-from mongo_cdc.offsets import MemoryOffsetStore, OffsetKeeper
 from mongo_cdc.oversized_events import FragmentJoiner, OversizedEventError, supports_split
 from mongo_cdc.snapshot import start_without_snapshot
 from mongo_cdc.streaming import pull_changes
+from mongo_cdc.testing.lake import memory_keeper
 from mongo_cdc.topology import make_client
 
 MB = 1024 * 1024
@@ -60,7 +60,7 @@ def client(replica_set):
 
 def test_fail_mode_stops_with_the_fix_and_leaves_the_offset(client, replica_set, db_name, tmp_path):
     config = _config(tmp_path, db_name)  # cursor.oversize.handling.mode: fail, the default
-    keeper = OffsetKeeper(MemoryOffsetStore(), config.name, replica_set.name)
+    keeper = memory_keeper(config, replica_set.name)
     start_without_snapshot(client, config, replica_set.name, keeper)
     before = keeper.load()
     _write_around_an_oversized_update(client, db_name)
@@ -79,7 +79,7 @@ def test_fail_mode_stops_with_the_fix_and_leaves_the_offset(client, replica_set,
 
 def test_skip_mode_counts_the_oversized_event_and_lands_the_rest(client, replica_set, db_name, tmp_path):
     config = _config(tmp_path, db_name, cursor_oversize_handling_mode="skip")
-    keeper = OffsetKeeper(MemoryOffsetStore(), config.name, replica_set.name)
+    keeper = memory_keeper(config, replica_set.name)
     start_without_snapshot(client, config, replica_set.name, keeper)
     _write_around_an_oversized_update(client, db_name)
 
@@ -98,7 +98,7 @@ def test_skip_threshold_skips_smaller_events_too(client, replica_set, db_name, t
     config = _config(
         tmp_path, db_name, cursor_oversize_handling_mode="skip", cursor_oversize_skip_threshold=1 * MB
     )
-    keeper = OffsetKeeper(MemoryOffsetStore(), config.name, replica_set.name)
+    keeper = memory_keeper(config, replica_set.name)
     start_without_snapshot(client, config, replica_set.name, keeper)
     client[db_name].docs.insert_many([{"_id": "small"}, {"_id": "medium", "a": "a" * (2 * MB)}])
 
@@ -111,7 +111,7 @@ def test_skip_threshold_skips_smaller_events_too(client, replica_set, db_name, t
 def test_split_mode_is_refused_by_a_server_without_it(client, replica_set, db_name, tmp_path):
     assert not supports_split(client), "the test server (6.0.5) predates $changeStreamSplitLargeEvent"
     config = _config(tmp_path, db_name, cursor_oversize_handling_mode="split")
-    keeper = OffsetKeeper(MemoryOffsetStore(), config.name, replica_set.name)
+    keeper = memory_keeper(config, replica_set.name)
     start_without_snapshot(client, config, replica_set.name, keeper)
     before = keeper.load()
 

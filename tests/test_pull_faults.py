@@ -20,10 +20,11 @@ from datagen import COLLECTIONS, WriteLog, load, random_writes
 from pymongo import MongoClient, monitoring
 
 from mongo_cdc.config import SourceConfig
-from mongo_cdc.offsets import MemoryOffsetStore, OffsetKeeper
+from mongo_cdc.offsets import OffsetKeeper
 from mongo_cdc.snapshot import run_snapshot
 from mongo_cdc.streaming import SourceUnreachableError, pull_changes
 from mongo_cdc.testing import ReplicaSet
+from mongo_cdc.testing.lake import memory_keeper
 from mongo_cdc.topology import make_client
 from mongo_cdc_airflow.dag_factory import summarize
 
@@ -48,7 +49,7 @@ def _config(lake_root: Path) -> SourceConfig:
 def _snapshot_then_write(client: MongoClient, config: SourceConfig) -> tuple[OffsetKeeper, WriteLog]:
     """An offset from a real snapshot, then a few hundred writes (some 15 batches) for the pull."""
     load(client[DATABASE], {"customers": 30, "orders": 30, "products": 30})
-    keeper = OffsetKeeper(MemoryOffsetStore(), config.name, RS)
+    keeper = memory_keeper(config, RS)
     run_snapshot(client, config, RS, keeper)
     return keeper, random_writes(client[DATABASE], 300, seed=4)
 

@@ -23,10 +23,11 @@ from mongo_cdc import lake
 from mongo_cdc.config import SourceConfig, SourceConfigError, load_source
 from mongo_cdc.debezium_export import debezium_record, transaction_records
 from mongo_cdc.heartbeats import heartbeat_dir
-from mongo_cdc.offsets import MemoryOffsetStore, OffsetKeeper
+from mongo_cdc.offsets import OffsetKeeper
 from mongo_cdc.snapshot import run_snapshot
 from mongo_cdc.streaming import pull_changes
 from mongo_cdc.testing import ReplicaSet
+from mongo_cdc.testing.lake import memory_keeper
 from mongo_cdc.topology import make_client
 
 RS = "rs0"
@@ -53,7 +54,7 @@ def _snapshotted(
     )
     client[db_name].a.insert_one({"_id": "seed-a"})
     client[db_name].b.insert_one({"_id": "seed-b"})
-    keeper = OffsetKeeper(MemoryOffsetStore(), config.name, RS)
+    keeper = memory_keeper(config, RS)
     run_snapshot(client, config, RS, keeper)
     return config, keeper
 

@@ -3,12 +3,13 @@
 A backfill run (Airflow ``backfill create`` / the UI's Backfill) covers the whole hours of its
 data interval. Events the live sync already landed are used as they are. Only hours older than
 anything the live sync landed for a replica set (before its first snapshot, say) are pulled from
-the oplog, into one history file per collection and hour (``lake.history_file_name``), whose
-content depends on the hour alone: re-running any backfill over it rewrites the same events, so
-backfills are idempotent and never duplicate a live event.
+the oplog into the collections' raw tables as history rows (``batch_seq`` ``lake.HISTORY_SEQ``),
+one commit per collection and hour that replaces that hour's history rows: their content depends
+on the hour alone, so re-running any backfill over it rewrites the same events, backfills are
+idempotent and never duplicate a live event.
 
 A backfill never reads or writes an offset: the live resume tokens cannot move, and the state
-tables never see history files (their events are older than the state), so state cannot regress.
+tables never read history rows (their events are older than the state), so state cannot regress.
 
 Where the oplog no longer reaches back to the interval, what the live sync landed is used (the
 missing older part is reported); where neither exists, the backfill fails naming both limits.
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import os
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,15 +28,10 @@ from pymongo import MongoClient
 
 from mongo_cdc.config import SourceConfig
 from mongo_cdc.events import SourceInfo, rows_to_table, token_cluster_time
-from mongo_cdc.lake import (
-    earliest_landed_position,
-    history_file_name,
-    hour_partition,
-    pack_cluster_time,
-)
-from mongo_cdc.landing import write_table
+from mongo_cdc.lake import HISTORY_SEQ, hour_partition, pack_cluster_time
+from mongo_cdc.landing import SourceLake
 from mongo_cdc.offsets import Offset
-from mongo_cdc.streaming import MicroBatch, collect_change, rows_by_partition, stream_options
+from mongo_cdc.streaming import MicroBatch, collect_change, rows_by_collection, stream_options
 from mongo_cdc.transactions import TransactionTracker
 
 log = logging.getLogger(__name__)
@@ -104,6 +99,16 @@ def oldest_oplog_position(client: MongoClient) -> int:
     return pack_cluster_time(entry["ts"].time, entry["ts"].inc)
 
 
+def earliest_landed_position(source_lake: SourceLake, rs: str) -> int | None:
+    """Packed cluster time from which the live sync landed everything of ``rs`` (its first batch's
+    position: a snapshot's, or where streaming started). None: nothing landed yet."""
+    batches = [batch for batch in source_lake.batches() if batch.rs == rs]
+    if not batches:
+        return None
+    first = batches[0]
+    return first.snapshot_cluster_time if first.snapshot_cluster_time is not None else first.cluster_time
+
+
 def backfill_interval(
     client: MongoClient,
     config: SourceConfig,
@@ -111,6 +116,7 @@ def backfill_interval(
     offset: Offset | None,
     start: dt.datetime,
     end: dt.datetime,
+    source_lake: SourceLake,
 ) -> BackfillResult:
     """Make the raw partitions of [start, end) complete for one replica set; ``offset`` is only read."""
     if offset is None or offset.cluster_time is None:
@@ -120,7 +126,7 @@ def backfill_interval(
         )
     hours = hour_partitions(start, end)
     first_hour, end_hour = interval_hours(start, end)
-    landed_since = earliest_landed_position(config.lake_root, config.topic_prefix, rs)
+    landed_since = earliest_landed_position(source_lake, rs)
     # the live sync holds everything from its first landed event on (or, having landed none, from
     # its position on); older hours are history
     history_from = _packed(first_hour)
@@ -142,14 +148,20 @@ def backfill_interval(
             rs, _utc(oplog_from), _utc(landed_since),
         )  # fmt: skip
         return BackfillResult(rs, hours, "unavailable")
-    events = _pull_history(client, config, rs, offset, history_from, history_to)
+    events = _pull_history(client, config, rs, offset, history_from, history_to, source_lake)
     return BackfillResult(rs, hours, "pulled", events)
 
 
 def _pull_history(
-    client: MongoClient, config: SourceConfig, rs: str, offset: Offset, history_from: int, history_to: int
+    client: MongoClient,
+    config: SourceConfig,
+    rs: str,
+    offset: Offset,
+    history_from: int,
+    history_to: int,
+    source_lake: SourceLake,
 ) -> dict[str, dict[str, int]]:
-    """Land the captured events in [history_from, history_to) as history files (per collection and hour)."""
+    """Land the captured events in [history_from, history_to) as history rows (per collection and hour)."""
     log.info("replica set %s: pulling history from %s to %s", rs, _utc(history_from), _utc(history_to))
     options = stream_options(config, offset)
     del options["resume_after"]
@@ -169,18 +181,18 @@ def _pull_history(
             if change is None:
                 continue
             if hour_partition(position) != hour:  # one hour at a time stays in memory
-                _write_history(config, rs, batch, counts)
+                _write_history(source_lake, rs, hour, batch, counts)
                 batch, hour = MicroBatch(), hour_partition(position)
             collect_change(change, config, source, batch, no_transactions)
-    _write_history(config, rs, batch, counts)
+    _write_history(source_lake, rs, hour, batch, counts)
     return {namespace: dict(ops) for namespace, ops in counts.items()}
 
 
 def _write_history(
-    config: SourceConfig, rs: str, batch: MicroBatch, counts: dict[str, dict[str, int]]
+    source_lake: SourceLake, rs: str, hour: str, batch: MicroBatch, counts: dict[str, dict[str, int]]
 ) -> None:
-    for directory, rows in rows_by_partition(config, batch.rows).items():
-        write_table(os.path.join(directory, history_file_name(rs)), rows_to_table(rows))
+    for namespace, rows in rows_by_collection(batch.rows).items():
+        source_lake.write_history(rs, namespace, hour, rows_to_table(rows, HISTORY_SEQ))
     for namespace, ops in batch.events_by_op.items():
         for op, count in ops.items():
             counts[namespace][op] += count

@@ -36,9 +36,9 @@ from pymongo.collection import Collection
 from mongo_cdc import extjson
 from mongo_cdc.config import SourceConfig
 from mongo_cdc.landing import ROW_GROUP_BYTES, ROW_GROUP_ROWS
-from mongo_cdc.offsets import MemoryOffsetStore, OffsetKeeper
 from mongo_cdc.snapshot import run_snapshot
 from mongo_cdc.testing import ReplicaSet
+from mongo_cdc.testing.lake import memory_keeper
 
 DB, COLLECTION, RS = "bench", "docs", "benchrs"
 INSERT_BATCH = 10_000
@@ -256,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
                 lake_root=lake,
                 database_include=(re.compile(re.escape(DB)),),
             )
-            keeper = OffsetKeeper(MemoryOffsetStore(), config.name, RS)
+            keeper = memory_keeper(config, RS)
             with PeakRss() as memory:
                 started = time.perf_counter()
                 result = run_snapshot(client, config, RS, keeper)

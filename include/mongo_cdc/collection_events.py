@@ -1,11 +1,11 @@
 """Collection-level change events: drop, rename, dropDatabase and invalidate.
 
 * ``drop`` of a captured collection lands one raw row with op ``drop`` and no document (key
-  ``{"id":null}``) in that collection's raw directory, at the event's position. The transform
+  ``{"id":null}``) in that collection's raw table, at the event's position. The transform
   deletes, at that position, every document of that replica set whose last event came before
   it; documents written after the drop (a re-created collection) stay.
 * ``rename`` lands an op ``rename`` row in the old namespace (the same effect there as a drop;
-  ``after`` holds the new namespace) and, when the new namespace is captured, copies the renamed
+  ``after`` holds the new namespace as a BSON document ``{db, coll}``) and, when the new namespace is captured, copies the renamed
   collection as snapshot reads at the rename's position, with a snapshot manifest, all in the
   batch that commits the rename. The new namespace's state is then its documents as of the rename
   plus every later event, and documents of a collection the rename replaced (``dropTarget``)
@@ -24,7 +24,7 @@ from pymongo import MongoClient
 
 from mongo_cdc import extjson
 from mongo_cdc.config import SourceConfig
-from mongo_cdc.events import SourceInfo, event_position, now_ms
+from mongo_cdc.events import SourceInfo, bson_bytes, event_position, now_ms
 from mongo_cdc.lake import COLLECTION_KEY
 
 
@@ -37,7 +37,7 @@ def collection_row(change: dict, source: SourceInfo) -> dict[str, Any]:
         "op": change["operationType"],
         "ts_ms": now_ms(),
         "before": None,
-        "after": extjson.encode_str(to) if to is not None else None,
+        "after": bson_bytes(to) if to is not None else None,
         "updateDescription": None,
         "source": source.block(change["ns"]["db"], change["ns"]["coll"], cluster_time, source_ts_ms, False),
         "cluster_time": cluster_time,
@@ -67,7 +67,7 @@ def renamed_collection_reads(
             "op": "r",
             "ts_ms": processed,
             "before": None,
-            "after": extjson.encode_str(document),
+            "after": bson_bytes(document),
             "updateDescription": None,
             "source": block,
             "cluster_time": cluster_time,

@@ -1,7 +1,8 @@
 """Render raw events as Debezium change-event records (JSON Lines) for existing Debezium consumers.
 
 Each line is ``{"key": {"id": "<EJSON of _id>"}, "value": <payload>}`` where the payload has
-Debezium's shape: ``before`` (with a pre-image ``capture.mode``), ``after`` (EJSON strings),
+Debezium's shape: ``before`` (with a pre-image ``capture.mode``), ``after`` (EJSON strings
+rendered from the raw zone's BSON),
 ``updateDescription``, ``source``, ``op``, ``ts_ms``/``ts_us``/``ts_ns``, ``transaction``; a
 tombstone's value is ``null``, as on a Kafka topic. Drops and renames have no record (Debezium
 emits none). ``--transactions`` exports the BEGIN/END records instead
@@ -20,9 +21,12 @@ import sys
 from collections.abc import Iterable, Iterator
 from typing import Any, TextIO
 
-import pyarrow.parquet as pq
+import pyarrow.compute as pc
 
-from mongo_cdc.lake import COLLECTION_OPERATIONS, TRANSACTION_DIR, list_batch_files, list_raw_files, raw_dir
+from mongo_cdc import extjson
+from mongo_cdc.lake import COLLECTION_OPERATIONS, TRANSACTION_DIR
+from mongo_cdc.landing import SourceLake, open_table
+from mongo_cdc.storage import LakeLocation
 
 
 def debezium_record(row: dict[str, Any]) -> dict[str, Any]:
@@ -30,42 +34,43 @@ def debezium_record(row: dict[str, Any]) -> dict[str, Any]:
     key = json.loads(row["key"])
     if row["op"] is None:
         return {"key": key, "value": None}
+    description = row["updateDescription"]
+    if description is not None:
+        description = {**description, "updatedFields": extjson.from_bson(description["updatedFields"])}
     return {
         "key": key,
         "value": {
-            "before": row["before"],
-            "after": row["after"],
-            "updateDescription": row["updateDescription"],
+            "before": extjson.from_bson(row["before"]) if row["before"] is not None else None,
+            "after": extjson.from_bson(row["after"]) if row["after"] is not None else None,
+            "updateDescription": description,
             "source": row["source"],
             "op": row["op"],
             "ts_ms": row["ts_ms"],
             # processing time is kept in ms: the finer units Debezium 2 adds carry the same instant
             "ts_us": row["ts_ms"] * 1000,
             "ts_ns": row["ts_ms"] * 1_000_000,
-            # files landed before the column existed have none
-            "transaction": row.get("transaction"),
+            "transaction": row["transaction"],
         },
     }
 
 
-def transaction_records(lake_root: str, prefix: str) -> list[dict[str, Any]]:
-    """Every BEGIN/END record as a Debezium transaction-topic record, in oplog order (BEGIN first)."""
-    rows = []
-    for raw in list_batch_files(raw_dir(lake_root, prefix, TRANSACTION_DIR)):
-        rows.extend(pq.read_table(raw.path).to_pylist())
+def transaction_records(source_lake: SourceLake) -> list[dict[str, Any]]:
+    """Every committed BEGIN/END record as a Debezium transaction-topic record, in oplog order (BEGIN first)."""
+    table = open_table(source_lake.source_uri(TRANSACTION_DIR), source_lake.options)
+    if table is None:
+        return []
+    keep = pc.scalar(False)
+    for rs, seq in source_lake.committed().items():
+        keep = keep | ((pc.field("rs") == rs) & (pc.field("batch_seq") <= seq))
+    rows = table.to_pyarrow_dataset().to_table(filter=keep).to_pylist()
     rows.sort(key=lambda r: (r["cluster_time"], r["status"] != "BEGIN"))
     fields = ("status", "id", "event_count", "data_collections", "ts_ms")
     return [{"key": {"id": row["id"]}, "value": {name: row[name] for name in fields}} for row in rows]
 
 
-def raw_rows(
-    lake_root: str, prefix: str, db: str, collection: str, committed_seq: int | None = None
-) -> list[dict]:
-    """A collection's raw events in oplog order (a tombstone right after its delete)."""
-    rows = []
-    for raw in list_raw_files(lake_root, prefix, db, collection):
-        if committed_seq is None or raw.seq <= committed_seq:
-            rows.extend(pq.read_table(raw.path).to_pylist())
+def raw_rows(source_lake: SourceLake, namespace: str) -> list[dict]:
+    """A collection's committed raw events in oplog order (a tombstone right after its delete)."""
+    rows = source_lake.committed_raw(namespace).to_pylist()
     return sorted(rows, key=lambda r: (r["cluster_time"], r["event_order"], r["op"] is None))
 
 
@@ -77,11 +82,11 @@ def write_json_lines(records: Iterable[dict[str, Any]], out: TextIO) -> int:
     return count
 
 
-def records(lake_root: str, prefix: str, db: str, collection: str) -> Iterator[dict[str, Any]]:
+def records(source_lake: SourceLake, namespace: str) -> Iterator[dict[str, Any]]:
     """Debezium's records of a collection; drops and renames have none (Debezium emits no event)."""
     return (
         debezium_record(row)
-        for row in raw_rows(lake_root, prefix, db, collection)
+        for row in raw_rows(source_lake, namespace)
         if row["op"] not in COLLECTION_OPERATIONS
     )
 
@@ -95,13 +100,15 @@ def main(argv: list[str] | None = None) -> int:
     what.add_argument("--transactions", action="store_true", help="the transaction BEGIN/END records")
     parser.add_argument("--output", help="file to write (default: standard output)")
     args = parser.parse_args(argv)
+    # object-store credentials come from the environment (see storage.LakeLocation.from_env)
+    source_lake = SourceLake(LakeLocation.from_env(args.lake_root), args.topic_prefix)
     if args.transactions:
-        lines: Iterable[dict[str, Any]] = transaction_records(args.lake_root, args.topic_prefix)
+        lines: Iterable[dict[str, Any]] = transaction_records(source_lake)
     else:
         db, dot, collection = args.collection.partition(".")
         if not dot or not collection:
             parser.error(f"--collection must be db.collection, got {args.collection!r}")
-        lines = records(args.lake_root, args.topic_prefix, db, collection)
+        lines = records(source_lake, args.collection)
     if args.output:
         with open(args.output, "w", encoding="utf-8") as out:
             count = write_json_lines(lines, out)

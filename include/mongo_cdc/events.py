@@ -1,7 +1,9 @@
 """Debezium-style change events built from MongoDB change-stream events and snapshot reads.
 
 Each event becomes one row of ``lake.RAW_SCHEMA``; a delete is followed by a tombstone row
-(same key, every value column null) when ``tombstones.on.delete`` is on.
+(same key, every value column null) when ``tombstones.on.delete`` is on. Documents are kept as
+BSON bytes (the server's own where there are no field rules), so every document round-trips
+exactly, whatever its field names; the transform renders JSON and typed columns from them.
 """
 
 from __future__ import annotations
@@ -10,11 +12,13 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import bson
 import pyarrow as pa
+from bson.raw_bson import RawBSONDocument
 
 from mongo_cdc import __version__, extjson
 from mongo_cdc.field_filters import CollectionFieldRules
-from mongo_cdc.lake import RAW_SCHEMA, pack_cluster_time
+from mongo_cdc.lake import RAW_SCHEMA, hour_partition, pack_cluster_time
 
 CONNECTOR = "mongodb"
 VERSION = f"mongo-cdc-{__version__}"
@@ -25,6 +29,13 @@ DATA_OPERATIONS = {"insert": "c", "update": "u", "replace": "u", "delete": "d"}
 
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+def bson_bytes(document: Any) -> bytes:
+    """The BSON of a document: its own bytes when it was read raw, else encoded again."""
+    if isinstance(document, RawBSONDocument):
+        return document.raw
+    return bson.encode(document)
 
 
 def token_cluster_time(token: dict) -> int:
@@ -103,8 +114,8 @@ def change_rows(
         "key": extjson.document_key(change["documentKey"]["_id"]),
         "op": op,
         "ts_ms": now_ms(),
-        "before": extjson.encode_str(before_document) if before_document is not None else None,
-        "after": extjson.encode_str(full_document) if full_document is not None else None,
+        "before": bson_bytes(before_document) if before_document is not None else None,
+        "after": bson_bytes(full_document) if full_document is not None else None,
         "updateDescription": _update_description(description) if description is not None else None,
         "source": source.block(
             change["ns"]["db"],
@@ -140,7 +151,7 @@ def tombstone_of(row: dict[str, Any]) -> dict[str, Any]:
 
 def _update_description(description: dict) -> dict[str, Any]:
     return {
-        "updatedFields": extjson.encode_str(description.get("updatedFields") or {}),
+        "updatedFields": bson_bytes(description.get("updatedFields") or {}),
         "removedFields": list(description.get("removedFields") or []),
         "truncatedArrays": [
             {"field": t["field"], "newSize": int(t["newSize"])}
@@ -149,19 +160,28 @@ def _update_description(description: dict) -> dict[str, Any]:
     }
 
 
-def rows_to_table(rows: list[dict[str, Any]]) -> pa.Table:
+def rows_to_table(rows: list[dict[str, Any]], seq: int) -> pa.Table:
+    """Raw rows as a table of batch ``seq`` (``lake.HISTORY_SEQ`` for backfilled history)."""
+    for row in rows:
+        row["batch_seq"] = seq
+        row["hour"] = hour_partition(row["cluster_time"])
     return pa.Table.from_pylist(rows, schema=RAW_SCHEMA)
 
 
 class SnapshotColumns:
-    """Columnar buffer of snapshot reads for one collection: the hot path of a snapshot.
+    """Columnar buffer of one collection's snapshot reads: the hot path of a snapshot.
 
-    Only ``key`` and ``after`` differ per document; the constant columns are built once per
-    flush by repeating a one-row array, which keeps the per-document cost to two encodes.
+    Only ``key`` and ``after`` differ per document, and ``after`` is the document's own BSON as the
+    server sent it (re-encoded only where field rules changed it); the constant columns are built
+    once per flush by repeating a one-row array.
     """
 
     def __init__(
-        self, source_block: dict[str, Any], cluster_time: int, fields: CollectionFieldRules | None = None
+        self,
+        source_block: dict[str, Any],
+        cluster_time: int,
+        seq: int,
+        fields: CollectionFieldRules | None = None,
     ) -> None:
         self._fields = fields
         self._constant = pa.Table.from_pylist(
@@ -176,29 +196,25 @@ class SnapshotColumns:
                     "source": source_block,
                     "cluster_time": cluster_time,
                     "event_order": "",
+                    "transaction": None,
+                    "batch_seq": seq,
+                    "hour": hour_partition(cluster_time),
                 }
             ],
             schema=RAW_SCHEMA,
         )
         self._repeated = self._constant.slice(0, 0)
         self.keys: list[str] = []
-        # str, not the bytes of extjson.encode: each of those keeps orjson's ~4 KiB buffer, so a
-        # row group of small documents would hold ~200 MiB instead of ~15 MiB (and allocate slower)
-        self.afters: list[str] = []
+        self.afters: list[bytes] = []
 
-    def add(self, document: dict) -> None:
-        if self._fields is not None:
-            document = self._fields.document(document)
-        self.keys.append(extjson.document_key(document["_id"]))
-        self.afters.append(extjson.encode_str(document))
-
-    def extend(self, documents: list[dict]) -> None:
-        """``add`` for each document (decoded with ``extjson.DECODE_OPTIONS``), with no call per document."""
-        key, encode = extjson.document_key, extjson.encode
-        if self._fields is not None:  # per-document work only when this collection has rules
-            documents = [self._fields.document(document) for document in documents]
+    def extend(self, documents: list[dict], raw: list[bytes]) -> None:
+        """Buffer documents decoded with ``extjson.DECODE_OPTIONS`` and their BSON bytes."""
+        key = extjson.document_key
         self.keys += [key(document["_id"]) for document in documents]
-        self.afters += [encode(document).decode() for document in documents]
+        if self._fields is None:
+            self.afters += raw
+        else:  # per-document work only when this collection has rules
+            self.afters += [bson_bytes(self._fields.document(document)) for document in documents]
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -210,7 +226,7 @@ class SnapshotColumns:
             self._repeated = self._constant.take(pa.array([0] * count, type=pa.int32()))
         columns = {name: self._repeated.column(name) for name in RAW_SCHEMA.names}
         columns["key"] = pa.array(self.keys, type=pa.string())
-        columns["after"] = pa.array(self.afters, type=pa.string())
+        columns["after"] = pa.array(self.afters, type=pa.binary())
         columns["ts_ms"] = pa.repeat(pa.scalar(now_ms(), pa.int64()), count)
         self.keys, self.afters = [], []
         return pa.table([columns[name] for name in RAW_SCHEMA.names], schema=RAW_SCHEMA)

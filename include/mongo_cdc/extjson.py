@@ -19,6 +19,7 @@ import base64
 import math
 from typing import Any
 
+import bson
 import orjson
 from bson import DBRef, Decimal128, Int64, MaxKey, MinKey, ObjectId, Regex, Timestamp
 from bson.binary import Binary
@@ -120,6 +121,11 @@ def encode(value: Any) -> bytes:
 
 def encode_str(value: Any) -> str:
     return encode(value).decode()
+
+
+def from_bson(data: bytes) -> str:
+    """The Extended JSON of a BSON document's bytes (the raw zone keeps documents as BSON)."""
+    return encode_str(bson.decode(data, DECODE_OPTIONS))
 
 
 def document_key(document_id: Any) -> str:

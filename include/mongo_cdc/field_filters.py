@@ -120,7 +120,10 @@ class CollectionFieldRules:
                 if (path := _rewritten_path(entry["field"], rule)) is not None
             ]
         return {
-            **description, "updatedFields": updated, "removedFields": removed, "truncatedArrays": truncated
+            **description,
+            "updatedFields": updated,
+            "removedFields": removed,
+            "truncatedArrays": truncated,
         }
 
     def _at(self, document: dict[str, Any], rule: FieldRule, depth: int) -> dict[str, Any]:

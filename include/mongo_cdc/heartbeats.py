@@ -3,29 +3,29 @@
 A heartbeat is one row ``{server_name, rs, ts_ms, cluster_time, resume_token}``: the committed
 stream position of a replica set (``resume_token`` as Extended JSON, ``cluster_time`` packed) and
 when mongo-cdc saw it (``ts_ms``), so ``ts_ms - (cluster_time >> 32) * 1000`` bounds the lag even
-of a source whose captured collections are quiet. Files go to
-``raw/<topic.prefix>/__heartbeat/hour=<YYYY-MM-DDTHH>/<rs>-<ts_ms>.parquet``, one heartbeat each,
-at most one per interval and replica set. Pulls are short (hourly micro-batches), so the interval
-is measured from the newest heartbeat file, not from the start of the pull: every pull whose last
-heartbeat is older than the interval writes one.
+of a source whose captured collections are quiet. They are appended to the Delta table
+``raw/<topic.prefix>/__heartbeat`` (partitioned by ``hour``), at most one per interval and replica
+set. Pulls are short (hourly micro-batches), so the interval is measured from the newest heartbeat
+in the table, not from the start of the pull: every pull whose last heartbeat is older than the
+interval writes one.
 
 Heartbeats report positions that are already committed, so they are written after the commit and
-need no pending protocol: a crash loses at most a heartbeat, never claims an uncommitted position.
+belong to no batch: a crash loses at most a heartbeat, never claims an uncommitted position.
 """
 
 from __future__ import annotations
 
-import os
-import re
 from collections.abc import Callable
 
 import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import write_deltalake
 
 from mongo_cdc import extjson
 from mongo_cdc.config import SourceConfig
 from mongo_cdc.events import now_ms
-from mongo_cdc.lake import HEARTBEAT_DIR, hour_partition, pack_cluster_time, raw_dir
-from mongo_cdc.landing import write_table
+from mongo_cdc.lake import HEARTBEAT_DIR, hour_partition, pack_cluster_time
+from mongo_cdc.landing import SourceLake, open_table
 from mongo_cdc.offsets import Offset
 
 HEARTBEAT_SCHEMA = pa.schema(
@@ -35,41 +35,31 @@ HEARTBEAT_SCHEMA = pa.schema(
         pa.field("ts_ms", pa.int64(), nullable=False),
         pa.field("cluster_time", pa.int64()),
         pa.field("resume_token", pa.string()),
+        pa.field("hour", pa.string(), nullable=False),
     ]
 )
 
-_FILE_NAME = re.compile(r"^(?P<rs>.+)-(?P<ts_ms>\d{15})\.parquet$")
 
-
-def heartbeat_dir(config: SourceConfig) -> str:
-    return raw_dir(config.lake_root, config.topic_prefix, HEARTBEAT_DIR)
-
-
-def last_heartbeat_ms(config: SourceConfig, rs: str) -> int | None:
-    """``ts_ms`` of the replica set's newest heartbeat file, None if it has none."""
-    base = heartbeat_dir(config)
-    hours = sorted(os.listdir(base), reverse=True) if os.path.isdir(base) else []
-    for hour in hours:
-        if not hour.startswith("hour="):
-            continue
-        stamps = [
-            int(match["ts_ms"])
-            for match in map(_FILE_NAME.match, os.listdir(os.path.join(base, hour)))
-            if match and match["rs"] == rs
-        ]
-        if stamps:
-            return max(stamps)
-    return None
+def last_heartbeat_ms(source_lake: SourceLake, rs: str) -> int | None:
+    """``ts_ms`` of the replica set's newest heartbeat, None if it has none."""
+    table = open_table(source_lake.source_uri(HEARTBEAT_DIR), source_lake.options)
+    if table is None:
+        return None
+    stamps = table.to_pyarrow_dataset().to_table(columns=["ts_ms"], filter=pc.field("rs") == rs)
+    return pc.max(stamps.column("ts_ms")).as_py() if stamps.num_rows else None
 
 
 class Heartbeats:
     """One pull's heartbeats for one replica set."""
 
-    def __init__(self, config: SourceConfig, rs: str, clock: Callable[[], int] = now_ms) -> None:
+    def __init__(
+        self, config: SourceConfig, rs: str, source_lake: SourceLake, clock: Callable[[], int] = now_ms
+    ) -> None:
         self.config = config
         self.rs = rs
+        self.source_lake = source_lake
         self.clock = clock
-        self.last_ms = last_heartbeat_ms(config, rs) if config.heartbeat_interval_ms else None
+        self.last_ms = last_heartbeat_ms(source_lake, rs) if config.heartbeat_interval_ms else None
         self.written = 0
 
     def beat(self, offset: Offset) -> None:
@@ -78,15 +68,20 @@ class Heartbeats:
         now = self.clock()
         if not interval or (self.last_ms is not None and now - self.last_ms < interval):
             return
-        hour = hour_partition(pack_cluster_time(now // 1000, 0))
-        path = os.path.join(heartbeat_dir(self.config), hour, f"{self.rs}-{now:015d}.parquet")
         row = {
             "server_name": self.config.topic_prefix,
             "rs": self.rs,
             "ts_ms": now,
             "cluster_time": offset.cluster_time,
             "resume_token": extjson.encode_str(offset.resume_token) if offset.resume_token else None,
+            "hour": hour_partition(pack_cluster_time(now // 1000, 0)),
         }
-        write_table(path, pa.Table.from_pylist([row], schema=HEARTBEAT_SCHEMA))
+        write_deltalake(
+            self.source_lake.source_uri(HEARTBEAT_DIR),
+            pa.Table.from_pylist([row], schema=HEARTBEAT_SCHEMA),
+            mode="append",
+            partition_by=["hour"],
+            storage_options=self.source_lake.options,
+        )
         self.last_ms = now
         self.written += 1

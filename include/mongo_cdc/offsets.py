@@ -10,7 +10,6 @@ in production; the store is pluggable so this module stays free of Airflow)::
       "cluster_time": 7441212415188369409,      # (t << 32) | i of that position
       "batch_seq": 42,                          # raw files with seq <= this are committed
       "snapshot": {"status": "complete", "seq": 1, "cluster_time": ..., "completed_at": "..."},
-      "pending": ["/lake/raw/.../rs0-000000000043-0000.parquet"],  # written, not yet committed
       "retired_at": "",                         # set once a removed shard's stream is drained
       "open_transaction": null,                 # a transaction the last batch ended inside of (its
                                                 # counters, see transactions.OpenTransaction)
@@ -18,10 +17,12 @@ in production; the store is pluggable so this module stays free of Airflow)::
       "updated_at": "2026-11-21T15:00:00+00:00"
     }
 
-Exactly-once landing: before a batch is written its file paths go into ``pending``; the files are
-written; then the new ``resume_token``/``batch_seq`` are committed with ``pending`` emptied in one
-store write. A run that finds ``pending`` non-empty deletes those files first: they belong to a
-batch that was written but never committed, and will be written again from the same position.
+The lake owns what is committed (``landing``): every position an offset holds is a batch in the
+lake's batch log, written before the offset. So the offset is checked against the log before a
+snapshot or pull uses it (``reconcile_with_lake``): an offset behind the log (a crash between the
+two writes, a lowered ``batch_seq``, a Variable restored from an old backup) is healed from the
+log; one that disagrees with it (another replica set's token, an edited position) or is ahead of
+it is refused with both positions and the fix.
 
 One writer per offset: a task claims the offset (``writer``) before it snapshots or pulls and
 releases it when done. A second task finding the claim held by another task that is still
@@ -32,9 +33,8 @@ crashed) is taken over.
 from __future__ import annotations
 
 import datetime as dt
-import glob
 import json
-import os
+import logging
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Protocol
@@ -42,6 +42,9 @@ from typing import Any, Protocol
 from bson import json_util
 
 from mongo_cdc import extjson
+from mongo_cdc.landing import Batch, SourceLake
+
+log = logging.getLogger(__name__)
 
 FORMAT = 1
 
@@ -72,7 +75,6 @@ class Offset:
     cluster_time: int | None = None
     batch_seq: int = 0
     snapshot: dict = field(default_factory=dict)
-    pending: tuple[str, ...] = ()
     retired_at: str = ""
     open_transaction: dict | None = None
     writer: dict | None = None
@@ -84,7 +86,6 @@ class Offset:
 
     def to_json(self) -> str:
         data = asdict(self)
-        data["pending"] = list(self.pending)
         if self.resume_token is not None:
             data["resume_token"] = json.loads(extjson.encode(self.resume_token))
         data["format"] = FORMAT
@@ -123,9 +124,10 @@ def parse_offset(key: str, text: str) -> Offset:
         problems.append("'batch_seq' must be a non-negative integer")
     if not isinstance(data.get("snapshot", {}), dict):
         problems.append("'snapshot' must be an object")
-    pending = data.get("pending", [])
-    if not isinstance(pending, list) or not all(isinstance(p, str) for p in pending):
-        problems.append("'pending' must be a list of paths")
+    if data.get("pending"):
+        problems.append(
+            "'pending' lists files of the old lake layout (plain Parquet); this mongo-cdc keeps Delta tables"
+        )
     if not isinstance(data.get("retired_at", ""), str):
         problems.append("'retired_at' must be a string")
     open_transaction = data.get("open_transaction")
@@ -146,12 +148,37 @@ def parse_offset(key: str, text: str) -> Offset:
         cluster_time=cluster_time,
         batch_seq=seq,
         snapshot=data.get("snapshot", {}),
-        pending=tuple(pending),
         retired_at=data.get("retired_at", ""),
         open_transaction=open_transaction,
         writer=writer,
         updated_at=data.get("updated_at", ""),
     )
+
+
+def _describe(cluster_time: int | None) -> str:
+    if cluster_time is None:
+        return "no position"
+    moment = dt.datetime.fromtimestamp(cluster_time >> 32, tz=dt.timezone.utc).isoformat(timespec="seconds")
+    return f"cluster time {cluster_time >> 32}.{cluster_time & 0xFFFFFFFF}, {moment}"
+
+
+def _offset_at(offset: Offset, last: Batch) -> Offset:
+    return replace(
+        offset,
+        resume_token=last.resume_token,
+        cluster_time=last.cluster_time,
+        batch_seq=last.seq,
+        open_transaction=last.open_transaction,
+        writer=None,
+    )
+
+
+def _healed_snapshot(offset: Offset, last: Batch) -> dict:
+    """A snapshot the offset still calls running is complete once the lake committed its batch."""
+    running = offset.snapshot.get("status") == "running"
+    if running and offset.snapshot.get("seq") == last.seq and last.kind == "snapshot":
+        return {**offset.snapshot, "status": "complete"}
+    return offset.snapshot
 
 
 def _is_integer(value: Any) -> bool:
@@ -173,11 +200,13 @@ def _same_task(a: dict, b: dict) -> bool:
 
 
 class OffsetKeeper:
-    """Reads and commits one replica set's offset, enforcing the pending-files protocol."""
+    """Reads and commits one replica set's offset, and checks it against the lake before it is used."""
 
-    def __init__(self, store: OffsetStore, source: str, rs: str) -> None:
+    def __init__(self, store: OffsetStore, source: str, rs: str, lake: SourceLake) -> None:
         self.store = store
         self.key = offset_key(source, rs)
+        self.rs = rs
+        self.lake = lake
 
     def claim(self, writer: dict, still_running: Callable[[dict], bool]) -> None:
         """Become the offset's only writer, unless another task that is still running holds it."""
@@ -205,29 +234,83 @@ class OffsetKeeper:
         text = self.store.get(self.key)
         return None if text is None else parse_offset(self.key, text)
 
+    def load_checked(self) -> Offset | None:
+        """The offset, healed from or checked against the lake (``reconcile_with_lake``)."""
+        return self.reconcile_with_lake(self.load(), self.lake.last_batch(self.rs))
+
+    def next_offset(self) -> Offset:
+        """A new offset (none stored): batches numbered after every one the lake holds of the replica set."""
+        last = self.lake.last_batch(self.rs)
+        return Offset(batch_seq=last.seq if last is not None else 0)
+
+    def commit_batch(self, offset: Offset, batch: Batch, **changes: Any) -> Offset:
+        """Commit ``batch`` in the lake, then move the offset to it (the lake first: see ``landing``)."""
+        self.lake.commit(batch)
+        return self.commit(
+            offset,
+            resume_token=batch.resume_token,
+            cluster_time=batch.cluster_time,
+            batch_seq=batch.seq,
+            open_transaction=batch.open_transaction,
+            **changes,
+        )
+
     def save(self, offset: Offset) -> None:
         self.store.set(self.key, offset.to_json())
 
-    def discard_uncommitted(self, offset: Offset) -> Offset:
-        """Delete files of a batch that was written but never committed; return the cleaned offset."""
-        if not offset.pending:
-            return offset
-        for pattern in offset.pending:
-            for path in glob.glob(pattern):
-                os.remove(path)
-        cleaned = replace(offset, pending=())
-        self.save(cleaned)
-        return cleaned
-
-    def begin_batch(self, offset: Offset, paths: list[str]) -> Offset:
-        staged = replace(offset, pending=tuple(paths))
-        self.save(staged)
-        return staged
-
     def commit(self, offset: Offset, **changes: Any) -> Offset:
-        committed = replace(offset, pending=(), **changes)
+        committed = replace(offset, **changes)
         self.save(committed)
         return committed
+
+    def reconcile_with_lake(self, offset: Offset | None, last: Batch | None) -> Offset | None:
+        """``offset`` checked against the lake's last committed batch of its replica set.
+
+        Healed from the lake when it is behind it; refused (``OffsetError``) when it disagrees with
+        it or is ahead of it. No offset is a reset: the next batch is numbered after the lake's.
+        """
+        if offset is None:
+            return None
+        if last is None:
+            if offset.batch_seq == 0 and offset.resume_token is None:
+                return offset
+            raise OffsetError(
+                f"offset '{self.key}' is at batch {offset.batch_seq} ({_describe(offset.cluster_time)}) but "
+                "the lake has no batch of this replica set: the lake was moved, emptied or is another one. "
+                f"{_reset_hint(self.key)}"
+            )
+        if offset.batch_seq < last.seq:
+            healed = replace(
+                offset,
+                resume_token=last.resume_token,
+                cluster_time=last.cluster_time,
+                batch_seq=last.seq,
+                open_transaction=last.open_transaction,
+                snapshot=_healed_snapshot(offset, last),
+            )
+            log.warning(
+                "offset '%s' was at batch %d (%s) but the lake committed batch %d (%s): healed from the lake",
+                self.key, offset.batch_seq, _describe(offset.cluster_time), last.seq,
+                _describe(last.cluster_time),
+            )  # fmt: skip
+            self.save(healed)
+            return healed
+        if offset.batch_seq > last.seq:
+            raise OffsetError(
+                f"offset '{self.key}' is at batch {offset.batch_seq} ({_describe(offset.cluster_time)}) but "
+                f"the lake's last committed batch of this replica set is {last.seq} "
+                f"({_describe(last.cluster_time)}): the Variable was edited or the lake lost batches. Set it "
+                f"back to the lake's position (`airflow variables set {self.key} "
+                f"'{_offset_at(offset, last).to_json()}'`), or delete it to take a new snapshot."
+            )
+        if offset.cluster_time != last.cluster_time or offset.resume_token != last.resume_token:
+            raise OffsetError(
+                f"offset '{self.key}' names batch {offset.batch_seq} at {_describe(offset.cluster_time)}, but the "
+                f"lake committed that batch at {_describe(last.cluster_time)}: the resume token was edited or "
+                "belongs to another replica set. Set it back to the lake's position (`airflow variables set "
+                f"{self.key} '{_offset_at(offset, last).to_json()}'`), or delete it to take a new snapshot."
+            )
+        return offset
 
 
 class MemoryOffsetStore:

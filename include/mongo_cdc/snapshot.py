@@ -5,20 +5,20 @@ while the copy runs is either in the copy, or in the stream, or both (replay is 
 applies events by oplog order) — never in neither.
 
 A re-snapshot (on request, or under ``when_needed`` once the stored position has left the oplog)
-is the same copy. Each snapshot batch also lands a manifest naming the collections it copied
-completely, so the transform can drop the documents that no longer exist.
+is the same copy. Each collection's copy is one Delta commit of the snapshot's batch; the batch
+log's row then commits the batch with its manifest (the collections it copied completely), so the
+transform can drop the documents that no longer exist.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import logging
-import os
 import struct
 import threading
 import time
 from collections.abc import Generator, Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -37,24 +37,18 @@ from mongo_cdc.capture_modes import captured_collection_options, require_images
 from mongo_cdc.config import SourceConfig
 from mongo_cdc.events import SnapshotColumns, SourceInfo, token_cluster_time
 from mongo_cdc.extjson import DECODE_OPTIONS
-from mongo_cdc.lake import (
-    SnapshotManifest,
-    highest_raw_seq,
-    hour_partition,
-    raw_collection_dir,
-    raw_file_name,
-    snapshot_manifest_path,
-    write_snapshot_manifest,
-)
-from mongo_cdc.landing import ROW_GROUP_BYTES, ROW_GROUP_ROWS, StreamingFileWriter
+from mongo_cdc.lake import RAW_SCHEMA
+from mongo_cdc.landing import Batch, SourceLake
 from mongo_cdc.offsets import Offset, OffsetKeeper
 from mongo_cdc.streaming import CHANGE_STREAM_HISTORY_LOST
 from mongo_cdc.topology import OwnedRanges, owned_ranges
 
 log = logging.getLogger(__name__)
 
-# Rows per raw file; a larger collection is split into parts so no single file grows unbounded.
-ROWS_PER_FILE = 2_000_000
+# Rows per Arrow batch handed to delta-rs: memory stays flat whatever the collection's size...
+ROW_GROUP_ROWS = 50_000
+# ...and, for large documents, a cap on the BSON bytes behind one batch (cut early at this size).
+ROW_GROUP_BYTES = 64 * 1024 * 1024
 # Documents decoded at a time: few enough that they are freed before the cyclic GC looks at them.
 # (Decoding a whole 16 MB batch keeps ~100k dicts alive and the GC passes over them cost ~3x the decode.)
 DECODE_CHUNK = 64
@@ -129,7 +123,10 @@ class _Progress:
                 rate = self.documents / max(now - self.started, 1e-9)
                 log.info(
                     "snapshot progress: %d/%d collections done, %d documents copied, %.0f docs/s",
-                    self.done, self.total, self.documents, rate,
+                    self.done,
+                    self.total,
+                    self.documents,
+                    rate,
                 )
 
 
@@ -187,49 +184,10 @@ def _prefetched(batches: Iterator[bytes], fetcher: ThreadPoolExecutor) -> Genera
         yield batch
 
 
-class _RawParts:
-    """The raw files of one collection: row groups are written by a background thread (Parquet
-    encoding and compression release the GIL) while the next group is encoded; a new part starts
-    once a file holds ``ROWS_PER_FILE`` rows. At most one group is in flight, so memory stays bounded."""
-
-    def __init__(self, directory: str, rs: str, seq: int, pool: ThreadPoolExecutor) -> None:
-        self._directory, self._rs, self._seq, self._pool = directory, rs, seq, pool
-        self._part = 0
-        self._writer: StreamingFileWriter | None = None
-        self._in_flight: Future | None = None
-
-    def write(self, table: pa.Table) -> None:
-        self._wait()
-        if self._writer is not None and self._writer.rows >= ROWS_PER_FILE:
-            self._writer.close()
-            self._writer, self._part = None, self._part + 1
-        if self._writer is None:
-            name = raw_file_name(self._rs, self._seq, self._part)
-            self._writer = StreamingFileWriter(os.path.join(self._directory, name))
-        self._in_flight = self._pool.submit(self._writer.write, table)
-
-    def close(self) -> None:
-        self._wait()
-        if self._writer is not None:
-            self._writer.close()
-
-    def abort(self) -> None:
-        try:
-            self._wait()
-        except BaseException:
-            pass  # the error that made us abort is what the caller reports
-        if self._writer is not None:
-            self._writer.abort()
-
-    def _wait(self) -> None:
-        if self._in_flight is not None:
-            in_flight, self._in_flight = self._in_flight, None
-            in_flight.result()
-
-
 def _copy_collection(
     client: MongoClient,
     config: SourceConfig,
+    source_lake: SourceLake,
     source: SourceInfo,
     db: str,
     collection: str,
@@ -238,53 +196,60 @@ def _copy_collection(
     cluster_time: int,
     progress: _Progress,
 ) -> int:
-    """Copy one collection into raw files: the snapshot's hot loop.
+    """Copy one collection into its raw table as one commit of batch ``seq``: the snapshot's hot loop.
 
-    Batches arrive as raw BSON (no per-document cursor objects) and are decoded ``DECODE_CHUNK``
-    documents at a time, then encoded straight to Extended JSON (``extjson.encode``, never
-    ``json_util``). Row groups hold ``ROW_GROUP_ROWS`` rows, fewer when their documents reach
-    ``ROW_GROUP_BYTES``.
+    Batches arrive as raw BSON (no per-document cursor objects); each document's bytes land as they
+    are, and only its ``_id`` is needed decoded (``DECODE_CHUNK`` documents at a time). delta-rs
+    writes the Parquet files while the next Arrow batch is built; a batch holds ``ROW_GROUP_ROWS``
+    rows, fewer when its documents reach ``ROW_GROUP_BYTES``.
     """
-    directory = os.path.join(
-        raw_collection_dir(config.lake_root, config.topic_prefix, db, collection),
-        hour_partition(cluster_time),
-    )
     block = source.block(db, collection, cluster_time, (cluster_time >> 32) * 1000, snapshot=True)
-    buffer = SnapshotColumns(block, cluster_time, config.field_filters.for_collection(db, collection))
+    buffer = SnapshotColumns(block, cluster_time, seq, config.field_filters.for_collection(db, collection))
     batches = _raw_batches(client[db].get_collection(collection), config.snapshot_fetch_size, owned)
-    copied = group_bytes = 0
-    try:
-        with ThreadPoolExecutor(max_workers=2, thread_name_prefix=f"snapshot-{db}.{collection}") as helpers:
-            parts = _RawParts(directory, source.rs, seq, helpers)
-            try:
-                for batch in _prefetched(batches, helpers):
-                    view, pos, end = memoryview(batch), 0, len(batch)
-                    while pos < end:
-                        start, room = pos, min(DECODE_CHUNK, ROW_GROUP_ROWS - len(buffer))
-                        while room and pos < end:
-                            pos += _document_size(batch, pos)[0]
-                            room -= 1
-                        if not start < pos <= end:
-                            raise InvalidBSON(f"bad document length in a batch of {db}.{collection}")
-                        buffer.extend(bson.decode_all(view[start:pos], DECODE_OPTIONS))
-                        group_bytes += pos - start
-                        if len(buffer) >= ROW_GROUP_ROWS or group_bytes >= ROW_GROUP_BYTES:
-                            copied += len(buffer)
-                            progress.add(len(buffer))
-                            parts.write(buffer.take_table())
-                            group_bytes = 0
-                if len(buffer):
+    copied = 0
+
+    def tables(prefetched: Iterator[bytes]) -> Generator[pa.RecordBatch, None, None]:
+        nonlocal copied
+        group_bytes = 0
+        for batch in prefetched:
+            view, pos, end = memoryview(batch), 0, len(batch)
+            while pos < end:
+                start, room, raw = pos, min(DECODE_CHUNK, ROW_GROUP_ROWS - len(buffer)), []
+                while room and pos < end:
+                    size = _document_size(batch, pos)[0]
+                    raw.append(batch[pos : pos + size])
+                    pos += size
+                    room -= 1
+                if not start < pos <= end:
+                    raise InvalidBSON(f"bad document length in a batch of {db}.{collection}")
+                buffer.extend(bson.decode_all(view[start:pos], DECODE_OPTIONS), raw)
+                group_bytes += pos - start
+                if len(buffer) >= ROW_GROUP_ROWS or group_bytes >= ROW_GROUP_BYTES:
                     copied += len(buffer)
                     progress.add(len(buffer))
-                    parts.write(buffer.take_table())
-                parts.close()
-            except BaseException:
-                parts.abort()
-                raise
+                    yield from buffer.take_table().to_batches()
+                    group_bytes = 0
+        if len(buffer):
+            copied += len(buffer)
+            progress.add(len(buffer))
+            yield from buffer.take_table().to_batches()
+
+    try:
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"snapshot-{db}.{collection}") as fetcher:
+            rows = tables(_prefetched(batches, fetcher))
+            first = next(rows, None)
+            if first is not None:  # an empty collection gets no commit: its manifest says it is empty
+                reader = pa.RecordBatchReader.from_batches(RAW_SCHEMA, _chain(first, rows))
+                source_lake.write_raw(source.rs, seq, f"{db}.{collection}", reader)
     finally:
         batches.close()
     progress.add(0, collection_done=True)
     return copied
+
+
+def _chain(first: pa.RecordBatch, rest: Iterator[pa.RecordBatch]) -> Generator[pa.RecordBatch, None, None]:
+    yield first
+    yield from rest
 
 
 def run_snapshot(
@@ -310,7 +275,7 @@ def run_snapshot(
     state skips. Without a streaming position to keep, every captured collection is copied.
     """
     require_images(client, config, rs)
-    stored = _stored_or_new(keeper, config, rs)
+    stored = keeper.load_checked() or keeper.next_offset()
     streams = stored.snapshot_complete and stored.resume_token is not None and not stored.retired_at
     # With snapshot.include.collection.list the collections left out are only streamed: moving the
     # position to this copy would skip their events since the stored one, so it stays when it can.
@@ -321,7 +286,7 @@ def run_snapshot(
     if only and not keeps_position:
         log.info("replica set %s has no streaming position to keep: snapshotting every collection", rs)
     # a shard that returns after being retired starts afresh, its batch numbers still increasing
-    offset = keeper.discard_uncommitted(replace(stored, retired_at=""))
+    offset = replace(stored, retired_at="")
     token = current_position(client)
     cluster_time = token_cluster_time(token)
     if keeps_position and only:
@@ -335,25 +300,13 @@ def run_snapshot(
     # still counts as its own (migrations emit no events). The running offset keeps the flag for a
     # retry of such a copy.
     back_from_retirement = bool(stored.retired_at) or stored.snapshot.get("back_from_retirement", False)
-    manifest = SnapshotManifest(rs, seq, cluster_time, tuple(f"{db}.{coll}" for db, coll in collections))
-    hour = hour_partition(cluster_time)
-    pending = [
-        os.path.join(
-            raw_collection_dir(config.lake_root, config.topic_prefix, db, coll),
-            hour,
-            f"{rs}-{seq:012d}-*.parquet",
-        )
-        for db, coll in collections
-    ]
-    if not back_from_retirement:
-        pending.append(snapshot_manifest_path(config.lake_root, config.topic_prefix, rs, seq))
     snapshot_info = {
         "status": "running",
         "seq": seq,
         "cluster_time": cluster_time,
         "back_from_retirement": back_from_retirement,
     }
-    offset = keeper.begin_batch(replace(offset, snapshot=snapshot_info), pending)
+    offset = keeper.commit(offset, snapshot=snapshot_info)
     log.info("snapshot of %s: %d collections from position %s", rs, len(collections), token["_data"][:18])
     source = SourceInfo(config.topic_prefix, rs)
     progress = _Progress(len(collections))
@@ -364,6 +317,7 @@ def run_snapshot(
                 _copy_collection,
                 client,
                 config,
+                keeper.lake,
                 source,
                 db,
                 coll,
@@ -377,8 +331,19 @@ def run_snapshot(
         for namespace, future in futures.items():
             result.documents[namespace] = future.result()
     result.seconds = time.monotonic() - progress.started
-    if not back_from_retirement:
-        write_snapshot_manifest(config.lake_root, config.topic_prefix, manifest)
+    copied = tuple(f"{db}.{coll}" for db, coll in collections)
+    position = (stored.resume_token, stored.cluster_time) if keeps_position else (token, cluster_time)
+    batch = Batch(
+        rs=rs,
+        seq=seq,
+        kind="snapshot",
+        resume_token=position[0],
+        cluster_time=position[1],
+        snapshot_cluster_time=cluster_time,
+        collections=None if back_from_retirement else copied,
+        namespaces=tuple(namespace for namespace, count in result.documents.items() if count),
+        open_transaction=stored.open_transaction if keeps_position else None,
+    )
     snapshot_info = {
         "status": "complete",
         "seq": seq,
@@ -386,33 +351,28 @@ def run_snapshot(
         "documents": result.total,
         "completed_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
     }
-    position = {"resume_token": token, "cluster_time": cluster_time}
     if keeps_position:
-        snapshot_info["collections"] = list(manifest.collections)
-        position = {}
-    keeper.commit(offset, batch_seq=seq, snapshot=snapshot_info, **position)
+        snapshot_info["collections"] = list(copied)
+    keeper.commit_batch(offset, batch, snapshot=snapshot_info)
     log.info(
         "snapshot of %s complete: %d documents in %.1fs (%.0f docs/s)",
-        rs, result.total, result.seconds, result.total / max(result.seconds, 1e-9),
+        rs,
+        result.total,
+        result.seconds,
+        result.total / max(result.seconds, 1e-9),
     )
     return result
 
 
-def _stored_or_new(keeper: OffsetKeeper, config: SourceConfig, rs: str) -> Offset:
-    """The stored offset, or a new one numbering batches after any this replica set already landed."""
-    return keeper.load() or Offset(batch_seq=highest_raw_seq(config.lake_root, config.topic_prefix, rs))
-
-
-def start_without_snapshot(
-    client: MongoClient, config: SourceConfig, rs: str, keeper: OffsetKeeper
-) -> Offset:
-    """snapshot.mode never/no_data: stream from now on, copying nothing."""
-    offset = _stored_or_new(keeper, config, rs)
+def start_without_snapshot(client: MongoClient, rs: str, keeper: OffsetKeeper) -> Offset:
+    """snapshot.mode never/no_data: stream from now on, copying nothing (a batch with no rows)."""
+    offset = keeper.load_checked() or keeper.next_offset()
     token = current_position(client)
-    return keeper.commit(
-        offset,
+    batch = Batch(
+        rs=rs,
+        seq=offset.batch_seq + 1,
+        kind="start",
         resume_token=token,
         cluster_time=token_cluster_time(token),
-        snapshot={"status": "complete", "skipped": True},
-        retired_at="",
     )
+    return keeper.commit_batch(offset, batch, snapshot={"status": "complete", "skipped": True}, retired_at="")

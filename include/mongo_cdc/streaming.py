@@ -19,7 +19,6 @@ pull's result (Debezium's ``NumberOfDisconnects`` / ``NumberOfPrimaryElections``
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -34,18 +33,8 @@ from mongo_cdc.collection_events import collection_row, rename_namespaces, renam
 from mongo_cdc.config import SourceConfig
 from mongo_cdc.events import DATA_OPERATIONS, SourceInfo, change_rows, rows_to_table, token_cluster_time
 from mongo_cdc.heartbeats import Heartbeats
-from mongo_cdc.lake import (
-    DROP,
-    RENAME,
-    SnapshotManifest,
-    hour_partition,
-    pack_cluster_time,
-    raw_collection_dir,
-    raw_file_name,
-    snapshot_manifest_path,
-    write_snapshot_manifest,
-)
-from mongo_cdc.landing import write_table
+from mongo_cdc.lake import DROP, RENAME, TRANSACTION_DIR, pack_cluster_time
+from mongo_cdc.landing import Batch
 from mongo_cdc.offsets import Offset, OffsetError, OffsetKeeper
 from mongo_cdc.oversized_events import (
     BSON_OBJECT_TOO_LARGE,
@@ -56,7 +45,7 @@ from mongo_cdc.oversized_events import (
     too_large_error,
 )
 from mongo_cdc.oversized_events import pipeline as oversize_pipeline
-from mongo_cdc.transactions import TransactionTracker
+from mongo_cdc.transactions import TRANSACTION_SCHEMA, TransactionTracker
 
 log = logging.getLogger(__name__)
 
@@ -149,54 +138,45 @@ def last_applied(client: MongoClient) -> int:
     return pack_cluster_time(applied.time, applied.inc)
 
 
-def rows_by_partition(config: SourceConfig, rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    """Raw rows grouped by the directory they land in: their collection's hour partition."""
+def rows_by_collection(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Raw rows grouped by the raw table they land in: ``<db>.<collection>``."""
     groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for row in rows:
         source = row["source"]
-        directory = os.path.join(
-            raw_collection_dir(config.lake_root, config.topic_prefix, source["db"], source["collection"]),
-            hour_partition(row["cluster_time"]),
-        )
-        groups[directory].append(row)
+        groups[f"{source['db']}.{source['collection']}"].append(row)
     return groups
 
 
 def _land(
     keeper: OffsetKeeper,
     offset: Offset,
-    config: SourceConfig,
     rs: str,
     batch: MicroBatch,
     token: dict,
     transactions: TransactionTracker,
 ) -> Offset:
-    """Write one micro-batch (one file per collection and hour, plus its transaction records), then
-    commit its resume token."""
+    """Land one micro-batch (a commit per raw table, plus its transaction records), then commit it with
+    its resume token (``landing``)."""
     seq = offset.batch_seq + 1
-    groups = rows_by_partition(config, batch.rows)
-    paths = {
-        directory: os.path.join(directory, raw_file_name(rs, seq, part))
-        for part, directory in enumerate(groups)
-    }
-    manifest = SnapshotManifest(rs, seq, batch.copy_position, batch.copied) if batch.copied else None
-    transaction_files = transactions.batch_files(config.lake_root, config.topic_prefix, seq)
-    pending = [*paths.values(), *transaction_files]
-    if manifest is not None:
-        pending.append(snapshot_manifest_path(config.lake_root, config.topic_prefix, rs, seq))
-    offset = keeper.begin_batch(offset, pending)
-    for directory, rows in groups.items():
-        write_table(paths[directory], rows_to_table(rows))
-    for path, table in transaction_files.items():
-        write_table(path, table)
-    if manifest is not None:
-        write_snapshot_manifest(config.lake_root, config.topic_prefix, manifest)
-    committed = keeper.commit(
+    groups = rows_by_collection(batch.rows)
+    for namespace, rows in groups.items():
+        keeper.lake.write_raw(rs, seq, namespace, rows_to_table(rows, seq))
+    records = transactions.batch_table(seq)
+    if records is not None:
+        keeper.lake.write(keeper.lake.source_uri(TRANSACTION_DIR), rs, seq, records, TRANSACTION_SCHEMA, "rs")
+    committed = keeper.commit_batch(
         offset,
-        resume_token=token,
-        cluster_time=token_cluster_time(token),
-        batch_seq=seq,
-        open_transaction=transactions.state(),
+        Batch(
+            rs=rs,
+            seq=seq,
+            kind="stream",
+            resume_token=token,
+            cluster_time=token_cluster_time(token),
+            snapshot_cluster_time=batch.copy_position if batch.copied else None,
+            collections=batch.copied or None,
+            namespaces=tuple(sorted(groups)),
+            open_transaction=transactions.state(),
+        ),
     )
     transactions.landed()
     return committed
@@ -248,7 +228,7 @@ class _ChangeReader:
         self.transactions = TransactionTracker(
             config.provide_transaction_metadata, rs, offset.open_transaction
         )
-        self.heartbeats = Heartbeats(config, rs)
+        self.heartbeats = Heartbeats(config, rs, keeper.lake)
         self.target: int | None = None
         self.primary: tuple[str, int] | None = None
         self.failures = 0
@@ -319,8 +299,17 @@ class _ChangeReader:
                     # what is left are operations that are not captured, seen since the last batch
                     self.result.add_counts(batch)
                     if token != self.offset.resume_token:
-                        self.offset = self.keeper.commit(
-                            self.offset, resume_token=token, cluster_time=token_cluster_time(token)
+                        # a batch with no rows: the lake records every position an offset holds
+                        self.offset = self.keeper.commit_batch(
+                            self.offset,
+                            Batch(
+                                rs=self.rs,
+                                seq=self.offset.batch_seq + 1,
+                                kind="position",
+                                resume_token=token,
+                                cluster_time=token_cluster_time(token),
+                                open_transaction=self.transactions.state(),
+                            ),
                         )
                     self.heartbeats.beat(self.offset)
                     return True
@@ -330,7 +319,7 @@ class _ChangeReader:
         return bool(batch.events or self.transactions.records)
 
     def _land(self, batch: MicroBatch, token: dict) -> None:
-        self.offset = _land(self.keeper, self.offset, self.config, self.rs, batch, token, self.transactions)
+        self.offset = _land(self.keeper, self.offset, self.rs, batch, token, self.transactions)
         self.start_after = None
         self.result.batches += 1
         self.result.add_counts(batch)
@@ -415,7 +404,7 @@ def pull_changes(
 
     ``sleep`` waits out the reconnection backoff (tests pass their own).
     """
-    offset = keeper.load()
+    offset = keeper.load_checked()
     if offset is None or offset.resume_token is None:
         raise OffsetError(
             f"offset '{keeper.key}' has no resume position yet; the snapshot step must run first "
@@ -424,7 +413,7 @@ def pull_changes(
     if config.cursor_oversize_handling_mode == "split":
         check_split_supported(client, rs)
     require_images(client, config, rs)
-    reader = _ChangeReader(client, config, rs, keeper, keeper.discard_uncommitted(offset))
+    reader = _ChangeReader(client, config, rs, keeper, offset)
     while True:
         try:
             if reader.read():

@@ -2,9 +2,9 @@
 
 Every data event of a multi-document transaction gets a ``transaction`` block
 ``{id, total_order, data_collection_order}``; each transaction gets a BEGIN record before its first
-event and an END record (``event_count``, ``data_collections``) once it is over. They land under
-``raw/<topic.prefix>/transaction/hour=.../<rs>-<seq>-<part>.parquet`` in the micro-batch that read
-them, through the same pending/commit protocol as its data files.
+event and an END record (``event_count``, ``data_collections``) once it is over. They land in the
+Delta table ``raw/<topic.prefix>/transaction`` with the micro-batch that read them, as part of
+its batch (``landing``).
 
 The id is ``<lsid.id>:<txnNumber>``: a session's UUID and its transaction number, which together
 name one transaction of one replica set. Only captured events count: a transaction that changed
@@ -20,7 +20,6 @@ reopened there, in this pull or the next, carries on counting.
 from __future__ import annotations
 
 import copy
-import os
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,7 +27,7 @@ from typing import Any
 import pyarrow as pa
 from bson.binary import Binary
 
-from mongo_cdc.lake import TRANSACTION_DIR, hour_partition, pack_cluster_time, raw_dir, raw_file_name
+from mongo_cdc.lake import hour_partition, pack_cluster_time
 
 TRANSACTION_SCHEMA = pa.schema(
     [
@@ -46,6 +45,9 @@ TRANSACTION_SCHEMA = pa.schema(
         pa.field("rs", pa.string(), nullable=False),
         # the commit's oplog position, shared by every event of the transaction
         pa.field("cluster_time", pa.int64(), nullable=False),
+        # the replica set's batch that landed the record, and the partition (as in raw tables)
+        pa.field("batch_seq", pa.int64(), nullable=False),
+        pa.field("hour", pa.string(), nullable=False),
     ]
 )
 
@@ -138,18 +140,15 @@ class TransactionTracker:
             self.records.append(self._record("END", self.current))
             self.current = None
 
-    def batch_files(self, lake_root: str, prefix: str, seq: int) -> dict[str, pa.Table]:
-        """The records of the batch being landed as ``{path: table}``, one file per hour."""
-        groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
-        for record in self.records:
-            groups[hour_partition(record["cluster_time"])].append(record)
-        directory = raw_dir(lake_root, prefix, TRANSACTION_DIR)
-        return {
-            os.path.join(directory, hour, raw_file_name(self.rs, seq, part)): pa.Table.from_pylist(
-                records, schema=TRANSACTION_SCHEMA
-            )
-            for part, (hour, records) in enumerate(groups.items())
-        }
+    def batch_table(self, seq: int) -> pa.Table | None:
+        """The records of batch ``seq`` being landed, or None when it has none."""
+        if not self.records:
+            return None
+        rows = [
+            {**record, "batch_seq": seq, "hour": hour_partition(record["cluster_time"])}
+            for record in self.records
+        ]
+        return pa.Table.from_pylist(rows, schema=TRANSACTION_SCHEMA)
 
     def state(self) -> dict[str, Any] | None:
         """What the offset keeps of the open transaction once the batch being landed commits."""

@@ -37,7 +37,9 @@ from pymongo import MongoClient
 from pymongo.errors import ConnectionFailure
 
 from mongo_cdc.config import SourceConfig, SourceConfigError, load_sources, sources_dir
-from mongo_cdc.offsets import Offset, OffsetKeeper, offset_key
+from mongo_cdc.landing import SourceLake
+from mongo_cdc.offsets import Offset, OffsetKeeper
+from mongo_cdc.storage import LakeLocation
 from mongo_cdc.topology import Shard, discover_shards, reconcile, topology_changed
 from mongo_cdc_airflow.connections import VariableOffsetStore, mongo_client, shard_client
 
@@ -98,8 +100,12 @@ def backfill_interval_hours() -> list[str]:
     return hour_partitions(context["data_interval_start"], context["data_interval_end"])
 
 
+def source_lake(config: SourceConfig) -> SourceLake:
+    return SourceLake(LakeLocation(config.lake_root), config.topic_prefix)
+
+
 def _keeper(config: SourceConfig, rs: str) -> OffsetKeeper:
-    return OffsetKeeper(VariableOffsetStore(), config.name, rs)
+    return OffsetKeeper(VariableOffsetStore(), config.name, rs, source_lake(config))
 
 
 def sole_writer(config: SourceConfig) -> Callable[[Callable[..., dict]], Callable[..., dict]]:
@@ -302,7 +308,7 @@ def build_cdc_dag(config: SourceConfig) -> DAG:
                                 )
                         return {"documents": result.documents, "seconds": round(result.seconds, 3)}
                     if offset is None or offset.resume_token is None:
-                        start_without_snapshot(client, config, shard.rs, keeper)
+                        start_without_snapshot(client, shard.rs, keeper)
             except ConnectionFailure as exc:
                 raise _unreachable(shard, exc) from None
             return {"documents": {}, "seconds": 0}
@@ -338,7 +344,7 @@ def build_cdc_dag(config: SourceConfig) -> DAG:
             start, end = context["data_interval_start"], context["data_interval_end"]
             offset = _keeper(config, shard.rs).load()
             with shard_client(config.mongo_conn_id, shard) as client:
-                result = backfill_interval(client, config, shard.rs, offset, start, end)
+                result = backfill_interval(client, config, shard.rs, offset, start, end, source_lake(config))
             return {"rs": shard.rs, "events": result.history_events, "backfill": result.to_dict()}
 
         @task_group
@@ -347,25 +353,13 @@ def build_cdc_dag(config: SourceConfig) -> DAG:
 
         @task(trigger_rule=TriggerRule.ALL_DONE)
         def plan_transform() -> list[str]:
-            """Spark arguments; committed batches of every replica set this source ever streamed.
-
-            Runs even when a shard failed, so the other shards' data still lands; the offsets
-            (not this run's XComs) say what is committed, retired shards included.
-            """
-            store = VariableOffsetStore()
-            prefix = offset_key(config.name, "")
-            committed = {}
-            for key in store.keys(prefix):
-                if key != topology_variable(config.name):
-                    offset = _keeper(config, key.removeprefix(prefix)).load()
-                    committed[key.removeprefix(prefix)] = offset.batch_seq if offset else 0
+            """Spark arguments. Runs even when a shard failed, so the other shards' data still lands
+            (the lake's batch log, not this run's XComs, says what is committed)."""
             return [
                 "--lake-root",
                 config.lake_root,
                 "--topic-prefix",
                 config.topic_prefix,
-                "--committed",
-                json.dumps(committed, sort_keys=True),
                 *config.flattening.spark_arguments(),
                 *(["--rebuild-hours", json.dumps(backfill_interval_hours())] if is_backfill() else []),
             ]

@@ -2,8 +2,7 @@
 
 Events are ordered by ``ChangeEvent.position``. An event at or before the position already
 reached is skipped, so a replayed (duplicate or older) event never overwrites newer state and
-folding the same events twice gives the same result. Deletes are kept as versions without a
-document: their position stops an older insert, replayed later, from resurrecting the document.
+folding the same events twice gives the same result. A deletion is a version without a document.
 
 An update without ``after`` is applied to the previous version like MongoDB would: removed
 fields deleted, truncated arrays cut, then updated fields set (a numeric path component indexes
@@ -26,29 +25,23 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
-import orjson
+import bson
 
-from mongo_cdc.lake import SnapshotManifest
-from mongo_cdc.transform import ejson_types as types
+from mongo_cdc import extjson
+from mongo_cdc.extjson import DECODE_OPTIONS
+from mongo_cdc.landing import SnapshotManifest
 from mongo_cdc.transform.raw_events import ChangeEvent
-
-# The state table's leading columns: a DocumentVersion's fields, in the same order.
-STATE_METADATA_COLUMNS: tuple[tuple[str, types.ColumnType], ...] = (
-    ("__id", types.STRING),
-    ("__doc", types.STRING),
-    ("__cluster_time", types.LONG),
-    ("__event_order", types.STRING),
-    ("__rs", types.STRING),
-)
 
 
 class DocumentVersion(NamedTuple):
-    document_id: str
-    document: str | None  # EJSON text; None once deleted
+    """A document's latest version: what the state table holds of it (or a deletion, document None)."""
+
+    key: str  # the normalised _id (transform.keys): equal _ids in MongoDB's eyes have one key
+    document_id_json: str  # Extended JSON of _id as the document holds it now
+    document: bytes | None  # BSON; None once deleted
     cluster_time: int
     event_order: str
-    # the replica set of the last event applied; None in state versions written before it was kept
-    rs: str | None = None
+    rs: str | None  # the replica set of the last event applied
 
     @property
     def position(self) -> tuple[int, str]:
@@ -56,30 +49,42 @@ class DocumentVersion(NamedTuple):
 
 
 def fold_events(
-    document_id: str, previous: DocumentVersion | None, events: Iterable[ChangeEvent]
+    key: str, previous: DocumentVersion | None, events: Iterable[ChangeEvent]
 ) -> DocumentVersion | None:
     """The version after applying ``events`` (any order) to ``previous``; None if nothing is known."""
     version = previous
-    # The parsed document while updates without `after` are applied; its text is stale then.
+    # The decoded document while updates without `after` are applied; its bytes are stale then.
     parsed: dict | None = None
     for event in sorted(events, key=lambda event: event.position):
         if event.op is None or (version is not None and event.position <= version.position):
             continue
+        document_id_json = event.document_id_json
         if event.op == "d":
-            text, parsed = None, None
-        elif event.after is not None:
-            text, parsed = event.after, None
+            data, parsed = None, None
+        elif event.after_bson is not None:
+            data, parsed = event.after_bson, None
+            document_id_json = _id_json(event)
         elif event.op == "u" and event.update_description is not None:
             if parsed is None:
-                parsed = _document_to_update(document_id, version)
+                parsed = _document_to_update(event, version)
             apply_update(parsed, event.update_description)
-            text = None
+            data = None
         else:
             continue  # no document data to apply (an update whose lookup found nothing)
-        version = DocumentVersion(document_id, text, event.cluster_time, event.event_order, event.rs)
-    if parsed is not None:
-        version = version._replace(document=orjson.dumps(parsed).decode())
+        version = DocumentVersion(
+            key, document_id_json, data, event.cluster_time, event.event_order, event.rs
+        )
+    if parsed is not None and version is not None:
+        version = version._replace(document=bson.encode(parsed))
     return version
+
+
+def _id_json(event: ChangeEvent) -> str:
+    """The Extended JSON of the document's own _id (a replace may change its type, not its value)."""
+    after = event.after
+    return (
+        extjson.encode_str(after["_id"]) if after is not None and "_id" in after else event.document_id_json
+    )
 
 
 def reconcile_with_snapshots(
@@ -115,10 +120,10 @@ def drop_with_collection(
     return version._replace(document=None, cluster_time=cluster_time, event_order=event_order)
 
 
-def _document_to_update(document_id: str, version: DocumentVersion | None) -> dict:
+def _document_to_update(event: ChangeEvent, version: DocumentVersion | None) -> dict:
     if version is not None and version.document is not None:
-        return orjson.loads(version.document)
-    return {"_id": orjson.loads(document_id)}
+        return bson.decode(version.document, DECODE_OPTIONS)
+    return {"_id": event.document_id}
 
 
 def apply_update(document: dict, update_description: dict[str, Any]) -> dict:
@@ -129,10 +134,8 @@ def apply_update(document: dict, update_description: dict[str, Any]) -> dict:
         array = _get_path(document, truncation["field"].split("."))
         if isinstance(array, list):
             del array[truncation["newSize"] :]
-    updated_fields = update_description.get("updatedFields")
-    if updated_fields:
-        for path, value in orjson.loads(updated_fields).items():
-            set_path(document, path, value)
+    for path, value in (update_description.get("updatedFields") or {}).items():
+        set_path(document, path, value)
     return document
 
 

@@ -1,28 +1,55 @@
-"""Raw lake batches: which files and snapshot manifests a table still has to apply, and raw rows as events."""
+"""Raw rows as change events, and which of them a derived table still has to apply.
+
+A derived table records, per replica set, the last batch it applied (a Delta app transaction of
+its own: ``applied_app_id``). Its new events are the raw rows of committed batches past that
+(``BatchWindow``); backfilled history rows (``lake.HISTORY_SEQ``) belong to no batch.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any, NamedTuple, Protocol, TypeVar
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
+import bson
 import orjson
-import pyarrow.parquet as pq
+import pyarrow.compute as pc
+from bson import json_util
 
-from mongo_cdc.lake import parse_history_file, parse_raw_file
+from mongo_cdc.extjson import DECODE_OPTIONS
+from mongo_cdc.lake import HISTORY_SEQ
 
-_COLUMNS = ["key", "op", "ts_ms", "after", "updateDescription", "source", "cluster_time", "event_order"]
+RAW_COLUMNS = [
+    "key",
+    "op",
+    "ts_ms",
+    "after",
+    "updateDescription",
+    "source",
+    "cluster_time",
+    "event_order",
+    "batch_seq",
+]
+# _id values as the raw key holds them (Extended JSON): dates exact to the millisecond
+_KEY_OPTIONS = json_util.JSONOptions(datetime_conversion=bson.DatetimeConversion.DATETIME_MS)
 
 
 class ChangeEvent(NamedTuple):
-    document_id: str  # the EJSON of _id, as in the key: {"id": "<EJSON of _id>"}
-    op: str | None  # r, c, u, d; None for a tombstone
+    document_id: Any  # the _id value, decoded (``extjson.DECODE_OPTIONS`` types)
+    document_id_json: str  # the Extended JSON of _id, as in the key: {"id": "<EJSON of _id>"}
+    op: str | None  # r, c, u, d, drop, rename; None for a tombstone
     ts_ms: int | None  # when mongo-cdc processed the event
-    after: str | None
-    update_description: dict | None  # updatedFields (EJSON text), removedFields, truncatedArrays
+    after_bson: bytes | None  # the document as the raw zone holds it (BSON)
+    update_description: dict | None  # updatedFields (a decoded document), removedFields, truncatedArrays
     source: dict[str, Any] | None  # the raw source struct: ts_ms, rs, collection... (see lake.RAW_SCHEMA)
     cluster_time: int
     event_order: str  # hex resume token; "" (a snapshot read) sorts first
-    rs: str  # the replica set whose oplog or snapshot the event came from (its raw file's rs)
+    rs: str  # the replica set whose oplog or snapshot the event came from
+
+    @property
+    def after(self) -> dict | None:
+        """The document, decoded (``extjson.DECODE_OPTIONS``)."""
+        return _decoded(self.after_bson)
 
     @property
     def position(self) -> tuple[int, str]:
@@ -30,50 +57,68 @@ class ChangeEvent(NamedTuple):
         return self.cluster_time, self.event_order
 
 
-def event_from_row(row: dict[str, Any], rs: str) -> ChangeEvent:
+def event_from_row(row: dict[str, Any]) -> ChangeEvent:
+    id_json = orjson.loads(row["key"])["id"]
+    description = row["updateDescription"]
+    if description is not None:
+        description = {**description, "updatedFields": _decoded(description["updatedFields"])}
     return ChangeEvent(
-        document_id=orjson.loads(row["key"])["id"],
+        document_id=json_util.loads(id_json, json_options=_KEY_OPTIONS) if id_json is not None else None,
+        document_id_json=id_json,
         op=row["op"],
         ts_ms=row["ts_ms"],
-        after=row["after"],
-        update_description=row["updateDescription"],
+        after_bson=row["after"],
+        update_description=description,
         source=row["source"],
         cluster_time=row["cluster_time"],
         event_order=row["event_order"],
-        rs=rs,
+        rs=row["source"]["rs"],
     )
 
 
-def read_raw_file(path: str) -> list[ChangeEvent]:
-    """Every event of one raw (or history) Parquet file, tombstones included, in file order."""
-    rows = pq.ParquetFile(path).read(columns=_COLUMNS).to_pylist()
-    rs = (parse_raw_file(path) or parse_history_file(path)).rs
-    return [event_from_row(row, rs) for row in rows]
+def _decoded(data: bytes | None) -> dict | None:
+    return bson.decode(data, DECODE_OPTIONS) if data is not None else None
 
 
-class Batched(Protocol):
-    """Part of a replica set's numbered batch: a raw file or a snapshot manifest."""
+@dataclass(frozen=True)
+class BatchWindow:
+    """Which raw rows a table applies in this run: per replica set, batches in (applied, committed]."""
 
-    @property
-    def rs(self) -> str: ...
+    applied: Mapping[str, int]
+    committed: Mapping[str, int]
 
     @property
-    def seq(self) -> int: ...
+    def is_empty(self) -> bool:
+        return all(seq <= self.applied.get(rs, 0) for rs, seq in self.committed.items())
+
+    def filter(self) -> pc.Expression:
+        keep = pc.scalar(False)
+        for rs, seq in self.committed.items():
+            low = self.applied.get(rs, 0)
+            if seq > low:
+                in_window = (pc.field("batch_seq") > low) & (pc.field("batch_seq") <= seq)
+                keep = keep | ((pc.field("source", "rs") == rs) & in_window)
+        return keep
+
+    def may_hold(self, min_seq: int | None, max_seq: int | None) -> bool:
+        """Whether a file whose ``batch_seq`` statistics are [min_seq, max_seq] may hold rows of the window."""
+        if max_seq is None or min_seq is None:
+            return True
+        return any(
+            max_seq > self.applied.get(rs, 0) and min_seq <= seq
+            for rs, seq in self.committed.items()
+            if seq > self.applied.get(rs, 0)
+        )
 
 
-BatchedT = TypeVar("BatchedT", bound=Batched)
+def committed_filter(committed: Mapping[str, int]) -> pc.Expression:
+    """Every row of a committed batch, and every history row (a backfill's rebuilt hours read these)."""
+    keep = pc.field("batch_seq") == HISTORY_SEQ
+    for rs, seq in committed.items():
+        keep = keep | ((pc.field("source", "rs") == rs) & (pc.field("batch_seq") <= seq))
+    return keep
 
 
-def committed_files(files: Iterable[BatchedT], committed: dict[str, int]) -> list[BatchedT]:
-    """The files that belong to the lake: seq at or below its replica set's committed batch_seq."""
-    return [raw for raw in files if raw.rs in committed and raw.seq <= committed[raw.rs]]
-
-
-def files_after(files: Iterable[BatchedT], watermarks: dict[str, int]) -> list[BatchedT]:
-    """The files not yet applied to a table whose per-replica-set watermarks are given."""
-    return [raw for raw in files if raw.seq > watermarks.get(raw.rs, -1)]
-
-
-def advance_watermarks(watermarks: dict[str, int], committed: dict[str, int]) -> dict[str, int]:
-    """Watermarks once every committed file is applied (never moving one back)."""
-    return {**watermarks, **{rs: max(seq, watermarks.get(rs, -1)) for rs, seq in committed.items()}}
+def applied_app_id(table: str, rs: str) -> str:
+    """The app transaction id under which a derived table records the last batch of ``rs`` it applied."""
+    return f"mongo-cdc-{table}/{rs}"
