@@ -104,23 +104,20 @@ def apply_changes(db) -> None:
     db.customers.delete_one({"_id": Int64(1002)})
 
 
-def raw_ops(lake_root: str, prefix: str, db: str, collection: str) -> Counter:
-    import pyarrow.parquet as pq
+def raw_ops(lake_root: str, prefix: str, namespace: str) -> Counter:
+    from mongo_cdc.landing import SourceLake
+    from mongo_cdc.storage import LakeLocation
 
-    from mongo_cdc.lake import list_raw_files
-
-    ops: Counter = Counter()
-    for raw in list_raw_files(lake_root, prefix, db, collection):
-        ops.update(
-            op or "tombstone" for op in pq.read_table(raw.path, columns=["op"]).column("op").to_pylist()
-        )
-    return ops
+    ops = SourceLake(LakeLocation(lake_root), prefix).committed_raw(namespace, columns=["op"]).column("op")
+    return Counter(op or "tombstone" for op in ops.to_pylist())
 
 
-def table_rows(path: str) -> int:
-    import pyarrow.parquet as pq
+def table_rows(uri: str) -> int:
+    """Live rows of a Delta table (as any Delta reader counts them), 0 if it has none yet."""
+    from mongo_cdc.landing import open_table
 
-    return pq.read_table(path).num_rows if os.path.exists(path) else 0
+    table = open_table(uri, {})
+    return 0 if table is None else table.to_pyarrow_dataset().count_rows()
 
 
 def run_dag(label: str) -> None:
@@ -135,15 +132,17 @@ def run_dag(label: str) -> None:
 
 
 def report(client, lake_root: str, prefix: str) -> bool:
-    from mongo_cdc.lake import table_path
+    from mongo_cdc.lake import table_uri
+    from mongo_cdc.storage import LakeLocation
 
+    location = LakeLocation(lake_root)
     matches = True
     print(f"{'collection':<22}{'live docs':>10}{'state rows':>12}{'change rows':>13}  raw events by op")
     for collection in ("customers", "orders", "products"):
         live = client.inventory[collection].count_documents({})
-        state = table_rows(table_path(lake_root, "state", prefix, "inventory", collection))
-        changes = table_rows(table_path(lake_root, "changes", prefix, "inventory", collection))
-        ops = raw_ops(lake_root, prefix, "inventory", collection)
+        state = table_rows(table_uri(location, "state", prefix, "inventory", collection))
+        changes = table_rows(table_uri(location, "changes", prefix, "inventory", collection))
+        ops = raw_ops(lake_root, prefix, f"inventory.{collection}")
         flag = "" if live == state else "   <-- MISMATCH"
         matches &= live == state
         by_op = ", ".join(f"{op}={n}" for op, n in sorted(ops.items()))
