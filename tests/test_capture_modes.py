@@ -11,6 +11,7 @@ import dataclasses
 import os
 import re
 
+import bson
 import pytest
 import yaml
 from bson import json_util
@@ -19,7 +20,9 @@ from cdc_support import assert_state_equals_collection
 from mongo_cdc.capture_modes import ImagesNotEnabledError, watch_options
 from mongo_cdc.config import SourceConfig, SourceConfigError, load_source
 from mongo_cdc.debezium_export import debezium_record, raw_rows
+from mongo_cdc.landing import SourceLake
 from mongo_cdc.snapshot import run_snapshot
+from mongo_cdc.storage import LakeLocation
 from mongo_cdc.streaming import pull_changes
 from mongo_cdc.testing.lake import memory_keeper
 from mongo_cdc.topology import make_client
@@ -49,8 +52,8 @@ def _config(tmp_path, db_name: str, **settings) -> SourceConfig:
     )
 
 
-def _document(ejson: str | None) -> dict | None:
-    return None if ejson is None else json_util.loads(ejson)
+def _document(data: bytes | None) -> dict | None:
+    return None if data is None else bson.decode(data)
 
 
 def _capture(replica_set, db_name: str, config: SourceConfig) -> list[dict]:
@@ -69,7 +72,7 @@ def _capture(replica_set, db_name: str, config: SourceConfig) -> list[dict]:
         db.items.update_one({"_id": 2}, {"$set": {"n": 1}})
         db.items.update_one({"_id": 2}, {"$set": {"n": 2}})
         pull_changes(client, config, "rs0", keeper)
-    return raw_rows(config.lake_root, config.topic_prefix, db_name, "items")
+    return raw_rows(SourceLake(LakeLocation(config.lake_root), config.topic_prefix), f"{db_name}.items")
 
 
 @pytest.mark.parametrize(
@@ -108,11 +111,11 @@ def test_each_mode_lands_the_documented_before_after_and_update_description(
 
     descriptions = [r["updateDescription"] for r in rows]
     set_unset, truncate = descriptions[2], descriptions[3]
-    assert json_util.loads(set_unset["updatedFields"]) == {"name": "b"}
+    assert bson.decode(set_unset["updatedFields"]) == {"name": "b"}
     assert set_unset["removedFields"] == ["x"] and set_unset["truncatedArrays"] == []
-    assert json_util.loads(truncate["updatedFields"]) == {} and truncate["removedFields"] == []
+    assert bson.decode(truncate["updatedFields"]) == {} and truncate["removedFields"] == []
     assert truncate["truncatedArrays"] == [{"field": "tags", "newSize": 2}]
-    assert json_util.loads(descriptions[8]["updatedFields"]) == {"n": 1}
+    assert bson.decode(descriptions[8]["updatedFields"]) == {"n": 1}
     assert [i for i, d in enumerate(descriptions) if d is not None] == [2, 3, 8, 9]  # updates only
 
 

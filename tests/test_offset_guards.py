@@ -7,16 +7,14 @@ import json
 from airflow.models import Variable
 from datagen import load
 
-from mongo_cdc.lake import list_raw_files
+from mongo_cdc.landing import open_table
 from mongo_cdc.offsets import offset_key
 
 
 def _raw_files(source) -> list[str]:
-    return sorted(
-        f.path
-        for c in ("customers", "orders")
-        for f in list_raw_files(source.lake_root, "acc", source.database, c)
-    )
+    """Every data file of the raw tables, and each table's version."""
+    tables = [open_table(source.lake.raw_uri(f"{source.database}.{c}"), {}) for c in ("customers", "orders")]
+    return sorted(uri for table in tables for uri in [str(table.version()), *table.file_uris()])
 
 
 def test_a_corrupted_offset_fails_the_run_naming_the_variable_and_writes_nothing(

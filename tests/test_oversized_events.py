@@ -11,13 +11,13 @@ import json
 import re
 from pathlib import Path
 
-import pyarrow.parquet as pq
 import pytest
 
 from mongo_cdc.config import SourceConfig, SourceConfigError, load_source
-from mongo_cdc.lake import list_raw_files
+from mongo_cdc.landing import SourceLake
 from mongo_cdc.oversized_events import FragmentJoiner, OversizedEventError, supports_split
 from mongo_cdc.snapshot import start_without_snapshot
+from mongo_cdc.storage import LakeLocation
 from mongo_cdc.streaming import pull_changes
 from mongo_cdc.testing.lake import memory_keeper
 from mongo_cdc.topology import make_client
@@ -37,9 +37,8 @@ def _config(tmp_path: Path, database: str, **settings: object) -> SourceConfig:
 
 
 def _landed(config: SourceConfig, database: str) -> list[tuple[str, str]]:
-    rows = []
-    for raw in list_raw_files(config.lake_root, config.topic_prefix, database, "docs"):
-        rows.extend(pq.read_table(raw.path, columns=["key", "op", "cluster_time"]).to_pylist())
+    source_lake = SourceLake(LakeLocation(config.lake_root), config.topic_prefix)
+    rows = source_lake.committed_raw(f"{database}.docs", columns=["key", "op", "cluster_time"]).to_pylist()
     rows.sort(key=lambda row: row["cluster_time"])
     return [(json.loads(row["key"])["id"], row["op"]) for row in rows]
 
@@ -61,7 +60,7 @@ def client(replica_set):
 def test_fail_mode_stops_with_the_fix_and_leaves_the_offset(client, replica_set, db_name, tmp_path):
     config = _config(tmp_path, db_name)  # cursor.oversize.handling.mode: fail, the default
     keeper = memory_keeper(config, replica_set.name)
-    start_without_snapshot(client, config, replica_set.name, keeper)
+    start_without_snapshot(client, replica_set.name, keeper)
     before = keeper.load()
     _write_around_an_oversized_update(client, db_name)
 
@@ -80,7 +79,7 @@ def test_fail_mode_stops_with_the_fix_and_leaves_the_offset(client, replica_set,
 def test_skip_mode_counts_the_oversized_event_and_lands_the_rest(client, replica_set, db_name, tmp_path):
     config = _config(tmp_path, db_name, cursor_oversize_handling_mode="skip")
     keeper = memory_keeper(config, replica_set.name)
-    start_without_snapshot(client, config, replica_set.name, keeper)
+    start_without_snapshot(client, replica_set.name, keeper)
     _write_around_an_oversized_update(client, db_name)
 
     result = pull_changes(client, config, replica_set.name, keeper).to_dict()
@@ -99,7 +98,7 @@ def test_skip_threshold_skips_smaller_events_too(client, replica_set, db_name, t
         tmp_path, db_name, cursor_oversize_handling_mode="skip", cursor_oversize_skip_threshold=1 * MB
     )
     keeper = memory_keeper(config, replica_set.name)
-    start_without_snapshot(client, config, replica_set.name, keeper)
+    start_without_snapshot(client, replica_set.name, keeper)
     client[db_name].docs.insert_many([{"_id": "small"}, {"_id": "medium", "a": "a" * (2 * MB)}])
 
     result = pull_changes(client, config, replica_set.name, keeper).to_dict()
@@ -112,7 +111,7 @@ def test_split_mode_is_refused_by_a_server_without_it(client, replica_set, db_na
     assert not supports_split(client), "the test server (6.0.5) predates $changeStreamSplitLargeEvent"
     config = _config(tmp_path, db_name, cursor_oversize_handling_mode="split")
     keeper = memory_keeper(config, replica_set.name)
-    start_without_snapshot(client, config, replica_set.name, keeper)
+    start_without_snapshot(client, replica_set.name, keeper)
     before = keeper.load()
 
     with pytest.raises(OversizedEventError, match=r"runs MongoDB 6\.0\.5, which cannot split large change"):

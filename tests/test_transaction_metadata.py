@@ -7,13 +7,11 @@ one DAG run with Spark checks that the transform ignores the reserved directorie
 from __future__ import annotations
 
 import dataclasses
-import glob
 import json
 import os
 import re
 from pathlib import Path
 
-import pyarrow.parquet as pq
 import pytest
 import yaml
 from cdc_support import CdcSource
@@ -22,9 +20,10 @@ from pymongo import MongoClient
 from mongo_cdc import lake
 from mongo_cdc.config import SourceConfig, SourceConfigError, load_source
 from mongo_cdc.debezium_export import debezium_record, transaction_records
-from mongo_cdc.heartbeats import heartbeat_dir
+from mongo_cdc.landing import SourceLake, open_table
 from mongo_cdc.offsets import OffsetKeeper
 from mongo_cdc.snapshot import run_snapshot
+from mongo_cdc.storage import LakeLocation
 from mongo_cdc.streaming import pull_changes
 from mongo_cdc.testing import ReplicaSet
 from mongo_cdc.testing.lake import memory_keeper
@@ -70,12 +69,17 @@ def _raw_rows(config: SourceConfig, db: str, collection: str) -> list[dict]:
     return CdcSource(config.name, db, config.lake_root, config.topic_prefix).raw_rows(collection)
 
 
+def _source_lake(config: SourceConfig) -> SourceLake:
+    return SourceLake(LakeLocation(config.lake_root), config.topic_prefix)
+
+
 def _transaction_records(config: SourceConfig) -> list[dict]:
-    return [record["value"] for record in transaction_records(config.lake_root, config.topic_prefix)]
+    return [record["value"] for record in transaction_records(_source_lake(config))]
 
 
-def _transaction_files(config: SourceConfig) -> list[lake.RawFile]:
-    return lake.list_batch_files(lake.raw_dir(config.lake_root, config.topic_prefix, lake.TRANSACTION_DIR))
+def _landed_transaction_rows(config: SourceConfig) -> list[dict]:
+    table = open_table(_source_lake(config).source_uri(lake.TRANSACTION_DIR), {})
+    return [] if table is None else table.to_pyarrow_dataset().to_table().to_pylist()
 
 
 def test_transaction_across_two_collections_gets_begin_end_and_event_blocks(client, tmp_path, db_name):
@@ -123,7 +127,7 @@ def test_transaction_across_two_collections_gets_begin_end_and_event_blocks(clie
     assert all(r["transaction"] is None for r in outside)
     # the export renders the block, and the raw tree's readers do not take "transaction" for a database
     assert debezium_record(events[0])["value"]["transaction"]["total_order"] == 1
-    assert lake.list_raw_collections(config.lake_root, PREFIX) == [(db_name, "a"), (db_name, "b")]
+    assert _source_lake(config).namespaces() == [f"{db_name}.a", f"{db_name}.b"]
     assert keeper.load().open_transaction is None
 
 
@@ -142,11 +146,7 @@ def test_transaction_split_across_micro_batches_gets_one_begin_and_end(client, t
     ]  # fmt: skip
     assert records[0]["id"] == records[1]["id"] != records[2]["id"] == records[3]["id"]
     # the first transaction straddles batches: its BEGIN and END landed in different ones
-    landed_in = {
-        (row["status"], row["id"]): raw.seq
-        for raw in _transaction_files(config)
-        for row in pq.read_table(raw.path).to_pylist()
-    }
+    landed_in = {(row["status"], row["id"]): row["batch_seq"] for row in _landed_transaction_rows(config)}
     assert landed_in[("END", records[0]["id"])] > landed_in[("BEGIN", records[0]["id"])]
     first = [r["transaction"] for r in _raw_rows(config, db_name, "a") if r["op"] == "c"]
     assert [(t["total_order"], t["data_collection_order"]) for t in first] == [(i, i) for i in range(1, 6)]
@@ -187,15 +187,15 @@ def test_metadata_off_writes_no_records_and_no_blocks(client, tmp_path, db_name)
     _in_transaction(client, lambda s: [db.a.insert_one({"_id": i}, session=s) for i in range(2)])
     pull_changes(client, config, RS, keeper)
 
-    assert not os.path.exists(lake.raw_dir(config.lake_root, PREFIX, lake.TRANSACTION_DIR))
+    assert _landed_transaction_rows(config) == []
     streamed = [r for r in _raw_rows(config, db_name, "a") if r["op"] == "c"]
     assert len(streamed) == 2
     assert all(r["transaction"] is None and r["source"]["lsid"] is not None for r in streamed)
 
 
 def _heartbeats(config: SourceConfig) -> list[dict]:
-    files = sorted(glob.glob(os.path.join(heartbeat_dir(config), "hour=*", "*.parquet")))
-    return [row for path in files for row in pq.read_table(path).to_pylist()]
+    table = open_table(_source_lake(config).source_uri(lake.HEARTBEAT_DIR), {})
+    return [] if table is None else table.to_pyarrow_dataset().to_table().to_pylist()
 
 
 def test_heartbeats_land_on_a_quiet_pull_at_most_once_per_interval(client, tmp_path, db_name):
@@ -209,9 +209,9 @@ def test_heartbeats_land_on_a_quiet_pull_at_most_once_per_interval(client, tmp_p
     assert (beat["server_name"], beat["rs"], beat["cluster_time"]) == (PREFIX, RS, offset.cluster_time)
     assert json.loads(beat["resume_token"])["_data"] == offset.resume_token["_data"]
     assert beat["ts_ms"] >= (offset.cluster_time >> 32) * 1000
-    assert lake.list_raw_collections(config.lake_root, PREFIX) == [(db_name, "a"), (db_name, "b")]
+    assert _source_lake(config).namespaces() == [f"{db_name}.a", f"{db_name}.b"]
 
-    # the newest heartbeat file is what the interval counts from, across pulls
+    # the newest heartbeat is what the interval counts from, across pulls
     hourly = dataclasses.replace(config, heartbeat_interval_ms=3_600_000)
     pull_changes(client, hourly, RS, keeper)
     assert len(_heartbeats(config)) == 1
@@ -223,7 +223,7 @@ def test_no_heartbeats_when_disabled(client, tmp_path, db_name):
     config, keeper = _snapshotted(client, tmp_path, db_name)
     client[db_name].a.insert_one({"_id": "new"})
     pull_changes(client, config, RS, keeper)
-    assert not os.path.exists(heartbeat_dir(config))
+    assert _heartbeats(config) == []
 
 
 @pytest.mark.parametrize(
@@ -252,7 +252,7 @@ def test_settings_parse(tmp_path):
 
 def test_a_database_named_transaction_is_refused_loudly(tmp_path):
     with pytest.raises(lake.ReservedDatabaseError, match=r"database.exclude.list: \[transaction\]"):
-        lake.raw_file_path(str(tmp_path), "p", "transaction", "c", 1 << 32, RS, 1, 0)
+        lake.table_uri(LakeLocation(str(tmp_path)), "raw", "p", "transaction", "c")
 
 
 def test_transform_ignores_transaction_and_heartbeat_directories(cdc_source, replica_set, db_name):
@@ -266,4 +266,5 @@ def test_transform_ignores_transaction_and_heartbeat_directories(cdc_source, rep
     raw = os.path.join(source.lake_root, "raw", source.prefix)
     assert {lake.TRANSACTION_DIR, lake.HEARTBEAT_DIR} <= set(os.listdir(raw))
     assert sorted(os.listdir(os.path.join(source.lake_root, "state", source.prefix))) == [db_name]
+    assert sorted(os.listdir(os.path.join(source.lake_root, "state", source.prefix, db_name))) == ["a", "b"]
     assert (len(source.state_rows("a")), len(source.state_rows("b"))) == (2, 1)
