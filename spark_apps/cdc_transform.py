@@ -192,13 +192,23 @@ def ipc_bytes(batch: pa.RecordBatch) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
-def table_schema_fields(table: DeltaTable | None, metadata_columns: tuple) -> columns.StructFields | None:
-    """The document columns a table has (read from its schema's ``mongo_cdc.type`` metadata)."""
+def stored_layout(
+    table: DeltaTable | None,
+    metadata_columns: tuple[tuple[str, columns.ColumnType], ...],
+    sanitize_field_names: bool,
+    reserved_names: tuple[str, ...] = (),
+) -> TableLayout:
+    """The layout a table was written with (its schema's type metadata), or a new table's."""
     if table is None:
-        return None
-    names = {name for name, _ in metadata_columns} | {lake.HOUR_COLUMN}
-    arrow_schema = pa.schema(table.schema().to_arrow())
-    return columns.fields_from_arrow(pa.schema([field for field in arrow_schema if field.name not in names]))
+        return TableLayout(metadata_columns, reserved_names, sanitize_field_names)
+    schema = pa.schema(table.schema().to_arrow())
+    return TableLayout.from_arrow(schema, metadata_columns, reserved_names, sanitize_field_names)
+
+
+def evolved_layout(layout: TableLayout, documents: RDD) -> TableLayout:
+    """``layout`` with what ``documents`` (an RDD of decoded documents) need: new columns, fallback siblings."""
+    surveys = documents.mapPartitions(lambda part: [layout.survey(list(part))])
+    return layout.evolved(surveys.fold(columns.NO_CHANGES, lambda a, b: a.merge(b)))
 
 
 def _position_after(left: str, right: str) -> str:
@@ -305,16 +315,11 @@ class CollectionTransform:
 
         versions = keyed.groupByKey().map(fold).filter(lambda v: v is not None)
         versions = versions.persist(StorageLevel.MEMORY_AND_DISK)
-        document_type = (
-            versions.filter(lambda version: version.document is not None)
-            .map(lambda version: columns.type_of_document(bson.decode(version.document, DECODE_OPTIONS)))
-            .fold(columns.NULL, columns.merge_types)
-        )
-        layout = TableLayout(
-            STATE_METADATA_COLUMNS,
-            document_type,
-            stored=table_schema_fields(table, STATE_METADATA_COLUMNS),
-            sanitize_field_names=self.flattening.sanitize_field_names,
+        layout = evolved_layout(
+            stored_layout(table, STATE_METADATA_COLUMNS, self.flattening.sanitize_field_names),
+            versions.filter(lambda version: version.document is not None).map(
+                lambda version: bson.decode(version.document, DECODE_OPTIONS)
+            ),
         )
         new_events = events.count()
         if table is None:
@@ -413,15 +418,14 @@ class CollectionTransform:
         options = self.flattening
         rows = self.events(files, row_filter).flatMap(lambda event: _change_rows(event, options))
         rows = rows.persist(StorageLevel.MEMORY_AND_DISK)
-        document_type = rows.map(lambda row: columns.type_of_document(row[1])).fold(
-            columns.NULL, columns.merge_types
-        )
-        layout = TableLayout(
-            options.metadata_columns,
-            document_type,
-            stored=None if overwrite else table_schema_fields(table, options.metadata_columns),
-            reserved_names=[lake.HOUR_COLUMN],
-            sanitize_field_names=options.sanitize_field_names,
+        layout = evolved_layout(
+            stored_layout(
+                None if overwrite else table,
+                options.metadata_columns,
+                options.sanitize_field_names,
+                (lake.HOUR_COLUMN,),
+            ),
+            rows.map(lambda row: row[1]),
         )
         schema = _with_flattening(layout.schema.append(pa.field(lake.HOUR_COLUMN, pa.string())), options)
         reader = arrow_chunks(rows.mapPartitions(lambda part: _change_chunks(part, layout, schema)), schema)
@@ -482,19 +486,19 @@ def _state_batch(versions: list[DocumentVersion], layout: TableLayout, with_flag
     documents = [
         bson.decode(v.document, DECODE_OPTIONS) if v.document is not None else None for v in versions
     ]
-    metadata = [
-        (
-            v.key,
-            v.document_id_json,
-            extjson.encode_str(document) if document is not None else None,
-            v.document,
-            v.cluster_time,
-            v.event_order,
-            v.rs,
-        )
-        for v, document in zip(versions, documents, strict=True)
-    ]
-    batch = layout.batch(metadata, [document or {} for document in documents])
+    metadata = {
+        "__key": pa.array([v.key for v in versions], pa.string()),
+        "__id": pa.array([v.document_id_json for v in versions], pa.string()),
+        "__doc": pa.array(
+            [extjson.encode_str(document) if document is not None else None for document in documents],
+            pa.string(),
+        ),
+        "__doc_bson": pa.array([v.document for v in versions], pa.binary()),
+        "__cluster_time": pa.array([v.cluster_time for v in versions], pa.int64()),
+        "__event_order": pa.array([v.event_order for v in versions], pa.string()),
+        "__rs": pa.array([v.rs for v in versions], pa.string()),
+    }
+    batch = layout.record_batch(metadata, [document or {} for document in documents])
     if not with_flag:
         return batch
     flags = pa.array([document is None for document in documents], pa.bool_())
@@ -513,10 +517,14 @@ def _change_chunks(
 ) -> Iterator[bytes]:
     chunk: list[tuple[tuple, dict]] = []
 
+    names = [name for name, _ in layout.metadata_columns]
+
     def batch_of(part: list[tuple[tuple, dict]]) -> bytes:
         part.sort(key=lambda row: row[0][-2:])  # (cluster_time, event_order): files in oplog order
-        batch = layout.batch([row[0] for row in part], [row[1] for row in part])
-        cluster_times = batch.column(batch.schema.get_field_index("__cluster_time")).to_pylist()
+        values = list(zip(*(row[0] for row in part), strict=True))
+        metadata = {name: pa.array(column) for name, column in zip(names, values, strict=True)}
+        batch = layout.record_batch(metadata, [row[1] for row in part])
+        cluster_times = values[names.index("__cluster_time")]
         hours = pa.array([lake.hour_partition(ct) for ct in cluster_times], pa.string())
         return ipc_bytes(pa.RecordBatch.from_arrays([*batch.columns, hours], schema=schema))
 

@@ -39,8 +39,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
-
 from mongo_cdc.lake import COLLECTION_OPERATIONS
 from mongo_cdc.transform.document_state import set_path
 from mongo_cdc.transform.flatten_options import FlatteningOptions
@@ -51,15 +49,13 @@ def change_document(event: ChangeEvent) -> dict[str, Any] | None:
     """The document part of the change row (parsed EJSON), before encoding; None for a tombstone."""
     if event.op is None:
         return None
-    if event.op != "d" and event.after is not None:
-        return orjson.loads(event.after)
-    document = {"_id": orjson.loads(event.document_id)}
+    if event.op != "d" and event.after_bson is not None:
+        return event.after
+    document = {"_id": event.document_id}
     if event.op == "d" or event.update_description is None:
         return document
-    updated_fields = event.update_description.get("updatedFields")
-    if updated_fields:
-        for path, value in orjson.loads(updated_fields).items():
-            set_path(document, path, value)
+    for path, value in (event.update_description.get("updatedFields") or {}).items():
+        set_path(document, path, value)
     for path in event.update_description.get("removedFields") or ():
         set_path(document, path, None)
     return document
@@ -75,7 +71,7 @@ def change_row(event: ChangeEvent, options: FlatteningOptions) -> tuple[tuple, d
         return None
     if is_tombstone or (event.op == "d" and mode == "tombstone"):
         added = (None,) * len(options.added_fields)
-        document = {"_id": orjson.loads(event.document_id)}
+        document = {"_id": event.document_id}
     else:
         added = tuple(_event_value(event, field.path) for field in options.added_fields)
         document = change_document(event)
@@ -101,8 +97,7 @@ def encode_document(document: dict[str, Any], options: FlatteningOptions) -> dic
 
 
 def _is_embedded_document(value: Any) -> bool:
-    """A document, not an EJSON type wrapper (whose first field name starts with ``$``)."""
-    return isinstance(value, dict) and not (value and next(iter(value)).startswith("$"))
+    return isinstance(value, dict)
 
 
 def _arrays_as_documents(value: Any) -> Any:
