@@ -1,55 +1,222 @@
-"""Columns of a derived table (metadata columns first, then the document's fields) and its rows.
+"""A derived table's columns (metadata columns first, then the documents' fields), how they evolve
+batch by batch, and a batch's Arrow record batch.
 
-Field names are used as-is: Spark and Parquet accept any name (dots, spaces, ``$``, empty).
-The one exception is a top-level field whose name the table needs: a metadata column (``__op``,
-``__id``, ...) or another reserved name (the changes table's ``hour`` partition). It gets
-underscores prepended until the name is free, so both values are kept.
+**Evolution.** A table's columns keep their name and type forever (``mongo_cdc.transform.columns``
+has the type rules). Each batch is surveyed against them: new top-level fields become new columns
+(appended, as Delta's schema merge appends them), new nested fields are added to their struct.
+A top-level value that does not fit its established column (a string in a long column, a
+conflict anywhere inside a struct) goes, as Extended JSON text, into a sibling string column
+``<column>__fallback``, created the first time one is needed; the typed column is null in that
+row. Rows whose value fits stay typed. In Spark: ``survey`` each partition, ``BatchTypes.merge``
+the surveys, ``evolved`` once on the driver, then ``record_batch`` each partition with that layout.
+
+**Names.** Field names are used as-is: Arrow, Parquet and Delta accept any name (dots, spaces,
+``$``, empty). The exceptions are names the table already uses: a metadata column (``__op``,
+``__id``, ...), another reserved name (the changes table's ``hour`` partition), an established
+column or fallback sibling. A new field or sibling with such a name gets underscores prepended
+until the name is free, so every value is kept and no established column changes meaning.
 
 With ``sanitize.field.names`` every column and nested struct field name is made a valid Avro
 name, as Debezium's sanitizing does: each character other than ``A-Za-z0-9_`` becomes ``_``, a
 leading digit too (``1st-price`` -> ``_st_price``). Names that are valid already keep their
 name; a sanitized name that collides with another gets underscores prepended until it is free,
 so both values are kept. Only the derived tables are renamed: the raw zone's ``after`` and the
-state's ``__doc`` keep the document's own names, as Debezium's ``after`` JSON does.
+state's document keep the document's own names, as Debezium's ``after`` JSON does. Each renamed
+field records the document's name in its ``mongo_cdc.field`` metadata, so a later batch maps
+its fields to the same columns.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from functools import partial
+from typing import NamedTuple
 
-from mongo_cdc.transform import ejson_types as types
+import pyarrow as pa
+
+from mongo_cdc.transform import columns as types
+
+FALLBACK_SUFFIX = "__fallback"
+FALLBACK_OF_METADATA = b"mongo_cdc.fallback_of"
+
+
+class DocumentColumn(NamedTuple):
+    column: str  # the column's name in the table
+    field: str  # the document's top-level field it holds
+    field_type: types.ColumnType  # its type, nested fields under the document's names
+    column_type: types.ColumnType  # the same type, nested fields under their column names
+    fallback: bool = False  # the sibling holding the field's values that do not fit its column
 
 
 class TableLayout:
     def __init__(
         self,
         metadata_columns: Sequence[tuple[str, types.ColumnType]],
-        document_type: types.ColumnType,
         reserved_names: Iterable[str] = (),
         sanitize_field_names: bool = False,
+        document_columns: Iterable[DocumentColumn] = (),
     ) -> None:
-        """``document_type`` is the merged ``type_of_document`` of every row's document (or NULL)."""
+        """A table with ``metadata_columns`` and ``document_columns`` (none: a new table)."""
         self.metadata_columns = tuple(metadata_columns)
-        self.document_fields: types.StructFields = document_type[1] if document_type != types.NULL else ()
-        field_names = [name for name, _ in self.document_fields]
-        reserved = {name for name, _ in self.metadata_columns} | set(reserved_names)
-        self.document_columns = _free_names(field_names, reserved, sanitize_field_names)
-        # values are built with the documents' own names (to_column_value), the schema carries these
-        self.column_types = tuple(
-            _sanitized(field_type) if sanitize_field_names else field_type
-            for _, field_type in self.document_fields
+        self.reserved_names = frozenset(reserved_names)
+        self.sanitize_field_names = sanitize_field_names
+        self.document_columns = tuple(document_columns)
+        self.typed_columns = {c.field: c for c in self.document_columns if not c.fallback}
+        self.fallback_columns = {c.field: c for c in self.document_columns if c.fallback}
+        orphans = set(self.fallback_columns) - set(self.typed_columns)
+        if orphans:
+            raise ValueError(f"fallback columns without their typed column: {sorted(orphans)}")
+        self.schema = pa.schema(
+            [types.arrow_field(name, column_type) for name, column_type in self.metadata_columns]
+            + [_arrow_field(column) for column in self.document_columns]
         )
 
-    @property
-    def table_type(self) -> types.ColumnType:
-        """The whole row as a struct type, columns in table order."""
-        document_columns = zip(self.document_columns, self.column_types, strict=True)
-        return (types.STRUCT, self.metadata_columns + tuple(document_columns))
+    @classmethod
+    def from_arrow(
+        cls,
+        schema: pa.Schema,
+        metadata_columns: Sequence[tuple[str, types.ColumnType]],
+        reserved_names: Iterable[str] = (),
+        sanitize_field_names: bool = False,
+    ) -> TableLayout:
+        """The layout of a table written with ``schema`` (ValueError if mongo-cdc did not write it).
 
-    def row(self, metadata_values: tuple, document: dict[str, Any]) -> tuple:
-        return metadata_values + types.to_column_value(document, (types.STRUCT, self.document_fields))
+        Columns named like a metadata column or a reserved name are not the documents' (the
+        caller adds them); every other column must carry mongo-cdc's type metadata.
+        """
+        skipped = {name for name, _ in metadata_columns} | set(reserved_names)
+        read = types.fields_from_arrow(field for field in schema if field.name not in skipped)
+        document_columns = [
+            DocumentColumn(
+                c.column, c.metadata[FALLBACK_OF_METADATA].decode(), c.field_type, c.column_type, True
+            )
+            if FALLBACK_OF_METADATA in c.metadata
+            else DocumentColumn(c.column, c.field, c.field_type, c.column_type)
+            for c in read
+        ]
+        return cls(metadata_columns, reserved_names, sanitize_field_names, document_columns)
+
+    @property
+    def stored_fields(self) -> types.StructFields:
+        """The typed columns' fields, under the document's names."""
+        return tuple((c.field, c.field_type) for c in self.typed_columns.values())
+
+    def survey(self, documents: list[dict] | types.FieldValues) -> types.BatchTypes:
+        """What ``documents`` need from this layout (``columns.survey``)."""
+        return types.survey(self.stored_fields, documents)
+
+    def evolved(self, batch: types.BatchTypes) -> TableLayout:
+        """This layout with ``batch``'s additions and the fallback siblings its conflicts need."""
+        if batch == types.NO_CHANGES:
+            return self
+        added = dict(batch.additions[1]) if batch.additions != types.NULL else {}
+        name_nested = partial(_free_names, sanitize=self.sanitize_field_names)
+        document_columns = []
+        for column in self.document_columns:
+            if not column.fallback and column.field in added:
+                field_type, column_type = types.widen(
+                    column.field_type, column.column_type, added.pop(column.field), name_nested
+                )
+                column = column._replace(field_type=field_type, column_type=column_type)
+            document_columns.append(column)
+        taken = (
+            {name for name, _ in self.metadata_columns}
+            | self.reserved_names
+            | {column.column for column in document_columns}
+        )
+        new = [
+            (name, t)
+            for name, t in types.struct_type(added.items())[1]
+            if types.without_nulls(t) != types.NULL
+        ]
+        names = _free_names([name for name, _ in new], taken, self.sanitize_field_names)
+        for (name, added_type), column_name in zip(new, names, strict=True):
+            field_type, column_type = types.widen(None, None, added_type, name_nested)
+            document_columns.append(DocumentColumn(column_name, name, field_type, column_type))
+            taken.add(column_name)
+        typed = {column.field: column for column in document_columns if not column.fallback}
+        for name in sorted(batch.conflicts - set(self.fallback_columns)):
+            if name not in typed:
+                raise ValueError(f"field {name!r} conflicts with a column this layout does not have")
+            [sibling] = _free_names([typed[name].column + FALLBACK_SUFFIX], taken, self.sanitize_field_names)
+            document_columns.append(DocumentColumn(sibling, name, types.FALLBACK, types.FALLBACK, True))
+            taken.add(sibling)
+        return TableLayout(
+            self.metadata_columns, self.reserved_names, self.sanitize_field_names, document_columns
+        )
+
+    def record_batch(
+        self, metadata_arrays: Mapping[str, pa.Array], documents: list[dict] | types.FieldValues
+    ) -> pa.RecordBatch:
+        """The rows of ``documents`` (each with its metadata values, ``metadata_arrays`` keyed by
+        metadata column) in this layout, which must hold them: ``evolved(survey(documents))``."""
+        values_of = documents if isinstance(documents, types.FieldValues) else types.FieldValues(documents)
+        count = len(values_of)
+        arrays = []
+        for field in list(self.schema)[: len(self.metadata_columns)]:
+            if field.name not in metadata_arrays:
+                raise ValueError(f"no values for metadata column {field.name!r}")
+            array = metadata_arrays[field.name]
+            if len(array) != count:
+                raise ValueError(
+                    f"metadata column {field.name!r} has {len(array)} values for {count} documents"
+                )
+            arrays.append(array if array.type == field.type else array.cast(field.type))
+        self._check_fields(values_of)
+        typed_values: dict[str, list] = {}
+        fallback_values: dict[str, list] = {}
+        for name, column in self.typed_columns.items():
+            values = values_of[name]
+            if name in self.fallback_columns:
+                values, fallback_values[name] = _split_fallbacks(column.field_type, values)
+            typed_values[name] = values
+        for column, field in zip(
+            self.document_columns, list(self.schema)[len(self.metadata_columns) :], strict=True
+        ):
+            if column.fallback:
+                arrays.append(pa.array(fallback_values[column.field], type=pa.string()))
+            else:
+                arrays.append(types.to_arrow(typed_values[column.field], column.field_type, field.type))
+        return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
+
+    def _check_fields(self, values_of: types.FieldValues) -> None:
+        """Refuse documents with a typed field this layout has no column for (not surveyed)."""
+        for name in values_of.names - set(self.typed_columns):
+            if types.without_nulls(types.column_type(values_of[name])) != types.NULL:
+                raise ValueError(
+                    f"documents have a field {name!r} this table layout has no column for: "
+                    "build the layout with evolved(survey(documents)) first"
+                )
+
+
+def documents_to_batch(
+    layout: TableLayout, metadata_arrays: Mapping[str, pa.Array], documents: list[dict]
+) -> tuple[TableLayout, pa.RecordBatch]:
+    """``documents`` as one record batch, and the layout evolved to hold them (in one process)."""
+    values_of = types.FieldValues(documents)
+    layout = layout.evolved(layout.survey(values_of))
+    return layout, layout.record_batch(metadata_arrays, values_of)
+
+
+def _split_fallbacks(field_type: types.ColumnType, values: list) -> tuple[list, list]:
+    """(typed values, fallback texts): each value that does not fit goes to the fallback."""
+    typed, texts = [], []
+    for value in values:
+        if value is None or types.fits(field_type, value):
+            typed.append(value)
+            texts.append(None)
+        else:
+            typed.append(None)
+            texts.append(types.fallback_text(value))
+    return typed, texts
+
+
+def _arrow_field(column: DocumentColumn) -> pa.Field:
+    if not column.fallback:
+        return types.arrow_field(column.column, column.column_type, column.field, column.field_type)
+    field = types.arrow_field(column.column, types.FALLBACK)
+    return field.with_metadata({**field.metadata, FALLBACK_OF_METADATA: column.field.encode()})
 
 
 def avro_name(name: str) -> str:
@@ -59,18 +226,6 @@ def avro_name(name: str) -> str:
 
 
 _NOT_AVRO = re.compile(r"[^A-Za-z0-9_]")
-
-
-def _sanitized(column_type: types.ColumnType) -> types.ColumnType:
-    """A type with every nested struct field name sanitized (see the module docstring)."""
-    if not isinstance(column_type, tuple):
-        return column_type
-    kind, inner = column_type
-    if kind == types.ARRAY:
-        return (kind, _sanitized(inner))
-    names = _free_names([name for name, _ in inner], set(), sanitize=True)
-    fields = zip(names, (field_type for _, field_type in inner), strict=True)
-    return (kind, tuple((name, _sanitized(field_type)) for name, field_type in fields))
 
 
 def _free_names(field_names: list[str], reserved: set[str], sanitize: bool) -> tuple[str, ...]:
