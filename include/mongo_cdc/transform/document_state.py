@@ -17,6 +17,10 @@ oplog lost, a source reset). ``reconcile_with_snapshots`` turns it into a deleti
 or rename of the collection deletes the documents written before it (``drop_with_collection``). Only
 the snapshot's own replica set counts because a shard's snapshot sees that shard's documents only.
 
+Documents are BSON-decoded values (``bson.decode(data, extjson.DECODE_OPTIONS)``); an
+update's ``updatedFields`` is a decoded document whose field names are dotted paths. Folding
+never modifies an event's or the previous version's document: updates apply to a copy.
+
 Known limit: a field name containing a dot cannot be told apart from a nested path (the raw
 events carry no ``disambiguatedPaths``), so such updates set the nested path.
 """
@@ -26,10 +30,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
-import orjson
-
 from mongo_cdc.lake import SnapshotManifest
-from mongo_cdc.transform import ejson_types as types
+from mongo_cdc.transform import columns as types
 from mongo_cdc.transform.raw_events import ChangeEvent
 
 # The state table's leading columns: a DocumentVersion's fields, in the same order.
@@ -43,8 +45,8 @@ STATE_METADATA_COLUMNS: tuple[tuple[str, types.ColumnType], ...] = (
 
 
 class DocumentVersion(NamedTuple):
-    document_id: str
-    document: str | None  # EJSON text; None once deleted
+    document_id: str  # the key the caller groups a document's events by (keys.document_key)
+    document: dict | None  # BSON-decoded; None once deleted
     cluster_time: int
     event_order: str
     # the replica set of the last event applied; None in state versions written before it was kept
@@ -60,25 +62,22 @@ def fold_events(
 ) -> DocumentVersion | None:
     """The version after applying ``events`` (any order) to ``previous``; None if nothing is known."""
     version = previous
-    # The parsed document while updates without `after` are applied; its text is stale then.
-    parsed: dict | None = None
+    # Our own copy of the document while updates without `after` apply to it, else None.
+    updating: dict | None = None
     for event in sorted(events, key=lambda event: event.position):
         if event.op is None or (version is not None and event.position <= version.position):
             continue
         if event.op == "d":
-            text, parsed = None, None
+            document, updating = None, None
         elif event.after is not None:
-            text, parsed = event.after, None
+            document, updating = event.after, None
         elif event.op == "u" and event.update_description is not None:
-            if parsed is None:
-                parsed = _document_to_update(document_id, version)
-            apply_update(parsed, event.update_description)
-            text = None
+            if updating is None:
+                updating = _document_to_update(event, version)
+            document = apply_update(updating, event.update_description)
         else:
             continue  # no document data to apply (an update whose lookup found nothing)
-        version = DocumentVersion(document_id, text, event.cluster_time, event.event_order, event.rs)
-    if parsed is not None:
-        version = version._replace(document=orjson.dumps(parsed).decode())
+        version = DocumentVersion(document_id, document, event.cluster_time, event.event_order, event.rs)
     return version
 
 
@@ -115,10 +114,19 @@ def drop_with_collection(
     return version._replace(document=None, cluster_time=cluster_time, event_order=event_order)
 
 
-def _document_to_update(document_id: str, version: DocumentVersion | None) -> dict:
+def _document_to_update(event: ChangeEvent, version: DocumentVersion | None) -> dict:
     if version is not None and version.document is not None:
-        return orjson.loads(version.document)
-    return {"_id": orjson.loads(document_id)}
+        return _copied(version.document)
+    return {"_id": event.document_id}
+
+
+def _copied(value: Any) -> Any:
+    """A copy of a decoded document whose documents and arrays are new (BSON scalars are immutable)."""
+    if isinstance(value, dict):
+        return {name: _copied(inner) for name, inner in value.items()}
+    if isinstance(value, list):
+        return [_copied(element) for element in value]
+    return value
 
 
 def apply_update(document: dict, update_description: dict[str, Any]) -> dict:
@@ -131,8 +139,8 @@ def apply_update(document: dict, update_description: dict[str, Any]) -> dict:
             del array[truncation["newSize"] :]
     updated_fields = update_description.get("updatedFields")
     if updated_fields:
-        for path, value in orjson.loads(updated_fields).items():
-            set_path(document, path, value)
+        for path, value in updated_fields.items():
+            set_path(document, path, _copied(value))
     return document
 
 

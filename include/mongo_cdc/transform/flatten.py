@@ -33,13 +33,15 @@ structs), so elements of different types no longer merge into a fallback column;
 ``flatten.struct`` lifts nested documents' fields to top-level ``a<delimiter>b`` columns (arrays
 stay as they are; an empty document stays a column of its own). If two paths of one document
 flatten to the same name, the later one gets a leading ``_`` until the name is free.
+
+Documents are BSON-decoded values: every ``dict`` is an embedded document, whatever its field
+names (``{"$numberLong": "5"}`` is a document with a field ``$numberLong``); BSON types such as
+ObjectId, dates or DBRefs are values, never documents.
 """
 
 from __future__ import annotations
 
 from typing import Any
-
-import orjson
 
 from mongo_cdc.lake import COLLECTION_OPERATIONS
 from mongo_cdc.transform.document_state import set_path
@@ -48,17 +50,18 @@ from mongo_cdc.transform.raw_events import ChangeEvent
 
 
 def change_document(event: ChangeEvent) -> dict[str, Any] | None:
-    """The document part of the change row (parsed EJSON), before encoding; None for a tombstone."""
+    """The document part of the change row, before encoding; None for a tombstone. It may be
+    ``event.after`` itself: callers do not modify it."""
     if event.op is None:
         return None
     if event.op != "d" and event.after is not None:
-        return orjson.loads(event.after)
-    document = {"_id": orjson.loads(event.document_id)}
+        return event.after
+    document = {"_id": event.document_id}
     if event.op == "d" or event.update_description is None:
         return document
     updated_fields = event.update_description.get("updatedFields")
     if updated_fields:
-        for path, value in orjson.loads(updated_fields).items():
+        for path, value in updated_fields.items():
             set_path(document, path, value)
     for path in event.update_description.get("removedFields") or ():
         set_path(document, path, None)
@@ -75,7 +78,7 @@ def change_row(event: ChangeEvent, options: FlatteningOptions) -> tuple[tuple, d
         return None
     if is_tombstone or (event.op == "d" and mode == "tombstone"):
         added = (None,) * len(options.added_fields)
-        document = {"_id": orjson.loads(event.document_id)}
+        document = {"_id": event.document_id}
     else:
         added = tuple(_event_value(event, field.path) for field in options.added_fields)
         document = change_document(event)
@@ -100,15 +103,10 @@ def encode_document(document: dict[str, Any], options: FlatteningOptions) -> dic
     return document
 
 
-def _is_embedded_document(value: Any) -> bool:
-    """A document, not an EJSON type wrapper (whose first field name starts with ``$``)."""
-    return isinstance(value, dict) and not (value and next(iter(value)).startswith("$"))
-
-
 def _arrays_as_documents(value: Any) -> Any:
     if isinstance(value, list):
         return {f"_{index}": _arrays_as_documents(element) for index, element in enumerate(value)} or None
-    if _is_embedded_document(value):
+    if isinstance(value, dict):
         return {name: _arrays_as_documents(inner) for name, inner in value.items()}
     return value
 
@@ -119,7 +117,7 @@ def _flattened(document: dict[str, Any], delimiter: str) -> dict[str, Any]:
     def lift(prefix: str | None, embedded: dict[str, Any]) -> None:
         for name, value in embedded.items():
             column = name if prefix is None else f"{prefix}{delimiter}{name}"
-            if _is_embedded_document(value) and value:
+            if isinstance(value, dict) and value:
                 lift(column, value)
                 continue
             while column in flat:

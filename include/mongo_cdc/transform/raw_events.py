@@ -7,6 +7,9 @@ from typing import Any, NamedTuple, Protocol, TypeVar
 
 import orjson
 import pyarrow.parquet as pq
+from bson import json_util
+from bson.codec_options import DatetimeConversion
+from bson.json_util import JSONOptions
 
 from mongo_cdc.lake import parse_history_file, parse_raw_file
 
@@ -14,11 +17,14 @@ _COLUMNS = ["key", "op", "ts_ms", "after", "updateDescription", "source", "clust
 
 
 class ChangeEvent(NamedTuple):
-    document_id: str  # the EJSON of _id, as in the key: {"id": "<EJSON of _id>"}
+    """One change event, its documents BSON-decoded (``bson.decode(data, extjson.DECODE_OPTIONS)``)."""
+
+    document_id: Any  # the _id value
     op: str | None  # r, c, u, d; None for a tombstone
     ts_ms: int | None  # when mongo-cdc processed the event
-    after: str | None
-    update_description: dict | None  # updatedFields (EJSON text), removedFields, truncatedArrays
+    after: dict | None
+    # updatedFields (a document whose field names are dotted paths), removedFields, truncatedArrays
+    update_description: dict | None
     source: dict[str, Any] | None  # the raw source struct: ts_ms, rs, collection... (see lake.RAW_SCHEMA)
     cluster_time: int
     event_order: str  # hex resume token; "" (a snapshot read) sorts first
@@ -31,17 +37,34 @@ class ChangeEvent(NamedTuple):
 
 
 def event_from_row(row: dict[str, Any], rs: str) -> ChangeEvent:
+    update_description = row["updateDescription"]
+    if update_description is not None:
+        updated_fields = update_description["updatedFields"]
+        update_description = {
+            **update_description,
+            "updatedFields": None if updated_fields is None else _decode(updated_fields),
+        }
     return ChangeEvent(
-        document_id=orjson.loads(row["key"])["id"],
+        document_id=_decode(orjson.loads(row["key"])["id"]),
         op=row["op"],
         ts_ms=row["ts_ms"],
-        after=row["after"],
-        update_description=row["updateDescription"],
+        after=None if row["after"] is None else _decode(row["after"]),
+        update_description=update_description,
         source=row["source"],
         cluster_time=row["cluster_time"],
         event_order=row["event_order"],
         rs=rs,
     )
+
+
+# Raw files hold Extended JSON text until the raw zone carries BSON; json_util reads it back into
+# the values bson.decode gives (a document field named like a wrapper, {"$numberLong": ...}, is
+# read as the wrapped value: the reason the raw zone moves to BSON).
+_JSON_OPTIONS = JSONOptions(datetime_conversion=DatetimeConversion.DATETIME_MS)
+
+
+def _decode(text: str) -> Any:
+    return json_util.loads(text, json_options=_JSON_OPTIONS)
 
 
 def read_raw_file(path: str) -> list[ChangeEvent]:
