@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 import orjson
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
@@ -19,8 +20,8 @@ from mongo_cdc.streaming import pull_changes
 from mongo_cdc.testing import ReplicaSet
 from mongo_cdc.testing.lake import memory_keeper
 from mongo_cdc.topology import make_client
-from mongo_cdc.transform import ejson_types as types
-from mongo_cdc.transform.table_layout import TableLayout, avro_name
+from mongo_cdc.transform import columns as types
+from mongo_cdc.transform.table_layout import TableLayout, avro_name, documents_to_batch
 
 
 def rules_for(namespace: str, exclude: object = (), renames: object = ()):
@@ -182,19 +183,23 @@ def test_avro_names_replace_every_other_character_and_a_leading_digit():
 
 def test_sanitized_columns_keep_valid_names_and_move_colliding_ones_aside():
     document = {"_id": 1, "a-b": 1, "a_b": 2, "__op": 3, "n": {"x.y": 1, "x_y": 2}, "l": [{"k-1": 1}]}
-    layout = TableLayout(
-        (("__op", types.STRING),), types.type_of_document(document), sanitize_field_names=True
-    )
-    names = dict(zip(layout.document_columns, (name for name, _ in layout.document_fields), strict=True))
+    empty = TableLayout((("__op", types.STRING),), sanitize_field_names=True)
+    layout, batch = documents_to_batch(empty, {"__op": pa.array(["c"])}, [document])
+    names = {column.column: column.field for column in layout.document_columns}
     assert names == {"_id": "_id", "___op": "__op", "_a_b": "a-b", "a_b": "a_b", "l": "l", "n": "n"}
-    column_types = dict(layout.table_type[1])
-    assert [name for name, _ in column_types["n"][1]] == ["_x_y", "x_y"]
-    assert column_types["l"] == (types.ARRAY, (types.STRUCT, (("k_1", types.INT),)))
+    assert [field.name for field in batch.schema.field("n").type] == ["_x_y", "x_y"]
+    assert batch.schema.field("l").type.value_type.field(0).name == "k_1"
     # values still come from the documents' own names
-    row = dict(zip([name for name, _ in layout.table_type[1]], layout.row(("c",), document), strict=True))
-    assert (row["__op"], row["___op"], row["_a_b"], row["a_b"], row["n"]) == ("c", 3, 1, 2, (1, 2))
-    unsanitized = TableLayout((("__op", types.STRING),), types.type_of_document(document))
-    assert "a-b" in unsanitized.document_columns
+    [row] = batch.to_pylist()
+    assert (row["__op"], row["___op"], row["_a_b"], row["a_b"], row["n"]) == (
+        "c",
+        3,
+        1,
+        2,
+        {"_x_y": 1, "x_y": 2},
+    )
+    unsanitized = TableLayout((("__op", types.STRING),)).evolved(empty.survey([document]))
+    assert "a-b" in {column.column for column in unsanitized.document_columns}
 
 
 # --- end to end against the real replica set ---------------------------------------------------------

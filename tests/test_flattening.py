@@ -6,7 +6,6 @@ Golden tests reproduce the seed's examples (array encoding, nested structure fla
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -15,14 +14,15 @@ import pyarrow as pa
 import pytest
 import yaml
 from bson import Int64, ObjectId
+from bson.datetime_ms import DatetimeMS
 
 from mongo_cdc import extjson, lake
 from mongo_cdc.config import SourceConfigError, load_source
-from mongo_cdc.transform import ejson_types as types
+from mongo_cdc.transform import columns as types
 from mongo_cdc.transform.flatten import change_row, encode_document
 from mongo_cdc.transform.flatten_options import EVENT_FIELDS, FIXED_COLUMNS, FlatteningOptions
 from mongo_cdc.transform.raw_events import ChangeEvent
-from mongo_cdc.transform.table_layout import TableLayout
+from mongo_cdc.transform.table_layout import TableLayout, documents_to_batch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "spark_apps"))
 import cdc_transform  # noqa: E402 - the Spark job's module, found through the path set just above
@@ -44,16 +44,16 @@ SOURCE = {
 }
 
 
-def ejson(document: dict) -> str:
-    return extjson.encode_str(bson.decode(bson.encode(document), extjson.DECODE_OPTIONS))
+def decoded(document: dict) -> dict:
+    return bson.decode(bson.encode(document), extjson.DECODE_OPTIONS)
 
 
 def event(op: str | None, after: dict | None = None, update: dict | None = None, position=(7, "8207")):
     return ChangeEvent(
-        document_id="1",
+        document_id=1,
         op=op,
         ts_ms=1_700_000_000_123,
-        after=ejson(after) if after is not None else None,
+        after=decoded(after) if after is not None else None,
         update_description=update,
         source=SOURCE,
         cluster_time=position[0],
@@ -67,14 +67,15 @@ def removed(*fields: str) -> dict:
 
 
 def table_rows(events: list[ChangeEvent], options: FlatteningOptions) -> list[dict]:
-    """The rows the Spark job writes for ``events``: each as {column: value}."""
+    """The rows the transform writes for ``events``: each as {column: value}."""
     rows = [row for row in (change_row(e, options) for e in events) if row is not None]
-    document_type = types.NULL
-    for _, document in rows:
-        document_type = types.merge_types(document_type, types.type_of_document(document))
-    layout = TableLayout(options.metadata_columns, document_type, reserved_names=["hour", "__raw_file"])
-    names = [name for name, _ in layout.table_type[1]]
-    return [dict(zip(names, layout.row(*row), strict=True)) for row in rows]
+    metadata = {
+        name: pa.array([values[index] for values, _ in rows], type=types.arrow_type(column_type))
+        for index, (name, column_type) in enumerate(options.metadata_columns)
+    }
+    layout = TableLayout(options.metadata_columns, reserved_names=["hour", "__raw_file"])
+    _, batch = documents_to_batch(layout, metadata, [document for _, document in rows])
+    return batch.to_pylist()
 
 
 # -- golden: the seed's examples -----------------------------------------------------------
@@ -89,14 +90,14 @@ def test_golden_document_encoding_of_a_heterogeneous_array():
         "a1": {"_0": {"a": 1, "b": "none"}, "_1": {"a": "c", "d": "something"}},
     }
     # Representable without fallback: each element keeps its own types...
-    assert types.type_of_document(document) == types.struct_type(
+    assert types.type_of(document) == types.struct_type(
         [
-            ("_id", types.INT),
+            ("_id", types.LONG),
             (
                 "a1",
                 types.struct_type(
                     [
-                        ("_0", types.struct_type([("a", types.INT), ("b", types.STRING)])),
+                        ("_0", types.struct_type([("a", types.LONG), ("b", types.STRING)])),
                         ("_1", types.struct_type([("a", types.STRING), ("d", types.STRING)])),
                     ]
                 ),
@@ -105,7 +106,7 @@ def test_golden_document_encoding_of_a_heterogeneous_array():
     )
     # ...where the default array encoding merges the elements and `a` falls back to EJSON text.
     _, as_array = change_row(event("c", SEED_ARRAY_DOCUMENT), FlatteningOptions())
-    element_type = dict(types.type_of_document(as_array)[1])["a1"][1]
+    element_type = dict(types.type_of(as_array)[1])["a1"][1]
     assert dict(element_type[1])["a"] == types.FALLBACK
 
 
@@ -122,22 +123,31 @@ def test_golden_unset_with_full_documents_gives_the_removed_field_null():
 
 
 def test_golden_unset_without_full_documents_gives_the_removed_field_null():
-    [row] = table_rows([event("u", update=removed("a"))], FlatteningOptions())  # change_streams
+    unset = event("u", update=removed("a"), position=(2, "82"))  # change_streams
     # The seed's message is {"a": null}; a table row also keeps the key, `_id`.
-    assert {key: row[key] for key in ("_id", "a")} == {"_id": 1, "a": None}
+    assert change_row(unset, FlatteningOptions())[1] == {"_id": 1, "a": None}
+    inserted = event("c", {"_id": 1, "a": "x"}, position=(1, "81"))
+    rows = table_rows([inserted, unset], FlatteningOptions())
+    assert {key: rows[1][key] for key in ("_id", "a")} == {"_id": 1, "a": None}
+    # a field only ever null has no column yet (mongo_cdc.transform.columns): it reads as null too
+    [row] = table_rows([unset], FlatteningOptions())
+    assert row["_id"] == 1 and row.get("a") is None
 
 
 # -- array.encoding ------------------------------------------------------------------------
 
 
-def test_document_encoding_reaches_nested_arrays_and_leaves_ejson_wrappers_alone():
-    document = {"_id": ObjectId("65a1b2c3d4e5f60718293a4b"), "m": [[1, "x"], []], "n": {"l": [Int64(2)]}}
-    encoded = encode_document(json.loads(ejson(document)), DOCUMENT_ENCODING)
+def test_document_encoding_reaches_nested_arrays_and_documents_whatever_their_field_names():
+    oid = ObjectId("65a1b2c3d4e5f60718293a4b")
+    document = {"_id": oid, "m": [[1, "x"], []], "n": {"l": [Int64(2)]}, "w": {"$oid": [1]}}
+    encoded = encode_document(decoded(document), DOCUMENT_ENCODING)
     assert encoded == {
-        "_id": {"$oid": "65a1b2c3d4e5f60718293a4b"},
+        "_id": oid,
         "m": {"_0": {"_0": 1, "_1": "x"}, "_1": None},  # an empty array has no struct to be
-        "n": {"l": {"_0": {"$numberLong": "2"}}},
+        "n": {"l": {"_0": Int64(2)}},
+        "w": {"$oid": {"_0": 1}},  # a document with a field named $oid, not an ObjectId
     }
+    assert type(encoded["n"]["l"]["_0"]) is Int64
 
 
 def test_array_encoding_keeps_arrays_by_default():
@@ -151,14 +161,15 @@ def test_flatten_uses_the_delimiter_at_every_level_and_keeps_arrays_and_values_w
     options = FlatteningOptions(flatten_struct=True, flatten_struct_delimiter=".")
     document = {
         "_id": {"k": 1},
-        "a": {"b": {"c": 1}, "when": {"$date": {"$numberLong": "0"}}, "empty": {}},
+        "a": {"b": {"c": 1}, "when": DatetimeMS(0), "empty": {}, "w": {"$numberLong": "5"}},
         "list": [{"x": 1}],
     }
-    assert encode_document(document, options) == {
+    assert encode_document(decoded(document), options) == {
         "_id.k": 1,
         "a.b.c": 1,
-        "a.when": {"$date": {"$numberLong": "0"}},
+        "a.when": DatetimeMS(0),
         "a.empty": {},
+        "a.w.$numberLong": "5",
         "list": [{"x": 1}],
     }
 
@@ -174,7 +185,7 @@ def test_flatten_keeps_both_values_when_two_paths_give_one_name():
 
 
 def test_flatten_of_an_update_without_after_flattens_the_updated_paths():
-    update = {"updatedFields": ejson({"a.b": 5}), "removedFields": ["c.d"], "truncatedArrays": []}
+    update = {"updatedFields": decoded({"a.b": 5}), "removedFields": ["c.d"], "truncatedArrays": []}
     assert change_row(event("u", update=update), FLATTENED)[1] == {"_id": 1, "a_b": 5, "c_d": None}
 
 

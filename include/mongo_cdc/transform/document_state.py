@@ -16,6 +16,10 @@ oplog lost, a source reset). ``reconcile_with_snapshots`` turns it into a deleti
 or rename of the collection deletes the documents written before it (``drop_with_collection``). Only
 the snapshot's own replica set counts because a shard's snapshot sees that shard's documents only.
 
+Documents are BSON-decoded values (``bson.decode(data, extjson.DECODE_OPTIONS)``); an
+update's ``updatedFields`` is a decoded document whose field names are dotted paths. Folding
+never modifies an event's or the previous version's document: updates apply to a copy.
+
 Known limit: a field name containing a dot cannot be told apart from a nested path (the raw
 events carry no ``disambiguatedPaths``), so such updates set the nested path.
 """
@@ -122,8 +126,17 @@ def drop_with_collection(
 
 def _document_to_update(event: ChangeEvent, version: DocumentVersion | None) -> dict:
     if version is not None and version.document is not None:
-        return bson.decode(version.document, DECODE_OPTIONS)
+        return bson.decode(version.document, DECODE_OPTIONS)  # a new dict: the version stays as it is
     return {"_id": event.document_id}
+
+
+def _copied(value: Any) -> Any:
+    """A copy of a decoded document whose documents and arrays are new (BSON scalars are immutable)."""
+    if isinstance(value, dict):
+        return {name: _copied(inner) for name, inner in value.items()}
+    if isinstance(value, list):
+        return [_copied(element) for element in value]
+    return value
 
 
 def apply_update(document: dict, update_description: dict[str, Any]) -> dict:
@@ -134,8 +147,10 @@ def apply_update(document: dict, update_description: dict[str, Any]) -> dict:
         array = _get_path(document, truncation["field"].split("."))
         if isinstance(array, list):
             del array[truncation["newSize"] :]
-    for path, value in (update_description.get("updatedFields") or {}).items():
-        set_path(document, path, value)
+    updated_fields = update_description.get("updatedFields")
+    if updated_fields:
+        for path, value in updated_fields.items():
+            set_path(document, path, _copied(value))
     return document
 
 

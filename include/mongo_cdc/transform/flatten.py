@@ -33,6 +33,10 @@ structs), so elements of different types no longer merge into a fallback column;
 ``flatten.struct`` lifts nested documents' fields to top-level ``a<delimiter>b`` columns (arrays
 stay as they are; an empty document stays a column of its own). If two paths of one document
 flatten to the same name, the later one gets a leading ``_`` until the name is free.
+
+Documents are BSON-decoded values: every ``dict`` is an embedded document, whatever its field
+names (``{"$numberLong": "5"}`` is a document with a field ``$numberLong``); BSON types such as
+ObjectId, dates or DBRefs are values, never documents.
 """
 
 from __future__ import annotations
@@ -46,7 +50,8 @@ from mongo_cdc.transform.raw_events import ChangeEvent
 
 
 def change_document(event: ChangeEvent) -> dict[str, Any] | None:
-    """The document part of the change row (parsed EJSON), before encoding; None for a tombstone."""
+    """The document part of the change row, before encoding; None for a tombstone. It may be
+    ``event.after`` itself: callers do not modify it."""
     if event.op is None:
         return None
     if event.op != "d" and event.after_bson is not None:
@@ -54,8 +59,10 @@ def change_document(event: ChangeEvent) -> dict[str, Any] | None:
     document = {"_id": event.document_id}
     if event.op == "d" or event.update_description is None:
         return document
-    for path, value in (event.update_description.get("updatedFields") or {}).items():
-        set_path(document, path, value)
+    updated_fields = event.update_description.get("updatedFields")
+    if updated_fields:
+        for path, value in updated_fields.items():
+            set_path(document, path, value)
     for path in event.update_description.get("removedFields") or ():
         set_path(document, path, None)
     return document
@@ -96,14 +103,10 @@ def encode_document(document: dict[str, Any], options: FlatteningOptions) -> dic
     return document
 
 
-def _is_embedded_document(value: Any) -> bool:
-    return isinstance(value, dict)
-
-
 def _arrays_as_documents(value: Any) -> Any:
     if isinstance(value, list):
         return {f"_{index}": _arrays_as_documents(element) for index, element in enumerate(value)} or None
-    if _is_embedded_document(value):
+    if isinstance(value, dict):
         return {name: _arrays_as_documents(inner) for name, inner in value.items()}
     return value
 
@@ -114,7 +117,7 @@ def _flattened(document: dict[str, Any], delimiter: str) -> dict[str, Any]:
     def lift(prefix: str | None, embedded: dict[str, Any]) -> None:
         for name, value in embedded.items():
             column = name if prefix is None else f"{prefix}{delimiter}{name}"
-            if _is_embedded_document(value) and value:
+            if isinstance(value, dict) and value:
                 lift(column, value)
                 continue
             while column in flat:

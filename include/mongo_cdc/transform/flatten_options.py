@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, NamedTuple
 
-from mongo_cdc.transform import ejson_types as types
+from mongo_cdc.transform import columns as types
 
 ARRAY_ENCODINGS = ("array", "document")
 DELETE_TOMBSTONE_HANDLING_MODES = ("drop", "tombstone", "rewrite", "rewrite-with-tombstone")

@@ -138,7 +138,10 @@ class TableLayout:
         typed = {column.field: column for column in document_columns if not column.fallback}
         for name in sorted(batch.conflicts - set(self.fallback_columns)):
             if name not in typed:
-                raise ValueError(f"field {name!r} conflicts with a column this layout does not have")
+                raise ValueError(
+                    f"field {name!r} conflicts with a column this layout does not have: "
+                    "the batch was surveyed against another layout"
+                )
             [sibling] = _free_names([typed[name].column + FALLBACK_SUFFIX], taken, self.sanitize_field_names)
             document_columns.append(DocumentColumn(sibling, name, types.FALLBACK, types.FALLBACK, True))
             taken.add(sibling)
