@@ -51,6 +51,8 @@ class SourceConfig:
     spark_conn_id: str = "spark_default"
     lake_root: str = ""
     lake_conn_id: str | None = None  # Airflow connection with the lake's credentials (object stores)
+    lake_optimize_interval_hours: int = 24  # 0: never compact (see maintenance.maintain_table)
+    lake_retention_hours: int = 168
     database_include: tuple[re.Pattern, ...] = ()
     database_exclude: tuple[re.Pattern, ...] = ()
     collection_include: tuple[re.Pattern, ...] = ()
@@ -233,6 +235,11 @@ _KEYS = {
     "spark.connection.id": ("spark_conn_id", _text),
     "lake.root": ("lake_root", _text),
     "lake.connection.id": ("lake_conn_id", _text),
+    "lake.optimize.interval.hours": (
+        "lake_optimize_interval_hours",
+        lambda p, k, v: _positive_int(p, k, v, allow_zero=True),
+    ),
+    "lake.retention.hours": ("lake_retention_hours", _positive_int),
     "database.include.list": ("database_include", _regex_list),
     "database.exclude.list": ("database_exclude", _regex_list),
     "collection.include.list": ("collection_include", _regex_list),

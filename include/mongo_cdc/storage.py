@@ -17,6 +17,7 @@ Cloudflare R2 and moto's server (used by the tests) do. Nothing in the lake reli
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import re
@@ -29,6 +30,10 @@ from urllib.parse import urlsplit
 if TYPE_CHECKING:
     import pyarrow as pa
     import pyarrow.fs as pafs
+    from deltalake import DeltaTable
+
+# A table version for time travel: its number, a timestamp (datetime or ISO-8601 text), None = latest.
+TableVersion = int | str | dt.datetime | None
 
 # Object-store schemes a lake root may use (delta-rs and pyarrow both understand them).
 URI_SCHEMES = ("s3", "gs", "abfs", "abfss")
@@ -163,6 +168,19 @@ class LakeLocation:
         if not isinstance(options, dict) or not all(isinstance(v, str) for v in options.values()):
             raise ValueError(f"environment variable {STORAGE_OPTIONS_ENV} must be a JSON object of strings")
         return cls(root, options)
+
+
+def open_table(
+    table_uri: str, storage_options: Mapping[str, str] | None = None, version: TableVersion = None
+) -> DeltaTable:
+    """The Delta table at ``version``: a number, a datetime or an ISO-8601 timestamp; None = latest."""
+    from deltalake import DeltaTable
+
+    if isinstance(version, int) or version is None:
+        return DeltaTable(table_uri, storage_options=dict(storage_options or {}), version=version)
+    table = DeltaTable(table_uri, storage_options=dict(storage_options or {}))
+    table.load_as_version(version)
+    return table
 
 
 def _s3_filesystem(options: Mapping[str, str]) -> pafs.S3FileSystem:
