@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import re
 import sys
@@ -84,6 +85,9 @@ def test_readers_see_exactly_the_live_rows(table_uri, spark) -> None:
     uri, before, live = table_uri
     assert set(read_table(uri, columns=["id"]).column("id").to_pylist()) == live
     assert set(read_table(uri, version=2).column("id").to_pylist()) == before
+    committed = next(entry for entry in DeltaTable(uri).history() if entry["version"] == 2)["timestamp"]
+    at = dt.datetime.fromtimestamp(committed / 1000, tz=dt.timezone.utc)
+    assert read_table(uri, version=at).num_rows == len(before)  # time travel by timestamp
 
     connection = duckdb_connection()
     rows = connection.sql(f"SELECT id, hour FROM delta_scan('{uri}')").fetchall()
