@@ -47,8 +47,8 @@ from pyspark.sql import SparkSession
 
 from mongo_cdc import extjson, lake
 from mongo_cdc.extjson import DECODE_OPTIONS
-from mongo_cdc.landing import COMMIT_RETRIES, SnapshotManifest, SourceLake, open_table
-from mongo_cdc.storage import LakeLocation
+from mongo_cdc.landing import COMMIT_RETRIES, SnapshotManifest, SourceLake
+from mongo_cdc.storage import LakeLocation, table_if_exists
 from mongo_cdc.transform import columns
 from mongo_cdc.transform.document_state import (
     DocumentVersion,
@@ -249,7 +249,7 @@ class CollectionTransform:
         self.raw_path = "/".join(("raw", source_lake.prefix, db, collection))
         self.state_uri = lake.table_uri(self.location, "state", source_lake.prefix, db, collection)
         self.changes_uri = lake.table_uri(self.location, "changes", source_lake.prefix, db, collection)
-        raw = open_table(self.location.table_uri(self.raw_path), self.options)
+        raw = table_if_exists(self.location.table_uri(self.raw_path), self.options)
         self.files = raw_files(raw, self.raw_path) if raw is not None else []
 
     def run(self) -> dict[str, Any]:
@@ -281,7 +281,7 @@ class CollectionTransform:
     # -- state ---------------------------------------------------------------------------
 
     def update_state(self) -> dict[str, Any]:
-        table = open_table(self.state_uri, self.options)
+        table = table_if_exists(self.state_uri, self.options)
         applied = self.applied(table, "state")
         window = BatchWindow(applied, self.committed)
         manifests = [m for m in self.manifests if applied.get(m.rs, 0) < m.seq <= self.committed.get(m.rs, 0)]
@@ -338,7 +338,10 @@ class CollectionTransform:
             self.merge_state(table, versions, layout, manifests, drops)
         versions.unpersist()
         events.unpersist()
-        return {"new_events": new_events, "state_rows": _row_count(open_table(self.state_uri, self.options))}
+        return {
+            "new_events": new_events,
+            "state_rows": _row_count(table_if_exists(self.state_uri, self.options)),
+        }
 
     def merge_state(
         self,
@@ -381,7 +384,7 @@ class CollectionTransform:
     # -- changes -------------------------------------------------------------------------
 
     def update_changes(self) -> dict[str, Any]:
-        table = open_table(self.changes_uri, self.options)
+        table = table_if_exists(self.changes_uri, self.options)
         rebuilt = table is not None and _recorded_flattening(table) != self.flattening.to_json()
         if rebuilt:
             log.warning(
@@ -394,12 +397,12 @@ class CollectionTransform:
         if not window.is_empty:
             files = [f for f in self.files if window.may_hold(f.min_seq, f.max_seq)]
             written += self.write_changes(table, files, window.filter(), overwrite=rebuilt)
-            table = open_table(self.changes_uri, self.options)
+            table = table_if_exists(self.changes_uri, self.options)
         if self.rebuild_hours and table is not None:
             hours = set(self.rebuild_hours)
             files = [f for f in self.files if f.hour in hours]
             written += self.write_changes(table, files, committed_filter(self.committed), hours=hours)
-            table = open_table(self.changes_uri, self.options)
+            table = table_if_exists(self.changes_uri, self.options)
         return {
             "change_rows": _row_count(table),
             "change_rows_written": written,

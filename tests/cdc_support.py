@@ -18,8 +18,8 @@ from sqlalchemy import select
 
 from mongo_cdc import extjson
 from mongo_cdc.lake import pack_cluster_time, table_uri
-from mongo_cdc.landing import SourceLake, open_table
-from mongo_cdc.storage import LakeLocation
+from mongo_cdc.landing import SourceLake
+from mongo_cdc.storage import LakeLocation, table_if_exists
 
 EJSON_OPTIONS = json_util.JSONOptions(datetime_conversion=bson.DatetimeConversion.DATETIME_MS)
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
@@ -112,7 +112,7 @@ class CdcSource:
 
     def table_rows(self, zone: str, collection: str) -> list[dict]:
         """Every live row of a derived table, read with delta-rs (no table yet: none)."""
-        table = open_table(
+        table = table_if_exists(
             table_uri(LakeLocation(self.lake_root), zone, self.prefix, self.database, collection), {}
         )
         return [] if table is None else pa.table(table.to_pyarrow_dataset().to_table()).to_pylist()

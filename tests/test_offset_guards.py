@@ -7,13 +7,15 @@ import json
 from airflow.models import Variable
 from datagen import load
 
-from mongo_cdc.landing import open_table
 from mongo_cdc.offsets import offset_key
+from mongo_cdc.storage import table_if_exists
 
 
 def _raw_files(source) -> list[str]:
     """Every data file of the raw tables, and each table's version."""
-    tables = [open_table(source.lake.raw_uri(f"{source.database}.{c}"), {}) for c in ("customers", "orders")]
+    tables = [
+        table_if_exists(source.lake.raw_uri(f"{source.database}.{c}"), {}) for c in ("customers", "orders")
+    ]
     return sorted(uri for table in tables for uri in [str(table.version()), *table.file_uris()])
 
 

@@ -20,10 +20,10 @@ from pymongo import MongoClient
 from mongo_cdc import lake
 from mongo_cdc.config import SourceConfig, SourceConfigError, load_source
 from mongo_cdc.debezium_export import debezium_record, transaction_records
-from mongo_cdc.landing import SourceLake, open_table
+from mongo_cdc.landing import SourceLake
 from mongo_cdc.offsets import OffsetKeeper
 from mongo_cdc.snapshot import run_snapshot
-from mongo_cdc.storage import LakeLocation
+from mongo_cdc.storage import LakeLocation, table_if_exists
 from mongo_cdc.streaming import pull_changes
 from mongo_cdc.testing import ReplicaSet
 from mongo_cdc.testing.lake import memory_keeper
@@ -78,7 +78,7 @@ def _transaction_records(config: SourceConfig) -> list[dict]:
 
 
 def _landed_transaction_rows(config: SourceConfig) -> list[dict]:
-    table = open_table(_source_lake(config).source_uri(lake.TRANSACTION_DIR), {})
+    table = table_if_exists(_source_lake(config).source_uri(lake.TRANSACTION_DIR), {})
     return [] if table is None else table.to_pyarrow_dataset().to_table().to_pylist()
 
 
@@ -194,7 +194,7 @@ def test_metadata_off_writes_no_records_and_no_blocks(client, tmp_path, db_name)
 
 
 def _heartbeats(config: SourceConfig) -> list[dict]:
-    table = open_table(_source_lake(config).source_uri(lake.HEARTBEAT_DIR), {})
+    table = table_if_exists(_source_lake(config).source_uri(lake.HEARTBEAT_DIR), {})
     return [] if table is None else table.to_pyarrow_dataset().to_table().to_pylist()
 
 

@@ -34,9 +34,9 @@ from pymongo.collection import Collection
 
 from mongo_cdc import extjson
 from mongo_cdc.config import SourceConfig
-from mongo_cdc.landing import SourceLake, open_table
+from mongo_cdc.landing import SourceLake
 from mongo_cdc.snapshot import ROW_GROUP_BYTES, ROW_GROUP_ROWS, run_snapshot
-from mongo_cdc.storage import LakeLocation
+from mongo_cdc.storage import LakeLocation, table_if_exists
 from mongo_cdc.testing import ReplicaSet
 from mongo_cdc.testing.lake import memory_keeper
 
@@ -192,7 +192,7 @@ def check_lake(lake_root: str, prefix: str, collection: Collection, expected: in
     """Rows and data files of the snapshot's raw table; spot-checks rows against the documents' BSON."""
     namespace = f"{collection.database.name}.{collection.name}"
     source_lake = SourceLake(LakeLocation(lake_root), prefix)
-    table = open_table(source_lake.raw_uri(namespace), {})
+    table = table_if_exists(source_lake.raw_uri(namespace), {})
     files = len(table.file_uris()) if table is not None else 0
     landed = source_lake.committed_raw(namespace, columns=["key", "after"])
     if landed.num_rows != expected:

@@ -17,6 +17,7 @@ import yaml
 from mongo_cdc.capture_modes import CAPTURE_MODES, FULL_UPDATE_TYPES, check_full_update_type
 from mongo_cdc.field_filters import FieldFilters, FieldRule, parse_rules
 from mongo_cdc.oversized_events import OVERSIZE_MODES
+from mongo_cdc.storage import LakeRootError, resolve_root
 from mongo_cdc.transform.flatten_options import (
     ARRAY_ENCODINGS,
     DELETE_TOMBSTONE_HANDLING_MODES,
@@ -49,6 +50,9 @@ class SourceConfig:
     mongo_conn_id: str = "mongo_default"
     spark_conn_id: str = "spark_default"
     lake_root: str = ""
+    lake_conn_id: str | None = None  # Airflow connection with the lake's credentials (object stores)
+    lake_optimize_interval_hours: int = 24  # 0: never compact (see maintenance.maintain_table)
+    lake_retention_hours: int = 168
     database_include: tuple[re.Pattern, ...] = ()
     database_exclude: tuple[re.Pattern, ...] = ()
     collection_include: tuple[re.Pattern, ...] = ()
@@ -230,6 +234,12 @@ _KEYS = {
     "mongodb.connection.id": ("mongo_conn_id", _text),
     "spark.connection.id": ("spark_conn_id", _text),
     "lake.root": ("lake_root", _text),
+    "lake.connection.id": ("lake_conn_id", _text),
+    "lake.optimize.interval.hours": (
+        "lake_optimize_interval_hours",
+        lambda p, k, v: _positive_int(p, k, v, allow_zero=True),
+    ),
+    "lake.retention.hours": ("lake_retention_hours", _positive_int),
     "database.include.list": ("database_include", _regex_list),
     "database.exclude.list": ("database_exclude", _regex_list),
     "collection.include.list": ("collection_include", _regex_list),
@@ -325,10 +335,12 @@ def load_source(path: str) -> SourceConfig:
         raise SourceConfigError(
             f"{path}: key 'connect.backoff.max.delay.ms' must be >= 'connect.backoff.initial.delay.ms'"
         )
-    lake_root = values.get("lake_root") or default_lake_root()
-    if not os.path.isabs(lake_root) and "://" not in lake_root:
-        lake_root = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(path)), lake_root))
-    values["lake_root"] = lake_root
+    try:  # a relative local path is taken from the YAML's folder; a URI is kept as it is
+        values["lake_root"] = resolve_root(
+            values.get("lake_root") or default_lake_root(), os.path.dirname(os.path.abspath(path))
+        )
+    except LakeRootError as exc:
+        raise SourceConfigError(f"{path}: key 'lake.root': {exc}") from None
     name = os.path.splitext(os.path.basename(path))[0]
     try:
         return SourceConfig(name=name, path=os.path.abspath(path), **values)

@@ -25,8 +25,8 @@ import pyarrow.compute as pc
 
 from mongo_cdc import extjson
 from mongo_cdc.lake import COLLECTION_OPERATIONS, TRANSACTION_DIR
-from mongo_cdc.landing import SourceLake, open_table
-from mongo_cdc.storage import LakeLocation
+from mongo_cdc.landing import SourceLake
+from mongo_cdc.storage import LakeLocation, table_if_exists
 
 
 def debezium_record(row: dict[str, Any]) -> dict[str, Any]:
@@ -56,7 +56,7 @@ def debezium_record(row: dict[str, Any]) -> dict[str, Any]:
 
 def transaction_records(source_lake: SourceLake) -> list[dict[str, Any]]:
     """Every committed BEGIN/END record as a Debezium transaction-topic record, in oplog order (BEGIN first)."""
-    table = open_table(source_lake.source_uri(TRANSACTION_DIR), source_lake.options)
+    table = table_if_exists(source_lake.source_uri(TRANSACTION_DIR), source_lake.options)
     if table is None:
         return []
     keep = pc.scalar(False)

@@ -25,8 +25,9 @@ from mongo_cdc import extjson
 from mongo_cdc.config import SourceConfig
 from mongo_cdc.events import now_ms
 from mongo_cdc.lake import HEARTBEAT_DIR, hour_partition, pack_cluster_time
-from mongo_cdc.landing import SourceLake, open_table
+from mongo_cdc.landing import SourceLake
 from mongo_cdc.offsets import Offset
+from mongo_cdc.storage import table_if_exists
 
 HEARTBEAT_SCHEMA = pa.schema(
     [
@@ -42,7 +43,7 @@ HEARTBEAT_SCHEMA = pa.schema(
 
 def last_heartbeat_ms(source_lake: SourceLake, rs: str) -> int | None:
     """``ts_ms`` of the replica set's newest heartbeat, None if it has none."""
-    table = open_table(source_lake.source_uri(HEARTBEAT_DIR), source_lake.options)
+    table = table_if_exists(source_lake.source_uri(HEARTBEAT_DIR), source_lake.options)
     if table is None:
         return None
     stamps = table.to_pyarrow_dataset().to_table(columns=["ts_ms"], filter=pc.field("rs") == rs)

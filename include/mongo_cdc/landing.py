@@ -28,10 +28,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from bson import json_util
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
-from deltalake.exceptions import TableNotFoundError
 
 from mongo_cdc import extjson, lake
-from mongo_cdc.storage import LakeLocation
+from mongo_cdc.storage import LakeLocation, table_if_exists
 
 log = logging.getLogger(__name__)
 
@@ -118,14 +117,6 @@ class Batch:
         )
 
 
-def open_table(uri: str, storage_options: dict[str, str]) -> DeltaTable | None:
-    """The Delta table at ``uri``, or None where there is none yet."""
-    try:
-        return DeltaTable(uri, storage_options=storage_options)
-    except TableNotFoundError:
-        return None
-
-
 class SourceLake:
     """One source's raw tables (one ``topic.prefix`` in one lake) and its batch log."""
 
@@ -148,7 +139,7 @@ class SourceLake:
     def _table(self, uri: str) -> DeltaTable | None:
         table = self._tables.get(uri)
         if table is None:
-            table = open_table(uri, self.options)
+            table = table_if_exists(uri, self.options)
             if table is not None:
                 self._tables[uri] = table
         else:

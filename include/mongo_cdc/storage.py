@@ -1,47 +1,247 @@
-"""Where the lake lives: a local path or an object-store URI, with the options to reach it.
+"""Where the lake lives: a local path or an object-store URI, plus the credentials to reach it.
 
-delta-rs (object_store) and the pyarrow filesystem below use the same ``storage_options`` keys
-(``AWS_ACCESS_KEY_ID``, ``AWS_ENDPOINT_URL``, ...), so one location serves every writer and reader.
+``LakeLocation`` is the one value every writer and reader of the lake gets. Its
+``storage_options`` are delta-rs (object_store) keys such as ``AWS_ACCESS_KEY_ID``; the
+Airflow side builds them from a connection (``mongo_cdc_airflow.lake_storage``), and the
+Spark driver and executors get them through one environment variable (``to_env``/``from_env``)
+or inside the pickled location, never on a command line.
+
+Commits on S3. delta-rs 1.x writes each ``_delta_log/<version>.json`` with a conditional put
+(``If-None-Match: *``) by default: no option is needed, no DynamoDB lock, and
+``AWS_S3_ALLOW_UNSAFE_RENAME`` is ignored. Two writers racing for one version therefore never
+overwrite each other: the loser re-reads the log and retries, or fails with
+``CommitFailedError`` when its transaction conflicts (for instance the same app transaction
+already committed). The store must support conditional writes: AWS S3 (since 2024), MinIO,
+Cloudflare R2 and moto's server (used by the tests) do. Nothing in the lake relies on renames.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cache
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
-import pyarrow.fs as pafs
+if TYPE_CHECKING:
+    import pyarrow as pa
+    import pyarrow.fs as pafs
+    from deltalake import DeltaTable
 
+# A table version for time travel: its number, a timestamp (datetime or ISO-8601 text), None = latest.
+TableVersion = int | str | dt.datetime | None
+
+# Object-store schemes a lake root may use (delta-rs and pyarrow both understand them).
+URI_SCHEMES = ("s3", "gs", "abfs", "abfss")
 STORAGE_OPTIONS_ENV = "MONGO_CDC_LAKE_STORAGE_OPTIONS"
+_URI = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://(?P<rest>.*)$")
+# Option names whose values are never printed (repr, errors, logs).
+_SECRET_KEY = re.compile(r"secret|token|key|password|sas|credential", re.IGNORECASE)
+# delta-rs S3 option -> pyarrow.fs.S3FileSystem argument (see LakeLocation.filesystem).
+_S3_FILESYSTEM_ARGS = {
+    "AWS_ACCESS_KEY_ID": "access_key",
+    "AWS_SECRET_ACCESS_KEY": "secret_key",
+    "AWS_SESSION_TOKEN": "session_token",
+    "AWS_REGION": "region",
+}
 
 
-@dataclass(frozen=True)
+class LakeRootError(ValueError):
+    """``lake.root`` is neither an absolute local path nor a URI of a supported object store."""
+
+
+def _allowed_roots() -> str:
+    return "an absolute local path or " + ", ".join(f"{scheme}://<bucket>/<prefix>" for scheme in URI_SCHEMES)
+
+
+def uri_scheme(root: str) -> str | None:
+    """The scheme of a ``scheme://`` root (lower case), None for a local path."""
+    match = _URI.match(root)
+    return match["scheme"].lower() if match else None
+
+
+def resolve_root(root: str, relative_to: str) -> str:
+    """A checked lake root: URIs as given (no trailing ``/``), local paths absolute and normalised.
+
+    A relative local path is taken relative to ``relative_to`` (the source YAML's folder); a URI
+    never is. An unknown scheme or a URI without a bucket raises ``LakeRootError``.
+    """
+    scheme = uri_scheme(root)
+    if scheme is None:
+        return os.path.normpath(os.path.join(relative_to, root))
+    if scheme not in URI_SCHEMES:
+        raise LakeRootError(
+            f"lake root {root!r} has an unsupported scheme '{scheme}://'; use {_allowed_roots()}"
+        )
+    if not urlsplit(root).netloc:
+        raise LakeRootError(f"lake root {root!r} names no bucket or container; use {_allowed_roots()}")
+    return f"{scheme}://{_URI.match(root)['rest'].rstrip('/')}"
+
+
+def _redacted(options: Mapping[str, str]) -> dict[str, str]:
+    return {key: "***" if _SECRET_KEY.search(key) else value for key, value in options.items()}
+
+
+@dataclass(frozen=True, repr=False)
 class LakeLocation:
+    """The lake root and the delta-rs storage options that reach it (picklable, secrets never shown)."""
+
     root: str
     storage_options: Mapping[str, str] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        if uri_scheme(self.root) is None and not os.path.isabs(self.root):
+            raise LakeRootError(f"lake root {self.root!r} is relative; use {_allowed_roots()}")
+        object.__setattr__(self, "root", resolve_root(self.root, "/"))
+        # a plain dict: pickles into Spark closures, and callers cannot change ours
+        object.__setattr__(self, "storage_options", {str(k): str(v) for k, v in self.storage_options.items()})
+
+    def __repr__(self) -> str:
+        return f"LakeLocation(root={self.root!r}, storage_options={_redacted(self.storage_options)!r})"
+
     @property
     def is_local(self) -> bool:
-        return "://" not in self.root or self.root.startswith("file://")
+        return uri_scheme(self.root) is None
 
     def table_uri(self, *parts: str) -> str:
-        return "/".join([self.root.rstrip("/"), *parts])
+        """URI (or absolute path) of a table or file under the root, e.g. ``table_uri("state", p, db, c)``."""
+        if any(not part or "/" in part for part in parts):
+            raise ValueError(f"lake path parts must be non-empty names without '/', got {parts!r}")
+        if self.is_local:
+            return os.path.join(self.root, *parts)
+        return "/".join((self.root, *parts))
 
     def filesystem(self) -> tuple[pafs.FileSystem, str]:
-        """A pyarrow filesystem for arbitrary files under the root, and the root's path in it."""
-        if self.is_local:
-            return pafs.LocalFileSystem(), self.root.removeprefix("file://")
-        from deltalake.fs import DeltaStorageHandler
+        """A pyarrow filesystem for arbitrary files of the lake, and the root's path inside it.
 
-        return pafs.PyFileSystem(DeltaStorageHandler(self.root, dict(self.storage_options))), ""
+        ``fs, base = location.filesystem(); pq.read_table(f"{base}/raw/...", filesystem=fs)``; new
+        files are best created with ``open_output``.
+
+        * local: ``LocalFileSystem``, base = the root.
+        * s3: pyarrow's native ``S3FileSystem`` built from the same options (key, secret, session
+          token, region, endpoint), base = ``<bucket>/<prefix>``. It is C++, releases the GIL during
+          I/O and was 1.4-2.5x faster than the alternative below against moto. Any other option is
+          refused rather than silently ignored.
+        * gs, abfs(s): ``PyFileSystem`` over delta-rs' own ``DeltaStorageHandler``, so every
+          delta-rs option works unchanged (untested against a real GCS/Azure account here). It
+          holds the GIL during I/O, which is why S3 does not use it.
+        """
+        import pyarrow.fs as pafs  # here, not at the top: the DAG file's parse imports this module
+
+        scheme = uri_scheme(self.root)
+        if scheme is None:
+            return pafs.LocalFileSystem(), self.root
+        parts = urlsplit(self.root)
+        base = f"{parts.netloc}{parts.path}" if scheme == "s3" else parts.path.strip("/")
+        if scheme == "s3":
+            return _s3_filesystem(self.storage_options), base.rstrip("/")
+        return _object_store_filesystem(f"{scheme}://{parts.netloc}", self.storage_options), base
+
+    def open_output(self, *parts: str) -> pa.NativeFile:
+        """A new file ``<root>/<parts...>`` to write (local: its directories are made first).
+
+        Use this rather than ``filesystem()`` to create files: a local filesystem needs the
+        directories, and creating them on S3 would leave empty ``dir/`` marker objects.
+        """
+        fs, base = self.filesystem()
+        path = "/".join((base, *parts))
+        if self.is_local:
+            fs.create_dir(os.path.dirname(path), recursive=True)
+        return fs.open_output_stream(path)
 
     def to_env(self) -> dict[str, str]:
-        return {STORAGE_OPTIONS_ENV: json.dumps(dict(self.storage_options))}
+        """Environment that gives a child process (spark-submit, its executors) these options."""
+        return {STORAGE_OPTIONS_ENV: json.dumps(dict(self.storage_options), sort_keys=True)}
 
     @classmethod
-    def from_env(cls, root: str) -> LakeLocation:
-        return cls(root, json.loads(os.environ.get(STORAGE_OPTIONS_ENV) or "{}"))
+    def from_env(cls, root: str, environ: Mapping[str, str] | None = None) -> LakeLocation:
+        """The location of ``root`` with the options ``to_env`` passed (none: ambient credentials)."""
+        text = (os.environ if environ is None else environ).get(STORAGE_OPTIONS_ENV, "")
+        try:
+            options = json.loads(text) if text else {}
+        except ValueError:
+            options = None  # the text may hold secrets: the error names the variable only
+        if not isinstance(options, dict) or not all(isinstance(v, str) for v in options.values()):
+            raise ValueError(f"environment variable {STORAGE_OPTIONS_ENV} must be a JSON object of strings")
+        return cls(root, options)
 
-    def __repr__(self) -> str:  # never print credentials
-        return f"LakeLocation({self.root!r}, storage_options=<{len(self.storage_options)} keys>)"
+
+def table_if_exists(table_uri: str, storage_options: Mapping[str, str] | None = None) -> DeltaTable | None:
+    """The latest version of the Delta table at ``table_uri``, or None where there is none yet."""
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    try:
+        return DeltaTable(table_uri, storage_options=dict(storage_options or {}))
+    except TableNotFoundError:
+        return None
+
+
+def open_table(
+    table_uri: str, storage_options: Mapping[str, str] | None = None, version: TableVersion = None
+) -> DeltaTable:
+    """The Delta table at ``version``: a number, a datetime or an ISO-8601 timestamp; None = latest."""
+    from deltalake import DeltaTable
+
+    if isinstance(version, int) or version is None:
+        return DeltaTable(table_uri, storage_options=dict(storage_options or {}), version=version)
+    table = DeltaTable(table_uri, storage_options=dict(storage_options or {}))
+    table.load_as_version(version)
+    return table
+
+
+def _s3_filesystem(options: Mapping[str, str]) -> pafs.S3FileSystem:
+    import pyarrow.fs as pafs
+
+    args: dict[str, Any] = {}
+    for key, value in options.items():
+        name = key.upper()
+        if name in _S3_FILESYSTEM_ARGS:
+            args[_S3_FILESYSTEM_ARGS[name]] = value
+        elif name == "AWS_ENDPOINT_URL":
+            endpoint = urlsplit(value)
+            args["endpoint_override"] = f"{endpoint.netloc}{endpoint.path}".rstrip("/")
+            args["scheme"] = endpoint.scheme or "https"
+        elif name != "AWS_ALLOW_HTTP":  # the endpoint's scheme says it for pyarrow
+            raise ValueError(
+                f"S3 storage option {key!r} has no pyarrow S3FileSystem equivalent; "
+                f"supported: {', '.join([*_S3_FILESYSTEM_ARGS, 'AWS_ENDPOINT_URL', 'AWS_ALLOW_HTTP'])}"
+            )
+    return pafs.S3FileSystem(**args)
+
+
+def _object_store_filesystem(bucket_uri: str, options: Mapping[str, str]) -> pafs.PyFileSystem:
+    """delta-rs' object_store client as a pyarrow filesystem rooted at the bucket (paths: ``<prefix>/…``)."""
+    import pyarrow.fs as pafs
+
+    return pafs.PyFileSystem(_storage_handler_class()(bucket_uri, dict(options)))
+
+
+@cache
+def _storage_handler_class() -> type:
+    import pyarrow as pa
+    from deltalake.fs import DeltaStorageHandler
+
+    class StorageHandler(DeltaStorageHandler):
+        # delta-rs' output stream accepts only ``bytes``, but pyarrow's NativeFile.write hands it a Buffer
+        def open_output_stream(self, path: str, metadata: dict[str, str] | None = None) -> pa.PythonFile:
+            return pa.PythonFile(_BytesWriter(self._handler.open_output_stream(path, metadata)), mode="w")
+
+    return StorageHandler
+
+
+class _BytesWriter:
+    """Hands delta-rs' output stream ``bytes`` whatever buffer pyarrow writes."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, data: Any) -> int:
+        return self._stream.write(data if isinstance(data, bytes) else bytes(data))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)

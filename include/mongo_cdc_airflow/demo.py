@@ -114,9 +114,9 @@ def raw_ops(lake_root: str, prefix: str, namespace: str) -> Counter:
 
 def table_rows(uri: str) -> int:
     """Live rows of a Delta table (as any Delta reader counts them), 0 if it has none yet."""
-    from mongo_cdc.landing import open_table
+    from mongo_cdc.storage import table_if_exists
 
-    table = open_table(uri, {})
+    table = table_if_exists(uri, {})
     return 0 if table is None else table.to_pyarrow_dataset().count_rows()
 
 

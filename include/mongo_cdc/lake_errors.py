@@ -1,0 +1,157 @@
+"""Damaged lakes: data files missing or truncated, and lakes still in the previous layout.
+
+``naming_damaged_files`` turns whatever delta-rs, pyarrow or Spark raises on a damaged data file
+(their messages differ and some name no file) into a ``LakeFileError`` naming the file and the
+fix. It finds the file by comparing each live file of the table with the size the Delta log
+recorded for it, so it does not depend on the wording of anybody's message.
+
+``refuse_legacy_layout`` refuses a lake written by mongo-cdc before the Delta layout (plain
+Parquet directories switched by symlinks under ``_versions/``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from urllib.parse import unquote
+
+from pyarrow.fs import FileSelector, FileSystem, FileType
+
+from mongo_cdc.storage import LakeLocation, TableVersion, open_table
+
+ZONES = ("raw", "changes", "state")
+
+
+class LakeFileError(RuntimeError):
+    """A data file a Delta table lists is missing or damaged; the message names it and the fix."""
+
+
+class LegacyLakeError(RuntimeError):
+    """The lake root holds tables of the previous (Parquet + symlinks) layout."""
+
+
+@dataclass(frozen=True)
+class DamagedFile:
+    uri: str
+    problem: str  # "missing" or "truncated: <actual> of <logged> bytes"
+
+
+def damaged_files(
+    table_uri: str, storage_options: Mapping[str, str] | None = None, version: TableVersion = None
+) -> list[DamagedFile]:
+    """The live files of a table version whose object is missing or not the size its log recorded."""
+    import pyarrow as pa
+
+    actions = pa.table(open_table(table_uri, storage_options, version).get_add_actions(flatten=True))
+    base = table_uri.rstrip("/")
+    fs, root = LakeLocation(base, storage_options or {}).filesystem()
+    # the log holds paths relative to the table, percent-encoded like URIs
+    relative = [unquote(path) for path in actions.column("path").to_pylist()]
+    infos = fs.get_file_info([f"{root}/{path}" for path in relative])
+    damaged = []
+    for path, logged, info in zip(relative, actions.column("size_bytes").to_pylist(), infos, strict=True):
+        if info.type == FileType.NotFound:
+            damaged.append(DamagedFile(f"{base}/{path}", "missing"))
+        elif info.size != logged:
+            damaged.append(DamagedFile(f"{base}/{path}", f"truncated: {info.size} of {logged} bytes"))
+    return damaged
+
+
+def fix_for(table_uri: str, version: TableVersion = None) -> str:
+    """What a user does about a damaged file of this table (by its zone, from the lake layout)."""
+    parts = table_uri.rstrip("/").split("/")
+    zone, db, collection = (parts[-4], parts[-2], parts[-1]) if len(parts) >= 4 else ("", "", "")
+    restore = "Restore the file from a backup or the bucket's object versioning"
+    if version is not None:
+        restore = (
+            f"Version {version} may be older than lake.retention.hours, whose files vacuum deletes: "
+            f"read a newer version. Otherwise, restore the file from a backup or object versioning"
+        )
+    if zone == "raw":
+        return f"{restore}; raw history cannot be rebuilt (MongoDB's oplog no longer holds it)."
+    if zone in ("changes", "state"):
+        conf = json.dumps({"resnapshot": True, "collections": [f"{db}.{collection}"]})
+        lost = " (the changes table keeps the new snapshot's reads; the lost file's events stay lost)"
+        return (
+            f"{restore}, or re-snapshot the collection: trigger the source's DAG with {conf}"
+            f"{lost if zone == 'changes' else ''}."
+        )
+    return f"{restore}."
+
+
+@contextmanager
+def naming_damaged_files(
+    table_uri: str, storage_options: Mapping[str, str] | None = None, version: TableVersion = None
+) -> Iterator[None]:
+    """Re-raise a read's failure as ``LakeFileError`` when the table has a missing or truncated file.
+
+    Any other failure (a bad query, a network error on a healthy table) propagates unchanged.
+    """
+    try:
+        yield
+    except LakeFileError:
+        raise
+    except Exception as error:
+        try:
+            damaged = damaged_files(table_uri, storage_options, version)
+        except Exception:  # the check itself failed (the log is gone, say): the read's error says more
+            raise error from None
+        if not damaged:
+            raise
+        listed = "; ".join(f"{file.uri} ({file.problem})" for file in damaged)
+        raise LakeFileError(
+            f"Delta table {table_uri}: data file {listed}. {fix_for(table_uri, version)}"
+        ) from error
+
+
+def refuse_legacy_layout(location: LakeLocation, prefix: str) -> None:
+    """Raise ``LegacyLakeError`` if ``prefix``'s part of the lake was written by the previous layout.
+
+    Signs: a ``_versions/`` directory at the root, a ``changes``/``state`` table that is a symlink,
+    or a table directory (``<zone>/<prefix>/<db>/<collection>``, or a reserved one such as
+    ``raw/<prefix>/transaction``) holding Parquet files or ``hour=`` partitions but no
+    ``_delta_log``. It lists directories level by level (one listing per database and table), and
+    never reads a data file.
+    """
+    found = _legacy_sign(location, prefix)
+    if found:
+        conf = json.dumps({"resnapshot": True})
+        raise LegacyLakeError(
+            f"lake.root {location.root} holds a lake of mongo-cdc's previous layout: {found}. That "
+            "layout is plain Parquet directories switched by symlinks under _versions/, not Delta "
+            "tables, and is not converted in place. Nothing was written. Move the old lake aside (or "
+            f"point lake.root at a new location), then trigger the source's DAG with {conf} so a new "
+            "snapshot builds every table; the old raw history is not carried over."
+        )
+
+
+def _legacy_sign(location: LakeLocation, prefix: str) -> str | None:
+    fs, root = location.filesystem()
+    if fs.get_file_info(f"{root}/_versions").type != FileType.NotFound:
+        return f"a _versions/ directory at {location.table_uri('_versions')}"
+    for zone in ZONES:
+        sign = _plain_parquet(fs, f"{root}/{zone}/{prefix}", 2, location.is_local)
+        if sign:
+            return sign.replace(root, location.root, 1)
+    return None
+
+
+def _plain_parquet(fs: FileSystem, path: str, depth: int, local: bool) -> str | None:
+    """Where under ``path`` (``depth`` levels down) a symlink or Parquet outside a Delta table is."""
+    if local and os.path.islink(path):
+        return f"a symlink at {path}"
+    children = fs.get_file_info(FileSelector(path, allow_not_found=True))
+    names = {posixpath.basename(child.path) for child in children}
+    if "_delta_log" in names:
+        return None
+    if any(name.endswith(".parquet") or name.startswith("hour=") for name in names):
+        return f"Parquet files without a _delta_log in {path}"
+    for child in children if depth > 0 else ():
+        sign = _plain_parquet(fs, child.path, depth - 1, local) if child.type == FileType.Directory else None
+        if sign:
+            return sign
+    return None
