@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
+import subprocess
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -127,6 +129,24 @@ class CdcSource:
         """The committed raw rows of a collection, in oplog order (a tombstone after its delete)."""
         rows = self.lake.committed_raw(f"{self.database}.{collection}").to_pylist()
         return sorted(rows, key=lambda r: (r["cluster_time"], r["event_order"], r["op"] is None))
+
+    def transform(self, *arguments: str) -> dict[str, Any]:
+        """The DAG's Spark job run by hand (e.g. with ``--rebuild-hours``); its JSON summary."""
+        app = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "spark_apps")
+        command = [
+            "spark-submit",
+            "--master",
+            "local[2]",
+            os.path.join(app, "cdc_transform.py"),
+            "--lake-root",
+            self.lake_root,
+            "--topic-prefix",
+            self.prefix,
+            *arguments,
+        ]
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        return json.loads(done.stdout.strip().splitlines()[-1])
 
     def streamed_events(self, collection: str) -> list[tuple[str, str]]:
         """(document id EJSON, op) of every non-snapshot event, tombstones left out, in oplog order."""

@@ -8,17 +8,19 @@ and the state tables are never touched, and running it again changes nothing.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 
-import pyarrow.parquet as pq
 from airflow.models import Variable
 from cdc_support import assert_state_equals_collection, overwrite_the_oplog_past
 from conftest import make_source
+from deltalake import DeltaTable
 
-from mongo_cdc.backfill import HOUR, BackfillResult, backfill_interval
+from mongo_cdc.backfill import HOUR, BackfillResult, backfill_interval, hour_partitions
 from mongo_cdc.config import load_source
-from mongo_cdc.lake import list_history_files, table_path
+from mongo_cdc.lake import HISTORY_SEQ, table_uri
 from mongo_cdc.offsets import offset_key, parse_offset
+from mongo_cdc.storage import LakeLocation
 from mongo_cdc.topology import make_client
 
 
@@ -33,10 +35,14 @@ def _changes(source, collection: str) -> list[tuple]:
 
 
 def _history_events(source, collection: str) -> list[tuple]:
-    rows = []
-    for history in list_history_files(source.lake_root, source.prefix, source.database, collection):
-        rows.extend(pq.read_table(history.path).to_pylist())
+    rows = [row for row in source.raw_rows(collection) if row["batch_seq"] == HISTORY_SEQ]
     return [(r["key"], r["op"]) for r in sorted(rows, key=lambda r: (r["cluster_time"], r["event_order"]))]
+
+
+def _state_version(source, collection: str) -> int:
+    return DeltaTable(
+        table_uri(LakeLocation(source.lake_root), "state", source.prefix, source.database, collection)
+    ).version()
 
 
 def _backfill_this_hour(uri: str, source, rs: str, began: dt.datetime) -> BackfillResult:
@@ -45,7 +51,9 @@ def _backfill_this_hour(uri: str, source, rs: str, began: dt.datetime) -> Backfi
     config = load_source(os.path.join(os.environ["MONGO_CDC_SOURCES_DIR"], f"{source.name}.yaml"))
     offset = parse_offset("offset", Variable.get(offset_key(source.name, rs)))
     with make_client(uri, {}) as client:
-        return backfill_interval(client, config, rs, offset, began, dt.datetime.now(dt.timezone.utc))
+        return backfill_interval(
+            client, config, rs, offset, began, dt.datetime.now(dt.timezone.utc), source.lake
+        )
 
 
 def test_a_backfill_adds_the_history_before_the_first_snapshot_and_moves_nothing_live(
@@ -63,8 +71,7 @@ def test_a_backfill_adds_the_history_before_the_first_snapshot_and_moves_nothing
         items.insert_one({"_id": 3, "v": "c"})
         source.run()
         offset = Variable.get(offset_key(source.name, replica_set.name))
-        state_path = table_path(source.lake_root, "state", source.prefix, db_name, "items")
-        state_version = os.path.realpath(state_path)
+        state_version = _state_version(source, "items")
         live_changes = _changes(source, "items")
         assert [(op, _id) for _, _, op, _id in live_changes] == [("r", 1), ("c", 3)]
 
@@ -73,7 +80,7 @@ def test_a_backfill_adds_the_history_before_the_first_snapshot_and_moves_nothing
         assert run.run_type == "backfill"
         assert _changes(source, "items") == live_changes
         assert Variable.get(offset_key(source.name, replica_set.name)) == offset
-        assert os.path.realpath(state_path) == state_version
+        assert _state_version(source, "items") == state_version
 
         result = _backfill_this_hour(replica_set.uri, source, replica_set.name, began)
         assert result.history == "pulled"
@@ -82,7 +89,11 @@ def test_a_backfill_adds_the_history_before_the_first_snapshot_and_moves_nothing
         assert [event for event in _history_events(source, "items") if event[1] is not None] == history
         assert Variable.get(offset_key(source.name, replica_set.name)) == offset
 
-        source.run()  # the transform shows the history in the changes table, never in the state
+        # the backfill run's transform (--rebuild-hours) shows the history in the changes table,
+        # never in the state
+        source.transform(
+            "--rebuild-hours", json.dumps(hour_partitions(began, dt.datetime.now(dt.timezone.utc)))
+        )
         backfilled = _changes(source, "items")
         assert [(op, _id) for _, _, op, _id in backfilled] == [
             ("c", 1), ("c", 2), ("u", 1), ("d", 2), ("r", 1), ("c", 3)
@@ -114,12 +125,12 @@ def test_a_backfill_uses_what_was_landed_when_the_oplog_is_gone_and_fails_when_n
 
         # this hour: the oplog lost its start, the live sync's files are what is left
         assert _backfill_this_hour(small_oplog.uri, source, "rs_small", began).history == "unavailable"
-        assert list_history_files(source.lake_root, source.prefix, source.database, "items") == []
+        assert _history_events(source, "items") == []
 
         capfd.readouterr()
         long_ago = dt.datetime(2024, 1, 1, tzinfo=dt.timezone.utc)
         source.backfill(long_ago, long_ago, expect="failed", skip_spark=True)
         output = "".join(capfd.readouterr())
-        assert "cannot backfill hour=2024-01-01T00 to hour=2024-01-01T00" in output
+        assert "cannot backfill 2024-01-01T00 to 2024-01-01T00" in output
         assert "neither holds these hours' changes" in output
         assert Variable.get(offset_key(source.name, "rs_small")) == offset

@@ -8,9 +8,7 @@ by itself. Deletes the pipeline never saw must vanish from the state in both re-
 from __future__ import annotations
 
 import json
-import os
 
-import pyarrow.parquet as pq
 import pytest
 from airflow.models import Variable
 from cdc_support import assert_state_equals_collection, overwrite_the_oplog_past
@@ -19,10 +17,8 @@ from datagen import FALLBACK_FIELDS, load
 
 from mongo_cdc import extjson
 from mongo_cdc.events import token_cluster_time
-from mongo_cdc.lake import table_path
 from mongo_cdc.offsets import Offset, offset_key
 from mongo_cdc.snapshot import current_position, needs_snapshot
-from mongo_cdc.transform.versioned_table import METADATA_FILE
 
 COUNTS = {"customers": 300, "orders": 300}
 
@@ -136,23 +132,6 @@ def test_an_unknown_collection_or_shard_fails_discover_naming_the_known_ones(sce
 # -- the oplog loses the stored position --------------------------------------------------------
 
 
-def _as_written_before_the_rs_column(source, collection: str) -> None:
-    """Rewrite the published state version the way the code before ``__rs`` wrote it."""
-    version = os.path.realpath(
-        table_path(source.lake_root, "state", source.prefix, source.database, collection)
-    )
-    for parent, _, names in os.walk(version):
-        for name in names:
-            if name.endswith(".parquet"):
-                path = os.path.join(parent, name)
-                pq.write_table(pq.read_table(path).drop_columns(["__rs"]), path)
-                os.remove(os.path.join(parent, f".{name}.crc"))  # Spark's checksum of the old bytes
-    with open(os.path.join(version, METADATA_FILE)) as file:
-        metadata = json.load(file)
-    with open(os.path.join(version, METADATA_FILE), "w") as file:
-        json.dump({"watermarks": metadata["watermarks"]}, file)
-
-
 def test_oplog_loss_fails_initial_with_the_fix_and_when_needed_resnapshots(
     airflow_db, small_oplog, tmp_path, capfd
 ):
@@ -161,8 +140,6 @@ def test_oplog_loss_fails_initial_with_the_fix_and_when_needed_resnapshots(
         db = client[source.database]
         load(db, COUNTS)
         source.run()
-        for collection in COUNTS:
-            _as_written_before_the_rs_column(source, collection)
         deleted = list(db.customers.find({}, {"_id": 1}).limit(30)) + list(
             db.orders.find({}, {"_id": 1}).limit(5)
         )
