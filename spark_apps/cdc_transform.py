@@ -47,7 +47,8 @@ from pyspark.sql import SparkSession
 
 from mongo_cdc import extjson, lake
 from mongo_cdc.extjson import DECODE_OPTIONS
-from mongo_cdc.landing import COMMIT_RETRIES, SnapshotManifest, SourceLake
+from mongo_cdc.lake import SnapshotManifest
+from mongo_cdc.landing import COMMIT_RETRIES, SourceLake
 from mongo_cdc.storage import LakeLocation, table_if_exists
 from mongo_cdc.transform import columns
 from mongo_cdc.transform.document_state import (
@@ -249,7 +250,9 @@ class CollectionTransform:
         self.raw_path = "/".join(("raw", source_lake.prefix, db, collection))
         self.state_uri = lake.table_uri(self.location, "state", source_lake.prefix, db, collection)
         self.changes_uri = lake.table_uri(self.location, "changes", source_lake.prefix, db, collection)
-        raw = table_if_exists(self.location.table_uri(self.raw_path), self.options)
+        raw = table_if_exists(
+            self.location.table_uri("raw", source_lake.prefix, db, collection), self.options
+        )
         self.files = raw_files(raw, self.raw_path) if raw is not None else []
 
     def run(self) -> dict[str, Any]:

@@ -71,11 +71,11 @@ def interval_hours(start: dt.datetime, end: dt.datetime) -> tuple[dt.datetime, d
 
 
 def hour_partitions(start: dt.datetime, end: dt.datetime) -> list[str]:
-    """``hour=...`` names of the hours covering [start, end)."""
+    """The UTC hours (``YYYY-MM-DDTHH``, the ``hour`` partition values) covering [start, end)."""
     first, last = interval_hours(start, end)
     hours, hour = [], first
     while hour < last:
-        hours.append(f"hour={hour.strftime('%Y-%m-%dT%H')}")
+        hours.append(hour.strftime("%Y-%m-%dT%H"))
         hour += HOUR
     return hours
 

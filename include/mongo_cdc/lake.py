@@ -21,6 +21,7 @@ they belong to no batch, the changes table shows them and the state never reads 
 from __future__ import annotations
 
 import datetime as dt
+from dataclasses import dataclass
 
 import pyarrow as pa
 
@@ -106,6 +107,16 @@ BATCH_LOG = "_batches"
 TRANSACTION_DIR = "transaction"
 HEARTBEAT_DIR = "__heartbeat"
 ZONES = ("raw", "changes", "state")
+
+
+@dataclass(frozen=True)
+class SnapshotManifest:
+    """A snapshot batch copied these collections completely, as they were at ``cluster_time``."""
+
+    rs: str
+    seq: int
+    cluster_time: int
+    collections: tuple[str, ...]  # "<db>.<collection>"
 
 
 class ReservedDatabaseError(ValueError):

@@ -30,6 +30,7 @@ from bson import json_util
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
 from mongo_cdc import extjson, lake
+from mongo_cdc.lake import SnapshotManifest
 from mongo_cdc.storage import LakeLocation, table_if_exists
 
 log = logging.getLogger(__name__)
@@ -55,16 +56,6 @@ BATCH_LOG_SCHEMA = pa.schema(
 )
 # delta-rs retries a commit that lost a race with another writer (shards land concurrently)
 COMMIT_RETRIES = 20
-
-
-@dataclass(frozen=True)
-class SnapshotManifest:
-    """A snapshot batch copied these collections completely, as they were at ``cluster_time``."""
-
-    rs: str
-    seq: int
-    cluster_time: int
-    collections: tuple[str, ...]  # "<db>.<collection>"
 
 
 @dataclass(frozen=True)

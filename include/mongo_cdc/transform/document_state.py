@@ -33,7 +33,7 @@ import bson
 
 from mongo_cdc import extjson
 from mongo_cdc.extjson import DECODE_OPTIONS
-from mongo_cdc.landing import SnapshotManifest
+from mongo_cdc.lake import SnapshotManifest
 from mongo_cdc.transform.raw_events import ChangeEvent
 
 
