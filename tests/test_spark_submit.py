@@ -9,7 +9,7 @@ import zipfile
 import pytest
 
 import mongo_cdc
-from mongo_cdc_airflow.spark_submit import package_zip, spark_conf
+from mongo_cdc_airflow.spark_submit import package_zip, spark_conf, submit_settings
 
 
 def test_the_package_zip_holds_the_importable_package_and_is_built_once(tmp_path):
@@ -67,3 +67,10 @@ def test_a_bad_conf_extra_names_the_connection_and_the_fix(conf, message):
     with pytest.raises(ValueError, match="Spark connection 'etl_spark': ") as error:
         spark_conf("etl_spark", {"conf": conf})
     assert message in str(error.value)
+
+
+def test_python_files_named_in_the_connection_are_shipped_with_the_package():
+    extra = {"conf": {"spark.submit.pyFiles": "/opt/libs/extra.zip", "spark.executor.cores": "2"}}
+    conf, py_files = submit_settings("spark_default", extra, None, None)
+    assert py_files == f"/opt/libs/extra.zip,{package_zip()}"
+    assert "spark.submit.pyFiles" not in conf and conf["spark.executor.cores"] == "2"

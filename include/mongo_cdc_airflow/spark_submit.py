@@ -105,6 +105,16 @@ def spark_conf(
     return conf
 
 
+def submit_settings(
+    conn_id: str, extra: Mapping[str, Any], operator_conf: Mapping[str, Any] | None, py_files: str | None
+) -> tuple[dict[str, Any], str]:
+    """The Spark properties (``spark_conf``) and ``--py-files`` value (with ``package_zip``) of a run."""
+    conf = spark_conf(conn_id, extra, operator_conf)
+    # --py-files replaces a spark.submit.pyFiles property: ship the user's files as well
+    user_py_files = conf.pop(PY_FILES_PROPERTY, None)
+    return conf, ",".join(p for p in (py_files, user_py_files, package_zip()) if p)
+
+
 class CdcTransformOperator(SparkSubmitOperator):
     """SparkSubmitOperator that ships ``mongo_cdc`` and reads Spark properties from its connection.
 
@@ -113,11 +123,8 @@ class CdcTransformOperator(SparkSubmitOperator):
     """
 
     def execute(self, context: Any) -> None:
-        conf = spark_conf(self._conn_id, Connection.get(self._conn_id).extra_dejson, self.conf)
-        # --py-files would replace a spark.submit.pyFiles property: ship the user's files as well
-        extra_py_files = conf.pop(PY_FILES_PROPERTY, None)
-        self.conf = conf
-        self.py_files = ",".join(p for p in (self.py_files, extra_py_files, package_zip()) if p)
+        extra = Connection.get(self._conn_id).extra_dejson
+        self.conf, self.py_files = submit_settings(self._conn_id, extra, self.conf, self.py_files)
         log.info("shipping %s to the executors; Spark properties: %s", self.py_files, sorted(self.conf))
         super().execute(context)
 
