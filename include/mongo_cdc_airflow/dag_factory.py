@@ -12,13 +12,11 @@ import functools
 import json
 import logging
 import os
-import sys
 from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any
 
 import pendulum
-from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
 from airflow.sdk import (
     DAG,
@@ -42,6 +40,7 @@ from mongo_cdc.offsets import Offset, OffsetKeeper
 from mongo_cdc.storage import LakeLocation
 from mongo_cdc.topology import Shard, discover_shards, reconcile, topology_changed
 from mongo_cdc_airflow.connections import VariableOffsetStore, mongo_client, shard_client
+from mongo_cdc_airflow.spark_submit import transform_task
 
 log = logging.getLogger(__name__)
 
@@ -385,18 +384,7 @@ def build_cdc_dag(config: SourceConfig) -> DAG:
         pulls = shard_sync.expand(shard_entry=shards)
         spark_args = plan_transform()
         pulls >> spark_args
-        transform = SparkSubmitOperator(
-            task_id="transform",
-            application=SPARK_APP,
-            conn_id=config.spark_conn_id,
-            application_args=spark_args,
-            name=f"mongo_cdc__{config.name}",
-            conf={
-                "spark.pyspark.python": sys.executable,
-                "spark.pyspark.driver.python": sys.executable,
-                "spark.ui.enabled": "false",
-            },
-        )
+        transform = transform_task(config, SPARK_APP, spark_args)
         transform >> summary(shards)
 
     return cdc()

@@ -1,0 +1,140 @@
+"""The ``transform`` task: spark-submit of the Spark job, runnable on a cluster whose Pythons lack mongo_cdc.
+
+When the task runs (never when the DAG is parsed), ``CdcTransformOperator``
+
+* ships the ``mongo_cdc`` package the Airflow worker imports to the executors, as a zip passed to
+  ``--py-files`` (``package_zip``: built once per package content, then reused);
+* takes Spark properties from the Spark connection's ``conf`` extra (``spark_conf``), over the defaults
+  (executors and driver run the Airflow worker's Python, Spark UI off).
+
+The provider itself reads only a few connection extras (``queue``, ``deploy-mode``, ``spark-binary``,
+``namespace``, …) and takes Spark properties only as the operator's ``conf`` argument.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import sys
+import tempfile
+import zipfile
+from collections.abc import Mapping
+from typing import Any
+
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk import Connection
+
+import mongo_cdc
+from mongo_cdc.config import SourceConfig
+
+log = logging.getLogger(__name__)
+
+PY_FILES_CACHE = os.path.join(tempfile.gettempdir(), "mongo-cdc-py-files")
+PY_FILES_PROPERTY = "spark.submit.pyFiles"
+
+
+def package_zip(cache_dir: str = PY_FILES_CACHE) -> str:
+    """A zip of the importable ``mongo_cdc`` package (its ``.py`` files), for ``--py-files``.
+
+    Named by a hash of the files' paths and contents, so a changed package gets a new zip and an
+    unchanged one is not zipped again. Written under a temporary name and renamed, so tasks running at
+    once never see a half-written zip.
+    """
+    package_dir = os.path.dirname(os.path.abspath(mongo_cdc.__file__))
+    sources: list[tuple[str, bytes]] = []
+    for directory, subdirectories, files in os.walk(package_dir):
+        subdirectories[:] = sorted(d for d in subdirectories if d != "__pycache__")
+        for name in sorted(files):
+            if name.endswith(".py"):
+                path = os.path.join(directory, name)
+                with open(path, "rb") as source:
+                    sources.append((os.path.relpath(path, package_dir).replace(os.sep, "/"), source.read()))
+    digest = hashlib.sha256()
+    for relative, content in sources:
+        digest.update(relative.encode() + b"\0" + hashlib.sha256(content).digest())
+    path = os.path.join(cache_dir, f"mongo_cdc-{digest.hexdigest()[:20]}.zip")
+    if os.path.exists(path):
+        return path
+    os.makedirs(cache_dir, exist_ok=True)
+    fd, partial = tempfile.mkstemp(dir=cache_dir, prefix=".building-", suffix=".zip")
+    try:
+        with os.fdopen(fd, "wb") as out, zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as archive:
+            for relative, content in sources:
+                archive.writestr(f"mongo_cdc/{relative}", content)
+        os.replace(partial, path)
+    except BaseException:
+        os.unlink(partial)
+        raise
+    log.info("built %s from %s (%d files)", path, package_dir, len(sources))
+    return path
+
+
+def spark_conf(
+    conn_id: str, extra: Mapping[str, Any], operator_conf: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The defaults, then the operator's ``conf``, then the connection's ``conf`` extra (each wins).
+
+    The extra is a JSON object of Spark properties: ``{"conf": {"spark.executor.memory": "2g"}}``.
+    """
+    conf: dict[str, Any] = {
+        # client deploy mode: the driver is this Airflow worker's Python, which imports mongo_cdc
+        "spark.pyspark.python": sys.executable,
+        "spark.pyspark.driver.python": sys.executable,
+        "spark.ui.enabled": "false",
+        **(operator_conf or {}),
+    }
+    overrides = extra.get("conf", {})
+    if not isinstance(overrides, dict):
+        raise ValueError(
+            f"Spark connection '{conn_id}': extra 'conf' must be a JSON object of Spark properties, "
+            f'e.g. {{"conf": {{"spark.executor.memory": "2g"}}}}; got {overrides!r}'
+        )
+    for key, value in overrides.items():
+        if not key.startswith("spark."):
+            raise ValueError(
+                f"Spark connection '{conn_id}': extra 'conf' key '{key}' is not a Spark property "
+                "(they start with 'spark.'); remove it or fix its name"
+            )
+        if not isinstance(value, str | int | float | bool):
+            raise ValueError(
+                f"Spark connection '{conn_id}': extra 'conf' property '{key}' must be a string, number "
+                f"or boolean; got {value!r}"
+            )
+        conf[key] = str(value).lower() if isinstance(value, bool) else str(value)
+    return conf
+
+
+def submit_settings(
+    conn_id: str, extra: Mapping[str, Any], operator_conf: Mapping[str, Any] | None, py_files: str | None
+) -> tuple[dict[str, Any], str]:
+    """The Spark properties (``spark_conf``) and ``--py-files`` value (with ``package_zip``) of a run."""
+    conf = spark_conf(conn_id, extra, operator_conf)
+    # --py-files replaces a spark.submit.pyFiles property: ship the user's files as well
+    user_py_files = conf.pop(PY_FILES_PROPERTY, None)
+    return conf, ",".join(p for p in (py_files, user_py_files, package_zip()) if p)
+
+
+class CdcTransformOperator(SparkSubmitOperator):
+    """SparkSubmitOperator that ships ``mongo_cdc`` and reads Spark properties from its connection.
+
+    Both happen in ``execute``: building the zip at DAG-parse time would slow every parse, and the
+    Python paths are the worker's, not the DAG processor's.
+    """
+
+    def execute(self, context: Any) -> None:
+        extra = Connection.get(self._conn_id).extra_dejson
+        self.conf, self.py_files = submit_settings(self._conn_id, extra, self.conf, self.py_files)
+        log.info("shipping %s to the executors; Spark properties: %s", self.py_files, sorted(self.conf))
+        super().execute(context)
+
+
+def transform_task(config: SourceConfig, application: str, application_args: Any) -> CdcTransformOperator:
+    """The CDC DAG's ``transform`` task (``application_args``: the plan_transform task's output)."""
+    return CdcTransformOperator(
+        task_id="transform",
+        application=application,
+        conn_id=config.spark_conn_id,
+        application_args=application_args,
+        name=f"mongo_cdc__{config.name}",
+    )

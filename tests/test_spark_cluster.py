@@ -1,0 +1,226 @@
+"""The DAG's transform on a real Spark standalone cluster whose executors' Python lacks mongo_cdc.
+
+The cluster: a master and one worker, each its own JVM started with the pinned pyspark's
+``spark-class``, on loopback ports, the worker with 2 cores and 1 GiB for executors.
+
+The executors' Python is a venv the test creates without pip and without the shared venv's
+site-packages; its site-packages holds symlinks to the third-party packages the job needs
+(``EXECUTOR_PACKAGES``) and nothing else, so no editable-install finder or ``.pth`` file can bring in
+``mongo_cdc``. Spark also puts the worker JVM's own ``PYTHONPATH`` on its Python workers' path, so the
+master and worker start without one (the tests run with ``PYTHONPATH=<repo>/include``). A probe job on
+the cluster, with that Python and nothing shipped, shows an executor cannot import ``mongo_cdc`` but
+can import the rest; the DAG run then only succeeds if the transform task ships the package itself.
+
+The driver runs in client mode in this process's Python (which has the package), as in a deployment
+where the Airflow worker submits the job. The lake is a local directory, which the executors on this
+machine share.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import sysconfig
+import textwrap
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyspark
+import pytest
+from cdc_support import assert_state_equals_collection
+from datagen import COLLECTIONS, FALLBACK_FIELDS, load
+
+from mongo_cdc.testing.mongod import free_ports
+
+SPARK_HOME = os.path.dirname(os.path.abspath(pyspark.__file__))
+SPARK_CLASS = os.path.join(SPARK_HOME, "bin", "spark-class")
+SPARK_SUBMIT = os.path.join(os.path.dirname(sys.executable), "spark-submit")
+EXECUTOR_PACKAGES = ("pyarrow", "orjson", "bson")
+WORKER_CORES, WORKER_MEMORY, EXECUTOR_MEMORY = 2, "1g", "512m"
+STARTUP_TIMEOUT_S = 120
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not os.path.exists(SPARK_CLASS), reason="pyspark's spark-class not installed"),
+]
+
+
+class StandaloneCluster:
+    """A Spark standalone master and one worker on 127.0.0.1, each a JVM in its own process group."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.work_dir = directory / "work"
+        directory.mkdir(parents=True)
+        master_port, self.webui_port, worker_port, worker_webui_port = free_ports(4)
+        self.url = f"spark://127.0.0.1:{master_port}"
+        self.env = {
+            **{k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+            "SPARK_HOME": SPARK_HOME,
+            "SPARK_DAEMON_MEMORY": "256m",
+            "SPARK_LOCAL_IP": "127.0.0.1",
+        }
+        self.commands = {
+            "master": [
+                "org.apache.spark.deploy.master.Master",
+                *("--host", "127.0.0.1", "--port", str(master_port), "--webui-port", str(self.webui_port)),
+            ],
+            "worker": [
+                "org.apache.spark.deploy.worker.Worker",
+                *("--host", "127.0.0.1", "--port", str(worker_port), "--webui-port", str(worker_webui_port)),
+                *("--cores", str(WORKER_CORES), "--memory", WORKER_MEMORY, "--work-dir", str(self.work_dir)),
+                self.url,
+            ],
+        }
+        self.processes: dict[str, subprocess.Popen] = {}
+
+    def start(self) -> None:
+        for name in ("master", "worker"):
+            with open(self.directory / f"{name}.log", "wb") as log:
+                self.processes[name] = subprocess.Popen(
+                    [SPARK_CLASS, *self.commands[name]],
+                    env=self.env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,  # its own group: stop() also ends the worker's executors
+                )
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while self.master_status().get("aliveworkers", 0) < 1:
+            for name, process in self.processes.items():
+                if process.poll() is not None:
+                    tail = self.log_tail(name)
+                    raise RuntimeError(f"Spark {name} exited with {process.returncode}:\n{tail}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no Spark worker registered in time:\n{self.log_tail('worker')}")
+            time.sleep(0.5)
+
+    def master_status(self) -> dict:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.webui_port}/json/", timeout=5) as response:
+                return json.load(response)
+        except OSError:  # not listening yet
+            return {}
+
+    def log_tail(self, name: str, lines: int = 30) -> str:
+        return "\n".join((self.directory / f"{name}.log").read_text(errors="replace").splitlines()[-lines:])
+
+    def stop(self) -> None:
+        for name in ("worker", "master"):
+            process = self.processes.get(name)
+            if process is None or process.poll() is not None:
+                continue
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+
+
+@pytest.fixture
+def spark_cluster(tmp_path: Path) -> Iterator[StandaloneCluster]:
+    cluster = StandaloneCluster(tmp_path / "spark")
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def executor_python(tmp_path: Path) -> str:
+    """A Python with only EXECUTOR_PACKAGES (symlinked from this venv) besides the standard library."""
+    venv = tmp_path / "executor-venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = str(venv / "bin" / "python")
+    site_packages = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    ours = sysconfig.get_paths()["purelib"]
+    for package in EXECUTOR_PACKAGES:
+        os.symlink(os.path.join(ours, package), os.path.join(site_packages, package))
+    return python
+
+
+def cluster_conf(executor_python: str) -> dict[str, str]:
+    """What the Spark connection's ``conf`` extra sets: the executors' Python, their memory, the
+    driver's address (executors connect back to it)."""
+    return {
+        "spark.pyspark.python": executor_python,
+        "spark.executor.memory": EXECUTOR_MEMORY,
+        "spark.driver.host": "127.0.0.1",
+        "spark.driver.bindAddress": "127.0.0.1",
+        "spark.ui.enabled": "false",
+    }
+
+
+PROBE = textwrap.dedent(
+    """
+    import importlib.util, json, sys
+    from pyspark.sql import SparkSession
+
+    modules = ("mongo_cdc", *sys.argv[1].split(","))
+
+    def probe(_):
+        return {"python": sys.executable, **{m: importlib.util.find_spec(m) is not None for m in modules}}
+
+    spark = SparkSession.builder.getOrCreate()
+    print("PROBE " + json.dumps(spark.sparkContext.parallelize([0], 1).map(probe).collect()[0]))
+    spark.stop()
+    """
+)
+
+
+def probe_executor(cluster: StandaloneCluster, conf: dict[str, str], directory: Path) -> dict:
+    """What a Python worker on the cluster's executor can import when nothing is shipped."""
+    script = directory / "probe.py"
+    script.write_text(PROBE)
+    conf_args = [arg for key, value in conf.items() for arg in ("--conf", f"{key}={value}")]
+    done = subprocess.run(
+        [SPARK_SUBMIT, "--master", cluster.url, *conf_args, str(script), ",".join(EXECUTOR_PACKAGES)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith("PROBE ")]
+    assert done.returncode == 0 and lines, done.stdout[-3000:] + done.stderr[-3000:]
+    return json.loads(lines[0].removeprefix("PROBE "))
+
+
+def test_transform_runs_on_a_standalone_cluster_whose_executors_lack_mongo_cdc(
+    spark_cluster, executor_python, cdc_source, replica_set, db_name, tmp_path, monkeypatch
+):
+    conf = cluster_conf(executor_python)
+    assert probe_executor(spark_cluster, conf, tmp_path) == {
+        "python": executor_python,
+        "mongo_cdc": False,
+        **dict.fromkeys(EXECUTOR_PACKAGES, True),
+    }
+
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_SPARK_DEFAULT",
+        json.dumps({"conn_type": "spark", "host": spark_cluster.url, "extra": {"conf": conf}}),
+    )
+    source = cdc_source(db_name)
+    with replica_set.client() as client:
+        db = client[db_name]
+        load(db, {"customers": 40, "orders": 60, "products": 20})
+        source.run()  # snapshot, pull, then the transform on the cluster
+        for collection in COLLECTIONS:
+            assert_state_equals_collection(source, client, collection, FALLBACK_FIELDS[collection])
+
+    # the transform's executor ran on this cluster and fetched the package the task shipped; the
+    # probe's executor, with nothing shipped, did not get it
+    probe_app, transform_app = sorted(spark_cluster.work_dir.glob("app-*"))
+    assert not list(probe_app.glob("*/mongo_cdc-*.zip"))
+    assert list(transform_app.glob("*/mongo_cdc-*.zip")), sorted(transform_app.rglob("*"))

@@ -1,0 +1,76 @@
+"""The transform task's own pieces: the shipped package zip and the Spark properties it passes."""
+
+from __future__ import annotations
+
+import os
+import sys
+import zipfile
+
+import pytest
+
+import mongo_cdc
+from mongo_cdc_airflow.spark_submit import package_zip, spark_conf, submit_settings
+
+
+def test_the_package_zip_holds_the_importable_package_and_is_built_once(tmp_path):
+    path = package_zip(str(tmp_path))
+    package_dir = os.path.dirname(mongo_cdc.__file__)
+    expected = sorted(
+        "mongo_cdc/" + os.path.relpath(os.path.join(d, f), package_dir)
+        for d, _, files in os.walk(package_dir)
+        for f in files
+        if f.endswith(".py")
+    )
+    with zipfile.ZipFile(path) as archive:
+        assert sorted(archive.namelist()) == expected
+        assert (
+            archive.read("mongo_cdc/transform/flatten.py")
+            == open(os.path.join(package_dir, "transform", "flatten.py"), "rb").read()
+        )
+    built = os.stat(path).st_mtime_ns
+    assert package_zip(str(tmp_path)) == path
+    assert os.stat(path).st_mtime_ns == built
+    assert os.listdir(tmp_path) == [os.path.basename(path)]
+
+
+def test_spark_properties_default_to_this_python_and_the_connection_overrides_them():
+    assert spark_conf("spark_default", {"deploy-mode": "client"}) == {
+        "spark.pyspark.python": sys.executable,
+        "spark.pyspark.driver.python": sys.executable,
+        "spark.ui.enabled": "false",
+    }
+    extra = {
+        "conf": {
+            "spark.pyspark.python": "/opt/py/bin/python3",
+            "spark.executor.cores": 2,
+            "spark.eventLog.enabled": True,
+        }
+    }
+    assert spark_conf("spark_default", extra, {"spark.executor.cores": "1", "spark.ui.enabled": "true"}) == {
+        "spark.pyspark.python": "/opt/py/bin/python3",
+        "spark.pyspark.driver.python": sys.executable,
+        "spark.ui.enabled": "true",
+        "spark.executor.cores": "2",
+        "spark.eventLog.enabled": "true",
+    }
+
+
+@pytest.mark.parametrize(
+    ("conf", "message"),
+    [
+        ("spark.executor.memory=2g", "extra 'conf' must be a JSON object of Spark properties"),
+        ({"executor.memory": "2g"}, "key 'executor.memory' is not a Spark property"),
+        ({"spark.executor.memory": ["2g"]}, "property 'spark.executor.memory' must be a string"),
+    ],
+)
+def test_a_bad_conf_extra_names_the_connection_and_the_fix(conf, message):
+    with pytest.raises(ValueError, match="Spark connection 'etl_spark': ") as error:
+        spark_conf("etl_spark", {"conf": conf})
+    assert message in str(error.value)
+
+
+def test_python_files_named_in_the_connection_are_shipped_with_the_package():
+    extra = {"conf": {"spark.submit.pyFiles": "/opt/libs/extra.zip", "spark.executor.cores": "2"}}
+    conf, py_files = submit_settings("spark_default", extra, None, None)
+    assert py_files == f"/opt/libs/extra.zip,{package_zip()}"
+    assert "spark.submit.pyFiles" not in conf and conf["spark.executor.cores"] == "2"
