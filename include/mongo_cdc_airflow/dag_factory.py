@@ -37,9 +37,9 @@ from pymongo.errors import ConnectionFailure
 from mongo_cdc.config import SourceConfig, SourceConfigError, load_sources, sources_dir
 from mongo_cdc.landing import SourceLake
 from mongo_cdc.offsets import Offset, OffsetKeeper
-from mongo_cdc.storage import LakeLocation
 from mongo_cdc.topology import Shard, discover_shards, reconcile, topology_changed
 from mongo_cdc_airflow.connections import VariableOffsetStore, mongo_client, shard_client
+from mongo_cdc_airflow.lake_storage import lake_location
 from mongo_cdc_airflow.spark_submit import transform_task
 
 log = logging.getLogger(__name__)
@@ -100,7 +100,8 @@ def backfill_interval_hours() -> list[str]:
 
 
 def source_lake(config: SourceConfig) -> SourceLake:
-    return SourceLake(LakeLocation(config.lake_root), config.topic_prefix)
+    """The source's lake, reached with the credentials of its ``lake.connection.id``."""
+    return SourceLake(lake_location(config.lake_root, config.lake_conn_id), config.topic_prefix)
 
 
 def _keeper(config: SourceConfig, rs: str) -> OffsetKeeper:

@@ -27,6 +27,7 @@ from airflow.sdk import Connection
 
 import mongo_cdc
 from mongo_cdc.config import SourceConfig
+from mongo_cdc_airflow.lake_storage import lake_location
 
 log = logging.getLogger(__name__)
 
@@ -122,9 +123,19 @@ class CdcTransformOperator(SparkSubmitOperator):
     Python paths are the worker's, not the DAG processor's.
     """
 
+    def __init__(self, *, lake_root: str, lake_conn_id: str | None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.lake_root = lake_root
+        self.lake_conn_id = lake_conn_id
+
     def execute(self, context: Any) -> None:
         extra = Connection.get(self._conn_id).extra_dejson
         self.conf, self.py_files = submit_settings(self._conn_id, extra, self.conf, self.py_files)
+        # The lake's credentials reach the driver through its environment and the executors through
+        # theirs (Spark redacts the value in its UI: it names secret keys), never the command line.
+        lake_env = lake_location(self.lake_root, self.lake_conn_id).to_env()
+        self.env_vars = {**(self.env_vars or {}), **lake_env}
+        self.conf = {**self.conf, **{f"spark.executorEnv.{name}": value for name, value in lake_env.items()}}
         log.info("shipping %s to the executors; Spark properties: %s", self.py_files, sorted(self.conf))
         super().execute(context)
 
@@ -137,4 +148,6 @@ def transform_task(config: SourceConfig, application: str, application_args: Any
         conn_id=config.spark_conn_id,
         application_args=application_args,
         name=f"mongo_cdc__{config.name}",
+        lake_root=config.lake_root,
+        lake_conn_id=config.lake_conn_id,
     )
