@@ -48,7 +48,7 @@ from pyspark.sql import SparkSession
 from mongo_cdc import extjson, lake
 from mongo_cdc.extjson import DECODE_OPTIONS
 from mongo_cdc.lake import SnapshotManifest
-from mongo_cdc.landing import COMMIT_RETRIES, SourceLake
+from mongo_cdc.landing import COMMIT_RETRIES, Batch, SourceLake
 from mongo_cdc.storage import LakeLocation, table_if_exists
 from mongo_cdc.transform import columns
 from mongo_cdc.transform.document_state import (
@@ -65,7 +65,6 @@ from mongo_cdc.transform.raw_events import (
     BatchWindow,
     ChangeEvent,
     applied_app_id,
-    committed_filter,
     event_from_row,
 )
 from mongo_cdc.transform.table_layout import TableLayout
@@ -232,8 +231,7 @@ class CollectionTransform:
         spark: SparkSession,
         source_lake: SourceLake,
         namespace: str,
-        committed: dict[str, int],
-        manifests: list[SnapshotManifest],
+        batches: list[Batch],
         flattening: FlatteningOptions,
         rebuild_hours: tuple[str, ...],
     ) -> None:
@@ -243,7 +241,11 @@ class CollectionTransform:
         self.options = source_lake.options
         self.namespace = namespace
         db, _, collection = namespace.partition(".")
-        self.committed = committed
+        self.batches = batches
+        self.committed: dict[str, int] = {}
+        for batch in batches:
+            self.committed[batch.rs] = max(batch.seq, self.committed.get(batch.rs, 0))
+        manifests = [batch.manifest for batch in batches if batch.manifest is not None]
         self.manifests = [m for m in manifests if namespace in m.collections]
         self.flattening = flattening
         self.rebuild_hours = rebuild_hours
@@ -286,7 +288,7 @@ class CollectionTransform:
     def update_state(self) -> dict[str, Any]:
         table = table_if_exists(self.state_uri, self.options)
         applied = self.applied(table, "state")
-        window = BatchWindow(applied, self.committed)
+        window = BatchWindow.of(self.batches, self.namespace, applied)
         manifests = [m for m in self.manifests if applied.get(m.rs, 0) < m.seq <= self.committed.get(m.rs, 0)]
         if window.is_empty:
             return {"new_events": 0, "state_rows": _row_count(table)}
@@ -395,7 +397,7 @@ class CollectionTransform:
             )
             table = None
         applied = self.applied(table, "changes")
-        window = BatchWindow(applied, self.committed)
+        window = BatchWindow.of(self.batches, self.namespace, applied)
         written = 0
         if not window.is_empty:
             files = [f for f in self.files if window.may_hold(f.min_seq, f.max_seq)]
@@ -404,7 +406,8 @@ class CollectionTransform:
         if self.rebuild_hours and table is not None:
             hours = set(self.rebuild_hours)
             files = [f for f in self.files if f.hour in hours]
-            written += self.write_changes(table, files, committed_filter(self.committed), hours=hours)
+            every = BatchWindow.of(self.batches, self.namespace, include_history=True)
+            written += self.write_changes(table, files, every.filter(), hours=hours)
             table = table_if_exists(self.changes_uri, self.options)
         return {
             "change_rows": _row_count(table),
@@ -572,16 +575,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     logging.getLogger("py4j").setLevel(logging.WARNING)
     source_lake = SourceLake(LakeLocation.from_env(args.lake_root), args.topic_prefix)
-    committed = source_lake.committed()
-    manifests = source_lake.manifests()
-    namespaces = sorted(set(source_lake.namespaces()) | {ns for m in manifests for ns in m.collections})
+    batches = source_lake.batches()
+    namespaces = sorted({ns for batch in batches for ns in (*batch.namespaces, *(batch.collections or ()))})
     spark = build_session()
     try:
         summary = {}
         for namespace in namespaces:
             log.info("transforming %s", namespace)
             transform = CollectionTransform(
-                spark, source_lake, namespace, committed, manifests, args.flattening, args.rebuild_hours
+                spark, source_lake, namespace, batches, args.flattening, args.rebuild_hours
             )
             summary[namespace] = transform.run()
     finally:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -32,6 +31,7 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from mongo_cdc import extjson, lake
 from mongo_cdc.lake import SnapshotManifest
 from mongo_cdc.storage import LakeLocation, table_if_exists
+from mongo_cdc.transform.raw_events import BatchWindow
 
 log = logging.getLogger(__name__)
 
@@ -264,22 +264,12 @@ class SourceLake:
         table = self._table(self.raw_uri(namespace))
         if table is None:
             return lake.RAW_SCHEMA.empty_table().select(columns or lake.RAW_SCHEMA.names)
-        committed = self.committed()
-        keep = pc.field("batch_seq") == lake.HISTORY_SEQ
-        for rs, seq in committed.items():
-            keep = keep | ((pc.field("source", "rs") == rs) & (pc.field("batch_seq") <= seq))
-        return table.to_pyarrow_dataset().to_table(columns=columns, filter=keep)
-
-    def manifests(self) -> list[SnapshotManifest]:
-        return [batch.manifest for batch in self.batches() if batch.manifest is not None]
+        window = BatchWindow.of(self.batches(), namespace, include_history=True)
+        return table.to_pyarrow_dataset().to_table(columns=columns, filter=window.filter())
 
     def namespaces(self) -> list[str]:
         """Every ``<db>.<collection>`` some batch wrote raw rows to, sorted."""
         return sorted({namespace for batch in self.batches() for namespace in batch.namespaces})
-
-
-def namespaces_of(rows: Iterable[str]) -> tuple[str, ...]:
-    return tuple(sorted(set(rows)))
 
 
 def _sql_string(value: str) -> str:

@@ -7,12 +7,13 @@ its own: ``applied_app_id``). Its new events are the raw rows of committed batch
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import bson
 import orjson
+import pyarrow as pa
 import pyarrow.compute as pc
 from bson import json_util
 
@@ -80,43 +81,57 @@ def _decoded(data: bytes | None) -> dict | None:
     return bson.decode(data, DECODE_OPTIONS) if data is not None else None
 
 
+class Landed(Protocol):
+    """A committed batch as the batch log holds it (``landing.Batch``)."""
+
+    rs: str
+    seq: int
+    namespaces: tuple[str, ...]
+
+
 @dataclass(frozen=True)
 class BatchWindow:
-    """Which raw rows a table applies in this run: per replica set, batches in (applied, committed]."""
+    """Which raw rows of one collection a table applies: per replica set, the committed batches
+    that wrote rows for it (``seqs``). A batch's rows count only in the tables its log row names: a
+    landing cut short may have left rows in a table the batch, landed again, did not touch."""
 
-    applied: Mapping[str, int]
-    committed: Mapping[str, int]
+    seqs: Mapping[str, tuple[int, ...]]
+    include_history: bool = False
+
+    @classmethod
+    def of(
+        cls,
+        batches: Iterable[Landed],
+        namespace: str,
+        applied: Mapping[str, int] | None = None,
+        include_history: bool = False,
+    ) -> BatchWindow:
+        """The batches of ``batches`` with rows for ``namespace`` past ``applied`` (per replica set)."""
+        seqs: dict[str, list[int]] = {}
+        for batch in batches:
+            if namespace in batch.namespaces and batch.seq > (applied or {}).get(batch.rs, 0):
+                seqs.setdefault(batch.rs, []).append(batch.seq)
+        return cls({rs: tuple(sorted(found)) for rs, found in seqs.items()}, include_history)
 
     @property
     def is_empty(self) -> bool:
-        return all(seq <= self.applied.get(rs, 0) for rs, seq in self.committed.items())
+        return not any(self.seqs.values()) and not self.include_history
 
     def filter(self) -> pc.Expression:
-        keep = pc.scalar(False)
-        for rs, seq in self.committed.items():
-            low = self.applied.get(rs, 0)
-            if seq > low:
-                in_window = (pc.field("batch_seq") > low) & (pc.field("batch_seq") <= seq)
-                keep = keep | ((pc.field("source", "rs") == rs) & in_window)
+        keep = pc.field("batch_seq") == HISTORY_SEQ if self.include_history else pc.scalar(False)
+        for rs, seqs in self.seqs.items():
+            keep = keep | (
+                (pc.field("source", "rs") == rs) & pc.field("batch_seq").isin(pa.array(seqs, pa.int64()))
+            )
         return keep
 
     def may_hold(self, min_seq: int | None, max_seq: int | None) -> bool:
         """Whether a file whose ``batch_seq`` statistics are [min_seq, max_seq] may hold rows of the window."""
         if max_seq is None or min_seq is None:
             return True
-        return any(
-            max_seq > self.applied.get(rs, 0) and min_seq <= seq
-            for rs, seq in self.committed.items()
-            if seq > self.applied.get(rs, 0)
-        )
-
-
-def committed_filter(committed: Mapping[str, int]) -> pc.Expression:
-    """Every row of a committed batch, and every history row (a backfill's rebuilt hours read these)."""
-    keep = pc.field("batch_seq") == HISTORY_SEQ
-    for rs, seq in committed.items():
-        keep = keep | ((pc.field("source", "rs") == rs) & (pc.field("batch_seq") <= seq))
-    return keep
+        if self.include_history and min_seq <= HISTORY_SEQ:
+            return True
+        return any(min_seq <= seq <= max_seq for seqs in self.seqs.values() for seq in seqs)
 
 
 def applied_app_id(table: str, rs: str) -> str:
