@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import glob
 import json
-import os
+import math
 import re
 import uuid
 
@@ -15,15 +14,19 @@ import pytest
 from bson import DBRef, Decimal128, Int64, MaxKey, MinKey, ObjectId, Regex, Timestamp
 from bson.binary import Binary
 from bson.code import Code
-from bson.codec_options import DatetimeConversion
+from bson.codec_options import CodecOptions, DatetimeConversion
 from bson.datetime_ms import DatetimeMS
 from bson.json_util import JSONOptions
 from bson.json_util import loads as json_util_loads
+from bson.raw_bson import RawBSONDocument
+from deltalake import DeltaTable
 
 from mongo_cdc import extjson, snapshot
 from mongo_cdc.config import SourceConfig
-from mongo_cdc.events import SnapshotColumns, SourceInfo
+from mongo_cdc.events import SnapshotColumns, SourceInfo, rows_to_table
+from mongo_cdc.field_filters import FieldFilters, parse_rules
 from mongo_cdc.lake import RAW_SCHEMA
+from mongo_cdc.landing import SourceLake, open_table
 from mongo_cdc.testing.lake import memory_keeper
 
 LOADS_OPTIONS = JSONOptions(datetime_conversion=DatetimeConversion.DATETIME_MS)
@@ -187,27 +190,72 @@ def _snapshot_documents() -> list[dict]:
     return documents
 
 
-def test_snapshot_columns_extend_matches_add():
+def test_snapshot_columns_build_the_rows_of_the_documents_one_by_one():
+    cluster_time = 5 << 32 | 1
+    block = SourceInfo("p", "rs0").block("db", "coll", cluster_time, 5000, snapshot=True)
+    raw = [bson.encode(document) for document in _snapshot_documents()]
+    documents = [bson.decode(data, extjson.DECODE_OPTIONS) for data in raw]
+    buffer = SnapshotColumns(block, cluster_time, 9)
+    buffer.extend(documents[:100], raw[:100])
+    buffer.extend(documents[100:], raw[100:])
+    assert len(buffer) == len(documents)
+    batched = buffer.take_table()
+    one_by_one = rows_to_table(
+        [
+            {
+                "key": extjson.document_key(document["_id"]),
+                "op": "r",
+                "after": data,
+                "source": block,
+                "cluster_time": cluster_time,
+                "event_order": "",
+            }
+            for document, data in zip(documents, raw, strict=True)
+        ],
+        9,
+    )
+    assert batched.schema == one_by_one.schema == RAW_SCHEMA
+    assert batched.drop_columns(["ts_ms"]).equals(one_by_one.drop_columns(["ts_ms"]))
+    assert batched.column("after").to_pylist() == raw  # the server's own bytes, not re-encoded
+    assert len(buffer) == 0 and buffer.take_table().num_rows == 0
+
+
+def test_snapshot_columns_re_encode_only_documents_of_collections_with_field_rules():
+    rules = FieldFilters(parse_rules("field.exclude.list", ["db.coll.secret"])).for_collection("db", "coll")
     block = SourceInfo("p", "rs0").block("db", "coll", 5 << 32 | 1, 5000, snapshot=True)
-    documents = [decoded(document) for document in _snapshot_documents()]
-    one_by_one, batched = SnapshotColumns(block, 5 << 32 | 1), SnapshotColumns(block, 5 << 32 | 1)
-    for document in documents:
-        one_by_one.add(document)
-    batched.extend(documents[:100])
-    batched.extend(documents[100:])
-    first, second = one_by_one.take_table(), batched.take_table()
-    assert first.schema == second.schema == RAW_SCHEMA
-    assert first.drop_columns(["ts_ms"]).equals(second.drop_columns(["ts_ms"]))
-    assert first.column("after").to_pylist() == [extjson.encode_str(document) for document in documents]
-    assert len(one_by_one) == len(batched) == 0
+    document = {"_id": 1, "secret": "x", "kept": {"$numberLong": "5"}}
+    buffer = SnapshotColumns(block, 5 << 32 | 1, 1, rules)
+    buffer.extend([decoded(document)], [bson.encode(document)])
+    [after] = buffer.take_table().column("after").to_pylist()
+    assert bson.decode(after) == {"_id": 1, "kept": {"$numberLong": "5"}}
+
+
+class BatchSizes:
+    """``SourceLake.write_raw`` that also records the rows of each Arrow batch the snapshot hands over."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.sizes: list[int] = []
+        write_raw = SourceLake.write_raw
+
+        def recording(source_lake, rs, seq, namespace, data):
+            def batches():
+                for batch in data:
+                    self.sizes.append(batch.num_rows)
+                    yield batch
+
+            write_raw(
+                source_lake, rs, seq, namespace, pa.RecordBatchReader.from_batches(data.schema, batches())
+            )
+
+        monkeypatch.setattr(SourceLake, "write_raw", recording)
 
 
 def test_snapshot_rows_equal_documents_encoded_one_by_one(replica_set, db_name, tmp_path, monkeypatch):
     # small groups, chunks and batches so every boundary of the hot loop is crossed
     monkeypatch.setattr(snapshot, "ROW_GROUP_ROWS", 1_000)
     monkeypatch.setattr(snapshot, "ROW_GROUP_BYTES", 250_000)
-    monkeypatch.setattr(snapshot, "ROWS_PER_FILE", 2_000)
     monkeypatch.setattr(snapshot, "DECODE_CHUNK", 7)
+    handed_over = BatchSizes(monkeypatch)
     documents = _snapshot_documents()
     with replica_set.client(datetime_conversion=DatetimeConversion.DATETIME_MS) as client:
         client[db_name]["things"].insert_many(documents)
@@ -220,28 +268,41 @@ def test_snapshot_rows_equal_documents_encoded_one_by_one(replica_set, db_name, 
             database_include=(re.compile(re.escape(db_name)),),
             snapshot_fetch_size=333,
         )
-        result = snapshot.run_snapshot(client, config, "rs0", memory_keeper(config, "rs0"))
-        expected = list(client[db_name].get_collection("things", codec_options=extjson.DECODE_OPTIONS).find())
+        keeper = memory_keeper(config, "rs0")
+        result = snapshot.run_snapshot(client, config, "rs0", keeper)
+        raw_things = client[db_name].get_collection("things", codec_options=CodecOptions(RawBSONDocument))
+        expected = {
+            extjson.document_key(bson.decode(d.raw, extjson.DECODE_OPTIONS)["_id"]): d.raw
+            for d in raw_things.find()
+        }
 
     assert result.documents == {f"{db_name}.nothing": 0, f"{db_name}.things": len(documents)}
-    assert not glob.glob(os.path.join(tmp_path, "raw", "t", db_name, "nothing", "*", "*.parquet"))
-    files = sorted(glob.glob(os.path.join(tmp_path, "raw", "t", db_name, "things", "*", "*.parquet")))
-    assert [os.path.basename(f) for f in files] == [f"rs0-000000000001-000{part}.parquet" for part in (0, 1)]
-    metadata = [pq.ParquetFile(f).metadata for f in files]
-    groups = [m.row_group(i).num_rows for m in metadata for i in range(m.num_row_groups)]
-    assert max(groups) <= 1_000 and sum(groups) == len(documents)
-    assert groups[0] < 1_000  # the big document closed the first group early (byte cap)
-    assert all(rows == 1_000 for rows in groups[1:-1])
-    table = pa.concat_tables(pq.read_table(f, schema=RAW_SCHEMA) for f in files)
+    source_lake = keeper.lake
+    # an empty collection gets no raw table; the snapshot's manifest says it was copied (empty)
+    assert open_table(source_lake.raw_uri(f"{db_name}.nothing"), {}) is None
+    [manifest] = source_lake.manifests()
+    assert set(manifest.collections) == {f"{db_name}.nothing", f"{db_name}.things"}
+    # the Arrow batches handed to delta-rs: memory stays bounded by rows and by bytes
+    assert max(handed_over.sizes) <= 1_000 and sum(handed_over.sizes) == len(documents)
+    assert handed_over.sizes[0] < 1_000  # the big document closed the first batch early (byte cap)
+    assert all(rows == 1_000 for rows in handed_over.sizes[1:-1])
+    things = DeltaTable(source_lake.raw_uri(f"{db_name}.things"))
+    assert things.version() == 0  # the whole copy is one commit
+    for uri in things.file_uris():
+        # every data file has the raw schema (the hour partition is in the Delta log, not the file)
+        assert pq.read_schema(uri).remove_metadata() == RAW_SCHEMA.remove(RAW_SCHEMA.get_field_index("hour"))
+    table = source_lake.committed_raw(f"{db_name}.things")
     assert table.schema == RAW_SCHEMA
-    assert table.column("key").to_pylist() == [extjson.document_key(d["_id"]) for d in expected]
-    assert table.column("after").to_pylist() == [extjson.encode_str(d) for d in expected]
+    assert (
+        dict(zip(table.column("key").to_pylist(), table.column("after").to_pylist(), strict=True)) == expected
+    )
     assert set(table.column("op").to_pylist()) == {"r"}
+    assert set(table.column("batch_seq").to_pylist()) == {result.seq}
     sources = table.column("source").to_pylist()
     assert all(s == sources[0] for s in sources) and sources[0]["snapshot"] is True
     assert sources[0]["db"] == db_name and sources[0]["collection"] == "things"
     assert len(set(table.column("cluster_time").to_pylist())) == 1
     assert set(table.column("event_order").to_pylist()) == {""}
     assert all(v is None for name in ("before", "updateDescription") for v in table.column(name).to_pylist())
-    nan_row = json.loads(table.column("after").to_pylist()[[d["_id"] for d in expected].index(OID)])
-    assert nan_row["nan"] == {"$numberDouble": "NaN"}
+    nan_row = bson.decode(expected[extjson.document_key(OID)])
+    assert math.isnan(nan_row["nan"])

@@ -5,17 +5,17 @@ from __future__ import annotations
 
 import re
 
-import orjson
+import bson
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 import yaml
 from bson import json_util
 
 from mongo_cdc.config import SourceConfigError, load_source
 from mongo_cdc.field_filters import FieldFilters, FieldRenameConflict, parse_rules
-from mongo_cdc.lake import list_raw_files
+from mongo_cdc.landing import SourceLake
 from mongo_cdc.snapshot import run_snapshot
+from mongo_cdc.storage import LakeLocation
 from mongo_cdc.streaming import pull_changes
 from mongo_cdc.testing import ReplicaSet
 from mongo_cdc.testing.lake import memory_keeper
@@ -206,7 +206,7 @@ def test_sanitized_columns_keep_valid_names_and_move_colliding_ones_aside():
 
 
 def after_of(row: dict) -> dict | None:
-    return None if row["after"] is None else json_util.loads(row["after"])
+    return None if row["after"] is None else bson.decode(row["after"])
 
 
 def test_rules_sanitizing_and_snapshot_include_through_the_dag(cdc_source, replica_set: ReplicaSet, db_name):
@@ -245,8 +245,8 @@ def test_rules_sanitizing_and_snapshot_include_through_the_dag(cdc_source, repli
         {"_id": 2, "title": "b", "items": [{"sku": "B"}], "unit-price": 3},
     ]
     descriptions = [r["updateDescription"] for r in streamed]
-    assert orjson.loads(descriptions[0]["updatedFields"]) == {"title": "a2"}
-    assert orjson.loads(descriptions[1]["updatedFields"]) == {"items": [{"sku": "B"}]}
+    assert bson.decode(descriptions[0]["updatedFields"]) == {"title": "a2"}
+    assert bson.decode(descriptions[1]["updatedFields"]) == {"items": [{"sku": "B"}]}
     assert descriptions[1]["removedFields"] == []
     audit = [(after_of(r), r["op"]) for r in source.raw_rows("audit")]
     assert audit == [({"_id": "streamed", "user": "u"}, "c")]
@@ -261,7 +261,11 @@ def test_rules_sanitizing_and_snapshot_include_through_the_dag(cdc_source, repli
         "items": [{"sku": "B"}],
         "unit-price": 3,
     }
-    assert [(row["__op"], row["title"], row["unit_price"]) for row in source.change_rows("orders")] == [
+    changes = sorted(
+        source.change_rows("orders"),
+        key=lambda row: (row["__cluster_time"], row["__event_order"], row["_id"]),
+    )
+    assert [(row["__op"], row["title"], row["unit_price"]) for row in changes] == [
         ("r", "a", 2),
         ("r", "b", 3),
         ("u", "a2", 2),
@@ -275,13 +279,11 @@ def test_rules_sanitizing_and_snapshot_include_through_the_dag(cdc_source, repli
 
 def landed(config, namespaces: list[str]) -> dict[str, list[str]]:
     """The ops of every raw row landed per namespace (tombstones as 'tombstone')."""
+    source_lake = SourceLake(LakeLocation(config.lake_root), config.topic_prefix)
     found = {}
     for namespace in namespaces:
-        db, collection = namespace.split(".")
-        ops = []
-        for raw in list_raw_files(config.lake_root, config.topic_prefix, db, collection):
-            ops += [op or "tombstone" for op in pq.read_table(raw.path, columns=["op"])["op"].to_pylist()]
-        found[namespace] = sorted(ops)
+        ops = source_lake.committed_raw(namespace, columns=["op"]).column("op").to_pylist()
+        found[namespace] = sorted(op or "tombstone" for op in ops)
     return found
 
 

@@ -49,11 +49,13 @@ def decoded(document: dict) -> dict:
 
 
 def event(op: str | None, after: dict | None = None, update: dict | None = None, position=(7, "8207")):
+    """An event of document 1 (``after`` a document, encoded to BSON as the raw zone holds it)."""
     return ChangeEvent(
         document_id=1,
+        document_id_json="1",
         op=op,
         ts_ms=1_700_000_000_123,
-        after=decoded(after) if after is not None else None,
+        after_bson=bson.encode(after) if after is not None else None,
         update_description=update,
         source=SOURCE,
         cluster_time=position[0],
@@ -324,7 +326,7 @@ def test_bad_values_are_refused_naming_file_key_and_allowed_values(tmp_path, key
 
 
 def job_options(tmp_path, *arguments: str) -> FlatteningOptions:
-    base = ["--lake-root", str(tmp_path), "--topic-prefix", "shop", "--committed", "{}"]
+    base = ["--lake-root", str(tmp_path), "--topic-prefix", "shop"]
     return cdc_transform.parse_args([*base, *arguments]).flattening
 
 
