@@ -19,7 +19,6 @@ from airflow.sdk import (
     DAG,
     CronDataIntervalTimetable,
     CronTriggerTimetable,
-    PokeReturnValue,
     XComArg,
     dag,
     task,
@@ -30,6 +29,7 @@ from airflow.task.trigger_rule import TriggerRule
 from mongo_cdc.config import SourceConfig, SourceConfigError, load_sources, sources_dir
 from mongo_cdc_airflow import source_tasks
 from mongo_cdc_airflow.params import resnapshot_params
+from mongo_cdc_airflow.sensors import ShardsChangedSensor
 from mongo_cdc_airflow.shard_sync import ShardSync, sole_writer
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -133,11 +133,14 @@ def build_topology_dag(config: SourceConfig, poke_interval_s: float = 180.0) -> 
         tags=["mongo-cdc", config.topic_prefix],
     )
     def topology() -> None:
-        @task.sensor(poke_interval=poke_interval_s, timeout=14 * 60, mode="reschedule", soft_fail=True)
-        def shards_changed() -> PokeReturnValue:
-            return source_tasks.shards_changed(config)
-
-        shards_changed() >> TriggerDagRunOperator(
+        ShardsChangedSensor(
+            task_id="shards_changed",
+            config=config,
+            poke_interval=poke_interval_s,
+            timeout=14 * 60,
+            mode="reschedule",
+            soft_fail=True,
+        ) >> TriggerDagRunOperator(
             task_id="trigger_cdc", trigger_dag_id=f"mongo_cdc__{config.name}", wait_for_completion=False
         )
 

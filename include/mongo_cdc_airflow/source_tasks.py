@@ -1,4 +1,4 @@
-"""The source-wide task bodies of the CDC and topology DAGs: discover, plan_transform, summary, the sensor."""
+"""The source-wide task bodies of the CDC DAG: discover, plan_transform, summary."""
 
 from __future__ import annotations
 
@@ -6,14 +6,14 @@ import json
 import logging
 
 import pendulum
-from airflow.sdk import PokeReturnValue, get_current_context
+from airflow.sdk import get_current_context
 from airflow.sdk.exceptions import AirflowSkipException
 from pymongo.errors import ConnectionFailure
 
 from mongo_cdc.config import SourceConfig
 from mongo_cdc.offsets import OffsetError, offset_key
 from mongo_cdc.shard_lifecycle import still_draining
-from mongo_cdc.topology import Shard, discover_shards, reconcile, topology_changed
+from mongo_cdc.topology import Shard, discover_shards, reconcile
 from mongo_cdc_airflow.hooks import MongoCdcHook
 from mongo_cdc_airflow.params import check_known, resnapshot_request
 from mongo_cdc_airflow.shard_sync import is_backfill, unreachable
@@ -172,28 +172,3 @@ def summarize(pulls: list[dict], run_end: pendulum.DateTime) -> dict:
     log.info("lag from the newest event to run end: %s s", lag_s)
     log.info("disconnects: %d, primary elections: %d", faults["disconnects"], faults["primary_elections"])
     return {"events": events, "lag_seconds": lag_s, **faults}
-
-
-def shards_changed(config: SourceConfig) -> PokeReturnValue:
-    """One poke of the topology sensor: done when the live shard ids differ from the stored ones."""
-    with MongoCdcHook(mongo_conn_id=config.mongo_conn_id).source_client() as client:
-        live = discover_shards(client)
-    stored = stored_topology(config.name)
-    stored_ids = sorted(shard.id for shard in stored if not shard.retiring)
-    live_ids = sorted(shard.id for shard in live)
-    log.info(
-        "stored shards (Variable %s): %s; live shards: %s",
-        topology_variable(config.name),
-        ", ".join(stored_ids) or "none",
-        ", ".join(live_ids) or "none",
-    )
-    changed = topology_changed(stored, live)
-    if changed:
-        added, removed = sorted(set(live_ids) - set(stored_ids)), sorted(set(stored_ids) - set(live_ids))
-        log.info(
-            "shard list changed (added: %s; removed: %s): triggering mongo_cdc__%s",
-            ", ".join(added) or "none",
-            ", ".join(removed) or "none",
-            config.name,
-        )
-    return PokeReturnValue(is_done=changed, xcom_value=live_ids)
