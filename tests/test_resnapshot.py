@@ -108,7 +108,7 @@ def test_an_unknown_collection_or_shard_fails_discover_naming_the_known_ones(sce
     run = source.run(conf=conf, expect="failed", skip_spark=True)
     states = {ti.task_id: ti.state for ti in run.get_task_instances()}
     assert states["discover"] == "failed" and states["shard_sync.snapshot"] == "upstream_failed"
-    assert states["plan_transform"] == "skipped" and states["transform"] == "skipped"  # no Spark
+    assert states["plan_transform"] == "failed" and states["transform"] == "upstream_failed"  # no Spark
     assert message in "".join(capfd.readouterr())
     assert _offset(source, "rs0")["batch_seq"] == seq_before
     assert_state_equals_collection(source, client, "customers")

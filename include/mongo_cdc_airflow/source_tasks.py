@@ -7,7 +7,7 @@ import logging
 
 import pendulum
 from airflow.sdk import get_current_context
-from airflow.sdk.exceptions import AirflowSkipException
+from airflow.sdk.exceptions import AirflowFailException
 from pymongo.errors import ConnectionFailure
 
 from mongo_cdc.config import SourceConfig
@@ -97,18 +97,19 @@ def plan_transform(config: SourceConfig) -> list[str]:
     """Spark arguments; committed batches of every replica set this source ever streamed.
 
     Runs even when a shard failed, so the other shards' data still lands; the offsets (not this
-    run's XComs) say what is committed, retired shards included. Skips the transform (and so
-    Spark) when discover failed, or when every shard failed without committing a batch.
+    run's XComs) say what is committed, retired shards included. Fails at once (no retries, so
+    the transform never starts Spark) when discover failed, or when every shard failed without
+    committing a batch: a skip would not do, since a run whose last tasks are skipped succeeds.
     """
     context = get_current_context()
     ti = context["ti"]
     shards = ti.xcom_pull(task_ids="discover")
     if shards is None:
-        raise AirflowSkipException("discover failed (see its log): nothing was pulled, so no transform")
+        raise AirflowFailException("discover failed (see its log): nothing was pulled, so no transform")
     pulls = [ti.xcom_pull(task_ids="shard_sync.pull", map_indexes=i) for i in range(len(shards))]
     landed = committed_batches(config, tolerant=True) != ti.xcom_pull(task_ids="discover", key="committed")
     if all(result is None for result in pulls) and not landed:
-        raise AirflowSkipException(
+        raise AirflowFailException(
             "every shard failed before committing a batch (see their tasks): nothing new to transform"
         )
     rebuild: list[str] = []
