@@ -26,7 +26,7 @@ from mongo_cdc.streaming import SourceUnreachableError, pull_changes
 from mongo_cdc.testing import ReplicaSet
 from mongo_cdc.testing.lake import memory_keeper
 from mongo_cdc.topology import make_client
-from mongo_cdc_airflow.dag_factory import summarize
+from mongo_cdc_airflow.source_tasks import summarize
 
 DATABASE = "faults"
 RS = "rs0"

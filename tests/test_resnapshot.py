@@ -17,8 +17,8 @@ from datagen import FALLBACK_FIELDS, load
 
 from mongo_cdc import extjson
 from mongo_cdc.events import token_cluster_time
-from mongo_cdc.offsets import Offset, offset_key
-from mongo_cdc.snapshot import current_position, needs_snapshot
+from mongo_cdc.offsets import offset_key
+from mongo_cdc.snapshot import current_position
 
 COUNTS = {"customers": 300, "orders": 300}
 
@@ -47,25 +47,6 @@ def _by_id(row: dict) -> str:
 
 def _ids(documents) -> set[str]:
     return {extjson.encode_str(document["_id"]) for document in documents}
-
-
-@pytest.mark.parametrize(
-    ("mode", "without_offset", "after_a_snapshot"),
-    [
-        ("initial", True, False),
-        ("when_needed", True, False),  # plus a lost oplog position, which needs the server
-        ("always", True, True),
-        ("initial_only", True, False),
-        ("no_data", False, False),
-        ("never", False, False),
-    ],
-)
-def test_snapshot_modes_decide_when_to_copy(mode, without_offset, after_a_snapshot):
-    streaming = Offset(
-        resume_token={"_data": "82"}, cluster_time=1, batch_seq=1, snapshot={"status": "complete"}
-    )
-    assert needs_snapshot(None, mode) is without_offset
-    assert needs_snapshot(streaming, mode) is after_a_snapshot
 
 
 @pytest.fixture(scope="module")
@@ -123,6 +104,7 @@ def test_an_unknown_collection_or_shard_fails_discover_naming_the_known_ones(sce
     run = source.run(conf=conf, expect="failed", skip_spark=True)
     states = {ti.task_id: ti.state for ti in run.get_task_instances()}
     assert states["discover"] == "failed" and states["shard_sync.snapshot"] == "upstream_failed"
+    assert states["plan_transform"] == "failed" and states["transform"] == "upstream_failed"  # no Spark
     assert message in "".join(capfd.readouterr())
     assert _offset(source, "rs0")["batch_seq"] == seq_before
     assert_state_equals_collection(source, client, "customers")

@@ -1,11 +1,11 @@
-"""Source YAML validation: unit tests of every rule, and acceptance (f) through Airflow's DagBag."""
+"""Source YAML validation: every rule, every problem of a file at once, unique topic prefixes."""
 
 from __future__ import annotations
 
 import pytest
 import yaml
 
-from mongo_cdc.config import SourceConfigError, load_source
+from mongo_cdc.config import SourceConfigError, load_source, load_sources
 
 
 def write(tmp_path, content: dict | str, name: str = "orders.yaml"):
@@ -66,11 +66,32 @@ def test_relative_lake_root_is_resolved_next_to_the_file(tmp_path):
             {"topic.prefix": "p", "database.include.list": ["a"], "database.exclude.list": ["b"]},
             "key 'database.exclude.list' cannot be used together with 'database.include.list'",
         ),
-        ({"topic.prefix": "p", "max.batch.size": 0}, "key 'max.batch.size' must be a positive integer"),
+        (
+            {"topic.prefix": "p", "max.batch.size": 0},
+            "key 'max.batch.size' must be an integer from 1 to 1000000",
+        ),
         (
             {"topic.prefix": "p", "snapshot.max.threads": -2},
-            "key 'snapshot.max.threads' must be a positive integer",
+            "key 'snapshot.max.threads' must be an integer from 1 to 64, got -2",
         ),
+        (
+            {"topic.prefix": "p", "max.batch.size": 5_000_000},
+            "key 'max.batch.size' must be an integer from 1 to 1000000, got 5000000",
+        ),
+        (
+            {"topic.prefix": "p", "connect.backoff.max.delay.ms": 10**12},
+            "key 'connect.backoff.max.delay.ms' must be an integer from 1 to 3600000",
+        ),
+        (
+            "topic.prefix: p\ntombstones.on.delete: yes\n",
+            "key 'tombstones.on.delete' must be true or false, got 'yes'",
+        ),
+        ("topic.prefix: p\nflatten.struct: off\n", "key 'flatten.struct' must be true or false, got 'off'"),
+        (
+            "topic.prefix: p\nmax.batch.size: 10\nmax.batch.size: 20\n",
+            "key 'max.batch.size' appears twice (lines 2 and 3)",
+        ),
+        ({"topic.prefix": "p", "colection.include.list": ["a"]}, "did you mean 'collection.include.list'?"),
         (
             {"topic.prefix": "p", "snapshot.mode": "sometimes"},
             "key 'snapshot.mode' is 'sometimes'; allowed values: initial, when_needed, always, initial_only, "
@@ -93,7 +114,8 @@ def test_relative_lake_root_is_resolved_next_to_the_file(tmp_path):
                 "connect.backoff.initial.delay.ms": 5000,
                 "connect.backoff.max.delay.ms": 10,
             },
-            "'connect.backoff.max.delay.ms' must be >=",
+            "key 'connect.backoff.max.delay.ms' is 10; it must be >= "
+            "'connect.backoff.initial.delay.ms' (5000)",
         ),
         ("topic.prefix: [unclosed", "not valid YAML"),
     ],
@@ -106,21 +128,45 @@ def test_invalid_values_name_the_file_the_key_and_the_fix(tmp_path, content, mes
     assert message in str(failure.value)
 
 
-def test_malformed_source_is_an_airflow_import_error_naming_file_and_key(airflow_db, tmp_path, monkeypatch):
-    from airflow.dag_processing.dagbag import DagBag
+def test_true_and_false_are_the_only_booleans_and_yes_stays_text(tmp_path):
+    config = load_source(
+        write(tmp_path, "topic.prefix: 'on'\ntombstones.on.delete: false\nflatten.struct: True\n")
+    )
+    assert (config.topic_prefix, config.tombstones_on_delete, config.flatten_struct) == ("on", False, True)
+    assert load_source(write(tmp_path, "topic.prefix: yes\n", "yes.yaml")).topic_prefix == "yes"
 
-    sources = tmp_path / "sources"
-    sources.mkdir()
-    good = write(sources, {"topic.prefix": "good"}, "good.yaml")
-    bad = write(sources, {"topic.prefix": "p", "max.batch.size": -1}, "broken.yaml")
-    monkeypatch.setenv("MONGO_CDC_SOURCES_DIR", str(sources))
-    import os
 
-    bag = DagBag(dag_folder=os.environ["AIRFLOW__CORE__DAGS_FOLDER"])
-    assert len(bag.import_errors) == 1
-    (error,) = bag.import_errors.values()
-    assert str(bad) in error and "max.batch.size" in error and "positive integer" in error
-    assert good.exists() and "mongo_cdc__good" not in bag.dag_ids  # one bad file fails the whole import
+def test_every_problem_of_a_file_is_reported_each_with_key_value_and_what_is_allowed(tmp_path):
+    path = write(
+        tmp_path,
+        "topic.prefix: p\n"
+        "tombstones.on.delete: yes\n"
+        "snapshot.max.threads: 1000\n"
+        "snapshot.mode: sometimes\n"
+        "colections: [a]\n"
+        "max.batch.size: 10\n"
+        "max.batch.size: 20\n",
+    )
+    with pytest.raises(SourceConfigError) as failure:
+        load_source(path)
+    problems = failure.value.problems
+    assert len(problems) == 5 and all(problem.startswith(f"{path}: ") for problem in problems)
+    text = str(failure.value)
+    assert "key 'max.batch.size' appears twice (lines 6 and 7)" in text
+    assert "unknown key 'colections'" in text and "allowed keys:" in text
+    assert "key 'tombstones.on.delete' must be true or false, got 'yes'" in text
+    assert "key 'snapshot.max.threads' must be an integer from 1 to 64, got 1000" in text
+    assert "key 'snapshot.mode' is 'sometimes'; allowed values: initial" in text
 
-    bad.unlink()
-    assert "mongo_cdc__good" in DagBag(dag_folder=os.environ["AIRFLOW__CORE__DAGS_FOLDER"]).dag_ids
+
+def test_two_sources_with_the_same_topic_prefix_and_lake_are_both_refused_naming_each_other(tmp_path):
+    lake = str(tmp_path / "lake")
+    first = write(tmp_path, {"topic.prefix": "shop", "lake.root": lake}, "a.yaml")
+    second = write(tmp_path, {"topic.prefix": "shop", "lake.root": lake}, "b.yaml")
+    write(tmp_path, {"topic.prefix": "shop", "lake.root": str(tmp_path / "other")}, "c.yaml")
+    write(tmp_path, {"topic.prefix": "inventory", "lake.root": lake}, "d.yaml")
+    configs, errors = load_sources(str(tmp_path))
+    assert sorted(config.name for config in configs) == ["c", "d"]
+    messages = sorted(str(error) for error in errors)
+    assert messages[0].startswith(f"{first}: key 'topic.prefix' is 'shop', the same as in {second}")
+    assert messages[1].startswith(f"{second}: key 'topic.prefix' is 'shop', the same as in {first}")

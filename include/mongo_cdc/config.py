@@ -6,6 +6,7 @@ Every problem is reported as a ``SourceConfigError`` naming the file, the key an
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 from dataclasses import dataclass, field
@@ -37,7 +38,47 @@ _FLATTENING_DEFAULTS = FlatteningOptions()
 
 
 class SourceConfigError(ValueError):
-    """A source YAML file is invalid; the message names the file, the key and the fix."""
+    """A source YAML file is invalid: one line per problem, each naming the file, the key and the fix."""
+
+    def __init__(self, *problems: str) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+class _SourceLoader(yaml.SafeLoader):
+    """YAML 1.2 booleans (``true``/``false`` only) and duplicate keys recorded instead of overwritten.
+
+    PyYAML's safe loader follows YAML 1.1, where ``yes``/``no``/``on``/``off`` are booleans: a
+    ``topic.prefix: on`` or a mistyped flag would silently become True/False. Here they stay
+    strings, so the key's own check names them. A duplicate key is kept in ``duplicates`` (line
+    numbers included) so every one is reported, not just the first.
+    """
+
+    def __init__(self, stream: Any) -> None:
+        super().__init__(stream)
+        self.duplicates: list[str] = []
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            line = key_node.start_mark.line + 1
+            if isinstance(key, str | int | bool) and key in seen:
+                self.duplicates.append(
+                    f"key '{key}' appears twice (lines {seen[key]} and {line}); keep one of them"
+                )
+            seen.setdefault(key, line)
+        return super().construct_mapping(node, deep=deep)
+
+
+_BOOL_TAG = "tag:yaml.org,2002:bool"
+_SourceLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != _BOOL_TAG]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_SourceLoader.add_implicit_resolver(
+    _BOOL_TAG, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+)
 
 
 @dataclass(frozen=True)
@@ -140,7 +181,8 @@ def _regex_list(path: str, key: str, value: Any) -> tuple[re.Pattern, ...]:
         items = value
     else:
         raise SourceConfigError(
-            f"{path}: key '{key}' must be a list of regular expressions or a comma-separated string"
+            f"{path}: key '{key}' must be a list of regular expressions or a comma-separated string, "
+            f"got {value!r}"
         )
     patterns = []
     for item in items:
@@ -160,11 +202,23 @@ def _field_rules(path: str, key: str, value: Any) -> tuple[FieldRule, ...]:
         raise SourceConfigError(f"{path}: {exc}") from None
 
 
-def _positive_int(path: str, key: str, value: Any, allow_zero: bool = False) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0 or (value == 0 and not allow_zero):
-        bound = "a non-negative" if allow_zero else "a positive"
-        raise SourceConfigError(f"{path}: key '{key}' must be {bound} integer, got {value!r}")
+# Upper bound of an integer setting without a tighter one of its own: the largest 32-bit integer,
+# as for Debezium's int settings (and BSON's int32 batch sizes).
+MAX_INT = 2**31 - 1
+
+
+def _positive_int(path: str, key: str, value: Any, allow_zero: bool = False, maximum: int = MAX_INT) -> int:
+    low = 0 if allow_zero else 1
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= maximum:
+        raise SourceConfigError(
+            f"{path}: key '{key}' must be an integer from {low} to {maximum}, got {value!r}"
+        )
     return value
+
+
+def _bounded(maximum: int, allow_zero: bool = False) -> Any:
+    """A ``_positive_int`` parser with the upper bound its use allows (see _KEYS)."""
+    return lambda path, key, value: _positive_int(path, key, value, allow_zero=allow_zero, maximum=maximum)
 
 
 def _choice(path: str, key: str, value: Any, allowed: tuple[str, ...]) -> str:
@@ -218,7 +272,7 @@ def _add_fields(path: str, key: str, value: Any) -> tuple[str, ...]:
         items = tuple(item.strip() for item in value)
     else:
         raise SourceConfigError(
-            f"{path}: key '{key}' must be a list of field names or a comma-separated string"
+            f"{path}: key '{key}' must be a list of field names or a comma-separated string, got {value!r}"
         )
     for item in items:
         try:
@@ -227,6 +281,15 @@ def _add_fields(path: str, key: str, value: Any) -> tuple[str, ...]:
             raise SourceConfigError(f"{path}: {exc}") from None
     return items
 
+
+# Upper bounds of integer settings, from what each one drives (README: source configuration).
+_MAX_SNAPSHOT_THREADS = 64  # one cursor and one writer thread per collection copied in parallel
+_MAX_FETCH_SIZE = 1_000_000  # documents per cursor batch; the server caps a batch at 16 MB anyway
+_MAX_BATCH_SIZE = 1_000_000  # change events held in memory for one landed file
+_MAX_DELAY_MS = 3_600_000  # one hour between reconnection attempts
+_MAX_ATTEMPTS = 1000
+_MAX_OVERSIZE_THRESHOLD = 16 * 1024 * 1024  # MongoDB's document size limit: a larger threshold never applies
+_MAX_HEARTBEAT_MS = 86_400_000  # one day
 
 # key -> (dataclass field, parser)
 _KEYS = {
@@ -254,27 +317,24 @@ _KEYS = {
         "capture_mode_full_update_type",
         lambda p, k, v: _choice(p, k, v, FULL_UPDATE_TYPES),
     ),
-    "snapshot.max.threads": ("snapshot_max_threads", _positive_int),
-    "snapshot.fetch.size": ("snapshot_fetch_size", lambda p, k, v: _positive_int(p, k, v, allow_zero=True)),
-    "max.batch.size": ("max_batch_size", _positive_int),
+    "snapshot.max.threads": ("snapshot_max_threads", _bounded(_MAX_SNAPSHOT_THREADS)),
+    "snapshot.fetch.size": ("snapshot_fetch_size", _bounded(_MAX_FETCH_SIZE, allow_zero=True)),
+    "max.batch.size": ("max_batch_size", _bounded(_MAX_BATCH_SIZE)),
     "tombstones.on.delete": ("tombstones_on_delete", _boolean),
     "skipped.operations": ("skipped_operations", _skipped_operations),
-    "connect.backoff.initial.delay.ms": ("connect_backoff_initial_delay_ms", _positive_int),
-    "connect.backoff.max.delay.ms": ("connect_backoff_max_delay_ms", _positive_int),
-    "connect.max.attempts": ("connect_max_attempts", _positive_int),
+    "connect.backoff.initial.delay.ms": ("connect_backoff_initial_delay_ms", _bounded(_MAX_DELAY_MS)),
+    "connect.backoff.max.delay.ms": ("connect_backoff_max_delay_ms", _bounded(_MAX_DELAY_MS)),
+    "connect.max.attempts": ("connect_max_attempts", _bounded(_MAX_ATTEMPTS)),
     "cursor.oversize.handling.mode": (
         "cursor_oversize_handling_mode",
         lambda p, k, v: _choice(p, k, v, OVERSIZE_MODES),
     ),
     "cursor.oversize.skip.threshold": (
         "cursor_oversize_skip_threshold",
-        lambda p, k, v: _positive_int(p, k, v, allow_zero=True),
+        _bounded(_MAX_OVERSIZE_THRESHOLD, allow_zero=True),
     ),
     "provide.transaction.metadata": ("provide_transaction_metadata", _boolean),
-    "heartbeat.interval.ms": (
-        "heartbeat_interval_ms",
-        lambda p, k, v: _positive_int(p, k, v, allow_zero=True),
-    ),
+    "heartbeat.interval.ms": ("heartbeat_interval_ms", _bounded(_MAX_HEARTBEAT_MS, allow_zero=True)),
     "array.encoding": ("array_encoding", lambda p, k, v: _choice(p, k, v, ARRAY_ENCODINGS)),
     "flatten.struct": ("flatten_struct", _boolean),
     "flatten.struct.delimiter": (
@@ -301,46 +361,52 @@ def default_lake_root() -> str:
 
 
 def load_source(path: str) -> SourceConfig:
-    """Parse and validate one source YAML file."""
+    """Parse and validate one source YAML file; the error lists every problem the file has."""
     try:
         with open(path, encoding="utf-8") as handle:
-            raw = yaml.safe_load(handle)
+            loader = _SourceLoader(handle)
+            try:
+                raw = loader.get_single_data()
+            finally:
+                loader.dispose()
     except yaml.YAMLError as exc:
         raise SourceConfigError(f"{path}: not valid YAML ({exc})") from None
     if not isinstance(raw, dict):
         raise SourceConfigError(
             f"{path}: expected a mapping of Debezium-style keys, e.g. 'topic.prefix: inventory'"
         )
-    unknown = sorted(str(key) for key in raw if key not in _KEYS)
-    if unknown:
-        raise SourceConfigError(
-            f"{path}: unknown key '{unknown[0]}'; allowed keys: {', '.join(sorted(_KEYS))}"
-        )
-    for first, second in _MUTUALLY_EXCLUSIVE:
-        if first in raw and second in raw:
-            raise SourceConfigError(
-                f"{path}: key '{second}' cannot be used together with '{first}'; keep one of them"
-            )
+    problems = [f"{path}: {duplicate}" for duplicate in loader.duplicates]
+    problems += [_unknown_key(path, str(key)) for key in sorted(str(key) for key in raw if key not in _KEYS)]
+    problems += [
+        f"{path}: key '{second}' cannot be used together with '{first}'; keep one of them"
+        for first, second in _MUTUALLY_EXCLUSIVE
+        if first in raw and second in raw
+    ]
     if "topic.prefix" not in raw:
-        raise SourceConfigError(
-            f"{path}: key 'topic.prefix' is required (the logical name used in lake paths)"
-        )
+        problems.append(f"{path}: key 'topic.prefix' is required (the logical name used in lake paths)")
     values: dict[str, Any] = {}
     for key, value in raw.items():
-        attribute, parse = _KEYS[key]
-        values[attribute] = parse(path, key, value)
-    if values.get("connect_backoff_max_delay_ms", 120_000) < values.get(
-        "connect_backoff_initial_delay_ms", 1000
-    ):
-        raise SourceConfigError(
-            f"{path}: key 'connect.backoff.max.delay.ms' must be >= 'connect.backoff.initial.delay.ms'"
+        if key in _KEYS:
+            attribute, parse = _KEYS[key]
+            try:
+                values[attribute] = parse(path, key, value)
+            except SourceConfigError as exc:
+                problems.extend(exc.problems)
+    initial = values.get("connect_backoff_initial_delay_ms", 1000)
+    maximum = values.get("connect_backoff_max_delay_ms", 120_000)
+    if maximum < initial:
+        problems.append(
+            f"{path}: key 'connect.backoff.max.delay.ms' is {maximum}; it must be >= "
+            f"'connect.backoff.initial.delay.ms' ({initial})"
         )
     try:  # a relative local path is taken from the YAML's folder; a URI is kept as it is
         values["lake_root"] = resolve_root(
             values.get("lake_root") or default_lake_root(), os.path.dirname(os.path.abspath(path))
         )
     except LakeRootError as exc:
-        raise SourceConfigError(f"{path}: key 'lake.root': {exc}") from None
+        problems.append(f"{path}: key 'lake.root': {exc}")
+    if problems:
+        raise SourceConfigError(*problems)
     name = os.path.splitext(os.path.basename(path))[0]
     try:
         return SourceConfig(name=name, path=os.path.abspath(path), **values)
@@ -348,12 +414,22 @@ def load_source(path: str) -> SourceConfig:
         raise SourceConfigError(f"{path}: {exc}") from None
 
 
+def _unknown_key(path: str, key: str) -> str:
+    close = difflib.get_close_matches(key, _KEYS, n=1)
+    hint = f"did you mean '{close[0]}'? " if close else ""
+    return f"{path}: unknown key '{key}'; {hint}allowed keys: {', '.join(sorted(_KEYS))}"
+
+
 def sources_dir(default: str) -> str:
     return os.environ.get(SOURCES_DIR_ENV) or default
 
 
 def load_sources(directory: str) -> tuple[list[SourceConfig], list[SourceConfigError]]:
-    """Every ``*.yaml``/``*.yml`` source in a folder, sorted by name, plus the errors of the bad ones."""
+    """Every valid ``*.yaml``/``*.yml`` source in a folder, sorted by name, plus the errors of the others.
+
+    Each file stands alone, except that two sources writing the same lake with the same
+    ``topic.prefix`` would mix their tables: both are refused, each naming the other.
+    """
     configs, errors = [], []
     if not os.path.isdir(directory):
         return configs, [
@@ -365,4 +441,19 @@ def load_sources(directory: str) -> tuple[list[SourceConfig], list[SourceConfigE
                 configs.append(load_source(os.path.join(directory, entry)))
             except SourceConfigError as exc:
                 errors.append(exc)
-    return configs, errors
+    sharing: dict[tuple[str, str], list[SourceConfig]] = {}
+    for config in configs:
+        sharing.setdefault((config.lake_root, config.topic_prefix), []).append(config)
+    clashing = [config for group in sharing.values() if len(group) > 1 for config in group]
+    for config in clashing:
+        others = [
+            other.path for other in sharing[(config.lake_root, config.topic_prefix)] if other is not config
+        ]
+        errors.append(
+            SourceConfigError(
+                f"{config.path}: key 'topic.prefix' is {config.topic_prefix!r}, the same as in "
+                f"{', '.join(others)} with the same lake root {config.lake_root}; each source of a "
+                "lake needs its own topic.prefix"
+            )
+        )
+    return [config for config in configs if config not in clashing], errors

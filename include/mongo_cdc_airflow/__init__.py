@@ -1,1 +1,1 @@
-"""Airflow glue for mongo-cdc: connections, offset storage in Variables, the DAG factory."""
+"""Airflow glue for mongo-cdc: the DAG factory, its task bodies, the MongoDB hook, Variables."""

@@ -26,6 +26,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from mongo_cdc.config import SourceConfig
+from mongo_cdc.landing import SourceLake
 from mongo_cdc.storage import LakeLocation, uri_scheme
 
 _UNMAPPED_EXTRAS = {
@@ -104,3 +106,8 @@ def _azure_options(connection: Any, extras: dict[str, Any]) -> dict[str, str]:
     elif connection.password:
         options["azure_storage_account_key"] = connection.password
     return options
+
+
+def source_lake(config: SourceConfig) -> SourceLake:
+    """The source's raw tables and batch log, reached through its ``lake.connection.id``."""
+    return SourceLake(lake_location(config.lake_root, config.lake_conn_id), config.topic_prefix)

@@ -1,0 +1,117 @@
+"""What one shard's sync does in a run: the single owner of the shard lifecycle decisions.
+
+A shard (a plain replica set is one shard) is, in turn:
+
+* **new** (no offset): snapshotted under ``initial``/``when_needed``/``initial_only``/``always``,
+  or streamed from "now" under ``no_data``/``never``;
+* **streaming**: its offset has a completed snapshot and a resume position; it snapshots again only
+  under ``always``, when the trigger asks for a re-snapshot of it, or under ``when_needed`` when
+  its position has left the oplog;
+* **retiring**: it left the cluster but its offset is not retired yet: its stream is drained to
+  the end, then its offset is marked ``retired_at``; it is never snapshotted;
+* **retired**: gone and drained; ``discover`` no longer lists it;
+* **back from retirement**: listed by the cluster again with a retired offset: it starts afresh,
+  like a new shard (its batch numbers keep increasing, see ``snapshot.run_snapshot``).
+
+``plan_shard`` turns the stored offset, the settings and the trigger into a ``ShardPlan``; the
+Airflow tasks only carry it out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from mongo_cdc.offsets import Offset
+
+# snapshot.mode values that copy a shard without a completed snapshot; ``always`` copies every run
+SNAPSHOT_WHEN_MISSING = ("initial", "when_needed", "initial_only")
+
+
+@dataclass(frozen=True)
+class ResnapshotRequest:
+    """The trigger's re-snapshot: these collections (empty: all) on these shards (empty: all)."""
+
+    collections: tuple[str, ...] = ()
+    shards: tuple[str, ...] = ()
+
+    def covers(self, shard_id: str) -> bool:
+        return not self.shards or shard_id in self.shards
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    """One shard's sync in one run.
+
+    ``snapshot``: the ``<db>.<collection>`` names to copy before streaming (``()``: every captured
+    collection), or None for no copy. ``start_from_now``: no copy and no stored position, so
+    streaming starts at the current position. ``stream``: read the change stream after the copy.
+    ``retire``: the shard left the cluster; after draining, its offset is retired. ``fresh``: a stored
+    offset was retired, and does not count. ``reason``: why, for the task log.
+    """
+
+    snapshot: tuple[str, ...] | None
+    start_from_now: bool
+    stream: bool
+    retire: bool
+    fresh: bool
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["snapshot"] = None if self.snapshot is None else list(self.snapshot)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ShardPlan:
+        snapshot = data["snapshot"]
+        return cls(**{**data, "snapshot": None if snapshot is None else tuple(snapshot)})
+
+
+def plan_shard(
+    *,
+    shard_id: str,
+    retiring: bool,
+    offset: Offset | None,
+    snapshot_mode: str,
+    resnapshot: ResnapshotRequest | None,
+    position_lost: Callable[[Offset], bool],
+) -> ShardPlan:
+    """Decide one shard's sync. ``position_lost`` asks the server whether an offset's resume
+    position has left the oplog; it is called only when the answer matters (``when_needed``)."""
+    stream = snapshot_mode != "initial_only"
+    if retiring:
+        # nothing to copy from a shard that left: its documents moved to the others
+        why = "it left the cluster: draining its stream, then retiring its offset"
+        return ShardPlan(None, False, stream, True, False, why if stream else "it left the cluster")
+    fresh = offset is not None and bool(offset.retired_at)
+    if fresh:
+        offset = None
+
+    def copy(collections: tuple[str, ...], reason: str) -> ShardPlan:
+        return ShardPlan(collections, False, stream, False, fresh, reason)
+
+    if snapshot_mode == "always":
+        return copy((), "snapshot.mode is always")
+    if (offset is None or not offset.snapshot_complete) and snapshot_mode in SNAPSHOT_WHEN_MISSING:
+        return copy((), "back after being retired: starting afresh" if fresh else "no completed snapshot")
+    if resnapshot is not None and resnapshot.covers(shard_id):
+        return copy(resnapshot.collections, "re-snapshot requested by the trigger")
+    if (
+        snapshot_mode == "when_needed"
+        and offset is not None
+        and offset.resume_token is not None
+        and position_lost(offset)
+    ):
+        return copy((), "its stored resume position is no longer in the oplog (snapshot.mode when_needed)")
+    start_from_now = offset is None or offset.resume_token is None
+    reason = (
+        f"no snapshot (snapshot.mode {snapshot_mode}): streaming from now" if start_from_now else "streaming"
+    )
+    return ShardPlan(None, start_from_now, stream, False, fresh, reason)
+
+
+def still_draining(offset: Offset | None) -> bool:
+    """Whether a shard that left the cluster still has a stream to drain (an offset not retired yet)."""
+    return offset is not None and not offset.retired_at

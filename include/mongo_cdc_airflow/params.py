@@ -1,0 +1,119 @@
+"""The CDC DAG's trigger params (README: re-snapshots) and their checks.
+
+A wrong trigger fails its run at once with ``AirflowFailException`` (no retries): the checks that
+need no server run before ``discover`` connects, the known shards and collections right after.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from airflow.sdk import Param
+from airflow.sdk.exceptions import AirflowFailException
+
+from mongo_cdc.shard_lifecycle import ResnapshotRequest
+
+
+def resnapshot_params() -> dict[str, Param]:
+    """The trigger form's on-call re-snapshot. Scheduled runs use the defaults."""
+    return {
+        "resnapshot": Param(
+            False,
+            type="boolean",
+            title="Re-snapshot",
+            description="Copy the collections below again, then stream. Their state tables are reconciled: "
+            "documents that no longer exist disappear.",
+        ),
+        "collections": Param(
+            [],
+            type="array",
+            items={"type": "string"},
+            title="Collections to re-snapshot",
+            description="<db>.<collection> names, one per line. Empty: every captured collection. "
+            "With names, streaming goes on from its stored position, so the other collections miss nothing.",
+        ),
+        "shards": Param(
+            [],
+            type="array",
+            items={"type": "string"},
+            title="Shards to re-snapshot",
+            description="Shard ids, one per line (a plain replica set is one shard named like the set). "
+            "Empty: every shard.",
+        ),
+    }
+
+
+PARAM_NAMES = tuple(resnapshot_params())
+
+
+def resnapshot_request(
+    conf: Mapping[str, Any], params: Mapping[str, Any], backfill: bool
+) -> ResnapshotRequest | None:
+    """The trigger's re-snapshot (None: none asked), after every check a server is not needed for.
+
+    ``conf`` is the run's own conf (where a mistyped key shows: Airflow keeps keys that are not
+    params), ``params`` the params with their defaults filled in.
+    """
+    problems = [
+        f'unknown param "{key}"; the params are: {", ".join(PARAM_NAMES)}'
+        for key in sorted(conf or {})
+        if key not in PARAM_NAMES
+    ]
+    resnapshot = params.get("resnapshot", False)
+    if not isinstance(resnapshot, bool):
+        problems.append(f'param "resnapshot" must be true or false, got {resnapshot!r}')
+    for name, what in (("collections", "<db>.<collection> names"), ("shards", "shard ids")):
+        value = params.get(name, [])
+        if not isinstance(value, list) or not all(isinstance(item, str) and item for item in value):
+            problems.append(f'param "{name}" must be a list of {what}, got {value!r}')
+    collections, shards = params.get("collections", []), params.get("shards", [])
+    if not problems:
+        bad = [name for name in collections if not _is_namespace(name)]
+        if bad:
+            problems.append(f'param "collections": {", ".join(bad)} is not a <db>.<collection> name')
+        if resnapshot and backfill:
+            problems.append(
+                "a backfill only completes past intervals and cannot re-snapshot; trigger the DAG with "
+                '{"resnapshot": true} as a normal run instead'
+            )
+        if not resnapshot and (collections or shards):
+            problems.append(
+                'params "collections" and "shards" choose what to re-snapshot; set "resnapshot" to true too'
+            )
+    _fail(problems)
+    return ResnapshotRequest(tuple(collections), tuple(shards)) if resnapshot else None
+
+
+def check_known(
+    source: str, request: ResnapshotRequest, shard_ids: Iterable[str], captured: Iterable[str] | None
+) -> None:
+    """Every shard and collection the trigger names exists (``captured`` None: no collections named)."""
+    known_shards = sorted(shard_ids)
+    problems = []
+    unknown = sorted(set(request.shards) - set(known_shards))
+    if unknown:
+        problems.append(
+            f'param "shards": unknown shard {", ".join(unknown)}; '
+            f"the shards of source '{source}' are: {', '.join(known_shards)}"
+        )
+    if captured is not None:
+        known = sorted(set(captured))
+        unknown = sorted(set(request.collections) - set(known))
+        if unknown:
+            problems.append(
+                f'param "collections": unknown collection {", ".join(unknown)}; '
+                f"the captured collections of source '{source}' are: {', '.join(known) or 'none'}"
+            )
+    _fail(problems)
+
+
+def _is_namespace(name: str) -> bool:
+    db, dot, collection = name.partition(".")
+    return bool(db and dot and collection)
+
+
+def _fail(problems: list[str]) -> None:
+    # AirflowFailException: a wrong trigger does not get better with retries
+    if problems:
+        raise AirflowFailException("; ".join(problems))

@@ -1,0 +1,174 @@
+"""One shard's work in a CDC run: the bodies of the mapped ``shard_sync.snapshot`` and ``shard_sync.pull``.
+
+``ShardSync`` carries out the ``shard_lifecycle.ShardPlan`` the core decides; the MongoDB clients
+come from ``MongoCdcHook``, the offset from its Variable.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import logging
+from collections.abc import Callable
+
+from airflow.sdk import get_current_context
+from pymongo import MongoClient
+from pymongo.errors import ConnectionFailure
+
+from mongo_cdc.config import SourceConfig
+from mongo_cdc.offsets import Offset
+from mongo_cdc.shard_lifecycle import ShardPlan, plan_shard
+from mongo_cdc.topology import Shard
+from mongo_cdc_airflow.hooks import MongoCdcHook
+from mongo_cdc_airflow.params import resnapshot_request
+from mongo_cdc_airflow.variables import offset_keeper
+
+log = logging.getLogger(__name__)
+
+
+def is_backfill() -> bool:
+    """A backfill run (``airflow backfill create``, the UI's Backfill) only completes its past interval."""
+    return get_current_context()["dag_run"].run_type == "backfill"
+
+
+def unreachable(shard: Shard, exc: ConnectionFailure) -> RuntimeError:
+    hosts = ", ".join(shard.hosts) or "the source connection's hosts"
+    return RuntimeError(f"shard {shard.id}: cannot reach replica set {shard.rs} ({hosts}): {exc}")
+
+
+def sole_writer(config: SourceConfig) -> Callable[[Callable[..., dict]], Callable[..., dict]]:
+    """Wrap a per-shard task so it is its offset's only writer while it runs (offsets.WriterConflict).
+
+    A backfill run never writes an offset, so it claims none and never waits for the live sync.
+    """
+
+    def decorate(work: Callable[..., dict]) -> Callable[..., dict]:
+        @functools.wraps(work)
+        def claimed(shard_entry: dict, *args: object) -> dict:
+            # lets the UI label each mapped task by its shard id (map_index_template)
+            get_current_context()["shard_id"] = shard_entry["id"]
+            if is_backfill():
+                return work(shard_entry, *args)
+            ti = get_current_context()["ti"]
+            me = {"dag_id": ti.dag_id, "run_id": ti.run_id, "task_id": ti.task_id, "map_index": ti.map_index}
+
+            def still_running(holder: dict) -> bool:
+                running = ti.get_ti_count(
+                    dag_id=holder["dag_id"],
+                    run_ids=[holder["run_id"]],
+                    task_ids=[holder["task_id"]],
+                    map_index=holder.get("map_index"),
+                    states=["running"],
+                )
+                return running > 0
+
+            keeper = offset_keeper(config, shard_entry["rs"])
+            keeper.claim(me, still_running)
+            try:
+                return work(shard_entry, *args)
+            finally:
+                keeper.release(me)
+
+        return claimed
+
+    return decorate
+
+
+class ShardSync:
+    """Snapshot, pull or backfill one shard of one source."""
+
+    def __init__(self, config: SourceConfig, shard_entry: dict) -> None:
+        self.config = config
+        self.shard = Shard.from_dict(shard_entry)
+        self.keeper = offset_keeper(config, self.shard.rs)
+        self.hook = MongoCdcHook(mongo_conn_id=config.mongo_conn_id)
+
+    def client(self) -> MongoClient:
+        return self.hook.shard_client(self.shard)
+
+    def plan(self) -> ShardPlan:
+        from mongo_cdc.snapshot import resume_position_lost
+
+        def position_lost(offset: Offset) -> bool:
+            with self.client() as client:
+                return resume_position_lost(client, offset.resume_token)
+
+        context = get_current_context()
+        plan = plan_shard(
+            shard_id=self.shard.id,
+            retiring=self.shard.retiring,
+            offset=self.keeper.load(),
+            snapshot_mode=self.config.snapshot_mode,
+            resnapshot=resnapshot_request(context["dag_run"].conf, context["params"], backfill=False),
+            position_lost=position_lost,
+        )
+        log.info("shard %s (replica set %s): %s", self.shard.id, self.shard.rs, plan.reason)
+        return plan
+
+    def snapshot(self) -> dict:
+        """Copy what the plan says before streaming; the result carries the plan to the pull."""
+        from mongo_cdc.snapshot import run_snapshot, start_without_snapshot
+
+        if is_backfill():
+            log.info("backfill run: no snapshot, the pull completes the interval's history")
+            return {"documents": {}, "seconds": 0}
+        try:
+            plan = self.plan()
+            result = {"documents": {}, "seconds": 0, "plan": plan.to_dict()}
+            if plan.snapshot is None and not plan.start_from_now:
+                return result
+            with self.client() as client:
+                if plan.start_from_now:
+                    start_without_snapshot(client, self.shard.rs, self.keeper)
+                elif self.shard.via_source:
+                    copied = run_snapshot(client, self.config, self.shard.rs, self.keeper, only=plan.snapshot)
+                else:
+                    with self.hook.source_client() as cluster:
+                        copied = run_snapshot(
+                            client,
+                            self.config,
+                            self.shard.rs,
+                            self.keeper,
+                            cluster,
+                            self.shard.id,
+                            plan.snapshot,
+                        )
+            if plan.snapshot is not None:
+                result.update(documents=copied.documents, seconds=round(copied.seconds, 3))
+            return result
+        except ConnectionFailure as exc:
+            raise unreachable(self.shard, exc) from None
+
+    def pull(self, snapshot_result: dict) -> dict:
+        """Stream until caught up (the plan permitting), then retire the offset of a shard that left."""
+        from mongo_cdc.streaming import pull_changes
+
+        if is_backfill():
+            return self.backfill()
+        plan = ShardPlan.from_dict(snapshot_result["plan"])
+        result: dict = {"rs": self.shard.rs, "events": {}}
+        if plan.stream:
+            # connection failures are retried inside the pull (connect.* settings), which names the
+            # hosts when it gives up
+            with self.client() as client:
+                result = pull_changes(client, self.config, self.shard.rs, self.keeper).to_dict()
+        else:
+            log.info("snapshot.mode is initial_only: no streaming")
+        if plan.retire:
+            retired_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+            self.keeper.commit(self.keeper.load() or Offset(), retired_at=retired_at)
+            log.info("shard %s left the cluster: its stream is drained and its offset retired", self.shard.id)
+        result["snapshot"] = {key: snapshot_result[key] for key in ("documents", "seconds")}
+        return result
+
+    def backfill(self) -> dict:
+        from mongo_cdc.backfill import backfill_interval
+
+        context = get_current_context()
+        start, end = context["data_interval_start"], context["data_interval_end"]
+        with self.client() as client:
+            offset = self.keeper.load()
+            result = backfill_interval(
+                client, self.config, self.shard.rs, offset, start, end, self.keeper.lake
+            )
+        return {"rs": self.shard.rs, "events": result.history_events, "backfill": result.to_dict()}

@@ -1,0 +1,151 @@
+"""The source-wide task bodies of the CDC DAG: discover, plan_transform, summary."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pendulum
+from airflow.sdk import get_current_context
+from airflow.sdk.exceptions import AirflowFailException
+from pymongo.errors import ConnectionFailure
+
+from mongo_cdc.config import SourceConfig
+from mongo_cdc.shard_lifecycle import still_draining
+from mongo_cdc.topology import Shard, discover_shards, reconcile
+from mongo_cdc_airflow.hooks import MongoCdcHook
+from mongo_cdc_airflow.lake_storage import source_lake
+from mongo_cdc_airflow.params import check_known, resnapshot_request
+from mongo_cdc_airflow.shard_sync import is_backfill, unreachable
+from mongo_cdc_airflow.variables import (
+    offset_keeper,
+    store_topology,
+    stored_topology,
+)
+
+log = logging.getLogger(__name__)
+
+
+def discover(config: SourceConfig) -> list[dict]:
+    """Live shards, plus removed shards whose offset still has to be drained.
+
+    The trigger's params are checked first (no server needed), the shards and collections they
+    name right after discovery: a wrong trigger fails here, at once and without retries.
+    """
+    context = get_current_context()
+    request = resnapshot_request(context["dag_run"].conf, context["params"], is_backfill())
+    hook = MongoCdcHook(mongo_conn_id=config.mongo_conn_id)
+    with hook.source_client() as client:
+        live = discover_shards(client)
+    shards = reconcile(
+        stored_topology(config.name),
+        live,
+        lambda shard: still_draining(offset_keeper(config, shard.rs).load()),
+    )
+    if request is not None:
+        live_shards = [shard for shard in shards if not shard.retiring]
+        captured = captured_collections(config, hook, live_shards) if request.collections else None
+        check_known(config.name, request, [shard.id for shard in live_shards], captured)
+    if not is_backfill():  # the live sync owns the topology it drains
+        store_topology(config.name, shards)
+    for shard in shards:
+        log.info("shard %s (replica set %s)%s", shard.id, shard.rs, " retiring" if shard.retiring else "")
+    # plan_transform compares them with its own, to tell whether a failed run landed anything
+    context["ti"].xcom_push(key="committed", value=committed_batches(config))
+    return [shard.to_dict() for shard in shards]
+
+
+def captured_collections(config: SourceConfig, hook: MongoCdcHook, shards: list[Shard]) -> set[str]:
+    from mongo_cdc.snapshot import captured_collections
+
+    known: set[str] = set()
+    for shard in shards:
+        try:
+            with hook.shard_client(shard) as client:
+                known.update(f"{db}.{coll}" for db, coll in captured_collections(client, config))
+        except ConnectionFailure as exc:
+            raise unreachable(shard, exc) from None
+    return known
+
+
+def committed_batches(config: SourceConfig) -> dict[str, int]:
+    """The last batch the lake committed of every replica set this source ever streamed."""
+    return source_lake(config).committed()
+
+
+def plan_transform(config: SourceConfig) -> list[str]:
+    """Spark arguments. Runs even when a shard failed, so the other shards' data still lands (the
+    lake's batch log, not this run's XComs, says what is committed). Fails at once (no retries, so
+    the transform never starts Spark) when discover failed, or when every shard failed without
+    committing a batch: a skip would not do, since a run whose last tasks are skipped succeeds.
+    """
+    context = get_current_context()
+    ti = context["ti"]
+    shards = ti.xcom_pull(task_ids="discover")
+    if shards is None:
+        raise AirflowFailException("discover failed (see its log): nothing was pulled, so no transform")
+    pulls = [ti.xcom_pull(task_ids="shard_sync.pull", map_indexes=i) for i in range(len(shards))]
+    landed = committed_batches(config) != ti.xcom_pull(task_ids="discover", key="committed")
+    if all(result is None for result in pulls) and not landed:
+        raise AirflowFailException(
+            "every shard failed before committing a batch (see their tasks): nothing new to transform"
+        )
+    rebuild: list[str] = []
+    if is_backfill():
+        from mongo_cdc.backfill import hour_partitions
+
+        hours = hour_partitions(context["data_interval_start"], context["data_interval_end"])
+        rebuild = ["--rebuild-hours", json.dumps(hours)]
+    return [
+        "--lake-root",
+        config.lake_root,
+        "--topic-prefix",
+        config.topic_prefix,
+        *config.flattening.spark_arguments(),
+        *rebuild,
+    ]
+
+
+def summary(shards: list[dict]) -> dict:
+    # Explicit map indexes: how a mapped group's output resolves outside the group depends on
+    # its size (one shard gives a bare dict), and the summary must see every shard.
+    ti = get_current_context()["ti"]
+    pulls = [ti.xcom_pull(task_ids="shard_sync.pull", map_indexes=i) for i in range(len(shards))]
+    result = summarize([p for p in pulls if p is not None], pendulum.now("UTC"))
+    failed = [shard["id"] for shard, p in zip(shards, pulls, strict=True) if p is None]
+    if failed:
+        raise RuntimeError(
+            f"shards {', '.join(failed)} did not sync (see their pull tasks); the other shards' "
+            "changes landed and they catch up at the next run"
+        )
+    return result
+
+
+def summarize(pulls: list[dict], run_end: pendulum.DateTime) -> dict:
+    """Events per collection and op across shards, the lag of the newest event at run end, and faults.
+
+    The faults are the disconnects and primary elections the pulls rode out (Debezium's
+    ``NumberOfDisconnects`` / ``NumberOfPrimaryElections``).
+    """
+    events: dict[str, dict[str, int]] = {}
+    newest = None
+    faults = {"disconnects": 0, "primary_elections": 0}
+    for pull_result in pulls:
+        for counter in faults:
+            faults[counter] += pull_result.get(counter, 0)
+        for namespace, ops in pull_result.get("events", {}).items():
+            for op, count in ops.items():
+                events.setdefault(namespace, {}).setdefault(op, 0)
+                events[namespace][op] += count
+        for namespace, count in pull_result.get("snapshot", {}).get("documents", {}).items():
+            events.setdefault(namespace, {}).setdefault("r", 0)
+            events[namespace]["r"] += count
+        ts_ms = pull_result.get("newest_source_ts_ms")
+        if ts_ms is not None and (newest is None or ts_ms > newest):
+            newest = ts_ms
+    lag_s = None if newest is None else round(run_end.timestamp() - newest / 1000, 3)
+    for namespace in sorted(events):
+        log.info("%s: %s", namespace, ", ".join(f"{op}={n}" for op, n in sorted(events[namespace].items())))
+    log.info("lag from the newest event to run end: %s s", lag_s)
+    log.info("disconnects: %d, primary elections: %d", faults["disconnects"], faults["primary_elections"])
+    return {"events": events, "lag_seconds": lag_s, **faults}

@@ -1,0 +1,94 @@
+"""The shard lifecycle decisions (mongo_cdc.shard_lifecycle): snapshot or not, retiring, retired, back."""
+
+from __future__ import annotations
+
+import pytest
+
+from mongo_cdc.offsets import Offset
+from mongo_cdc.shard_lifecycle import ResnapshotRequest, ShardPlan, plan_shard, still_draining
+
+STREAMING = Offset(resume_token={"_data": "82"}, cluster_time=1, batch_seq=1, snapshot={"status": "complete"})
+RETIRED = Offset(
+    resume_token={"_data": "82"},
+    batch_seq=4,
+    snapshot={"status": "complete"},
+    retired_at="2024-01-01T00:00:00",
+)
+
+
+def plan(
+    offset=None, mode="initial", retiring=False, resnapshot=None, lost=False, shard_id="rs0"
+) -> ShardPlan:
+    def position_lost(_: Offset) -> bool:
+        assert mode == "when_needed", "the server is asked only when the answer matters"
+        return lost
+
+    return plan_shard(
+        shard_id=shard_id,
+        retiring=retiring,
+        offset=offset,
+        snapshot_mode=mode,
+        resnapshot=resnapshot,
+        position_lost=position_lost,
+    )
+
+
+@pytest.mark.parametrize(
+    ("mode", "without_offset", "after_a_snapshot"),
+    [
+        ("initial", (), None),
+        ("when_needed", (), None),  # plus a lost oplog position, below
+        ("always", (), ()),
+        ("initial_only", (), None),
+        ("no_data", None, None),
+        ("never", None, None),
+    ],
+)
+def test_snapshot_modes_decide_when_to_copy(mode, without_offset, after_a_snapshot):
+    first = plan(None, mode)
+    assert first.snapshot == without_offset
+    assert first.start_from_now is (without_offset is None)
+    assert plan(STREAMING, mode).snapshot == after_a_snapshot
+    assert not plan(STREAMING, mode).start_from_now
+    assert plan(STREAMING, mode).stream is (mode != "initial_only")
+
+
+def test_an_unfinished_snapshot_is_taken_again():
+    running = Offset(batch_seq=3, snapshot={"status": "running", "seq": 3})
+    assert plan(running).snapshot == ()
+
+
+def test_when_needed_resnapshots_a_lost_position_only():
+    assert plan(STREAMING, "when_needed", lost=True).snapshot == ()
+    assert "no longer in the oplog" in plan(STREAMING, "when_needed", lost=True).reason
+    assert plan(STREAMING, "when_needed", lost=False).snapshot is None
+
+
+def test_a_trigger_resnapshots_the_shards_it_names():
+    request = ResnapshotRequest(collections=("shop.orders",), shards=("shard01",))
+    assert plan(STREAMING, resnapshot=request, shard_id="shard01").snapshot == ("shop.orders",)
+    assert plan(STREAMING, resnapshot=request, shard_id="shard02").snapshot is None
+    assert plan(STREAMING, resnapshot=ResnapshotRequest(), shard_id="shard02").snapshot == ()
+
+
+def test_a_retiring_shard_is_drained_then_retired_and_never_copied():
+    draining = plan(STREAMING, "always", retiring=True)
+    assert (draining.snapshot, draining.stream, draining.retire) == (None, True, True)
+    # initial_only never streams, so there is nothing to drain: retired at once
+    assert (plan(STREAMING, "initial_only", retiring=True).stream, plan(STREAMING, retiring=True).retire) == (
+        False,
+        True,
+    )
+    assert still_draining(STREAMING) and not still_draining(RETIRED) and not still_draining(None)
+
+
+@pytest.mark.parametrize(("mode", "copies"), [("initial", ()), ("never", None)])
+def test_a_shard_back_from_retirement_starts_afresh(mode, copies):
+    back = plan(RETIRED, mode)
+    assert back.fresh and back.snapshot == copies and back.start_from_now is (copies is None)
+
+
+def test_the_plan_survives_its_xcom_round_trip():
+    request = ResnapshotRequest(collections=("shop.orders",))
+    for shard_plan in (plan(), plan(STREAMING), plan(STREAMING, resnapshot=request)):
+        assert ShardPlan.from_dict(shard_plan.to_dict()) == shard_plan
