@@ -26,7 +26,8 @@ from mongo_cdc.config import SourceConfig
 from mongo_cdc.events import SnapshotColumns, SourceInfo, rows_to_table
 from mongo_cdc.field_filters import FieldFilters, parse_rules
 from mongo_cdc.lake import RAW_SCHEMA
-from mongo_cdc.landing import SourceLake, open_table
+from mongo_cdc.landing import SourceLake
+from mongo_cdc.storage import table_if_exists
 from mongo_cdc.testing.lake import memory_keeper
 
 LOADS_OPTIONS = JSONOptions(datetime_conversion=DatetimeConversion.DATETIME_MS)
@@ -279,8 +280,8 @@ def test_snapshot_rows_equal_documents_encoded_one_by_one(replica_set, db_name, 
     assert result.documents == {f"{db_name}.nothing": 0, f"{db_name}.things": len(documents)}
     source_lake = keeper.lake
     # an empty collection gets no raw table; the snapshot's manifest says it was copied (empty)
-    assert open_table(source_lake.raw_uri(f"{db_name}.nothing"), {}) is None
-    [manifest] = source_lake.manifests()
+    assert table_if_exists(source_lake.raw_uri(f"{db_name}.nothing"), {}) is None
+    [manifest] = [batch.manifest for batch in source_lake.batches() if batch.manifest is not None]
     assert set(manifest.collections) == {f"{db_name}.nothing", f"{db_name}.things"}
     # the Arrow batches handed to delta-rs: memory stays bounded by rows and by bytes
     assert max(handed_over.sizes) <= 1_000 and sum(handed_over.sizes) == len(documents)

@@ -15,7 +15,8 @@ from bson.datetime_ms import DatetimeMS
 
 from mongo_cdc import extjson, lake
 from mongo_cdc.events import rows_to_table
-from mongo_cdc.landing import Batch, SnapshotManifest, SourceLake
+from mongo_cdc.lake import SnapshotManifest
+from mongo_cdc.landing import Batch, SourceLake
 from mongo_cdc.storage import LakeLocation
 from mongo_cdc.transform.document_state import (
     DocumentVersion,
@@ -30,7 +31,6 @@ from mongo_cdc.transform.raw_events import (
     BatchWindow,
     ChangeEvent,
     applied_app_id,
-    committed_filter,
     event_from_row,
 )
 
@@ -194,7 +194,7 @@ def test_a_drop_deletes_the_documents_of_its_replica_set_written_before_it():
 
 def test_snapshot_manifests_round_trip_through_the_batch_log_and_count_as_committed_batches(tmp_path):
     source_lake = SourceLake(LakeLocation(str(tmp_path)), "p")
-    assert source_lake.manifests() == [] and source_lake.committed() == {}
+    assert source_lake.batches() == [] and source_lake.committed() == {}
     manifest = SnapshotManifest("rs0", 12, lake.pack_cluster_time(1_700_000_000, 2), ("db.a", "db.b.c"))
     source_lake.commit(
         Batch(
@@ -207,7 +207,7 @@ def test_snapshot_manifests_round_trip_through_the_batch_log_and_count_as_commit
             collections=manifest.collections,
         )
     )
-    assert source_lake.manifests() == [manifest]
+    assert [batch.manifest for batch in source_lake.batches()] == [manifest]
     # no raw rows at all (every copied collection was empty): batch numbers still go on after it
     assert source_lake.committed() == {"rs0": 12}
     assert source_lake.last_batch("rs0").seq == 12 and source_lake.last_batch("rs1") is None
@@ -307,25 +307,39 @@ def selected(table: pa.Table, row_filter: pc.Expression) -> list[tuple[str, int]
     return [(row["source"]["rs"], row["batch_seq"]) for row in table.filter(row_filter).to_pylist()]
 
 
+def _logged(rs: str, seq: int, *namespaces: str) -> Batch:
+    return Batch(rs, seq, "stream", {"_data": "82"}, 1, namespaces=namespaces)
+
+
 def test_batch_window_selects_committed_batches_past_the_applied_ones():
     rows = raw_rows(("rs0", 1), ("rs0", 2), ("rs0", 3), ("rs1", 1), ("rs2", 1), ("rs0", lake.HISTORY_SEQ))
-    window = BatchWindow(applied={"rs0": 1}, committed={"rs0": 2, "rs1": 5})
-    assert not window.is_empty
-    # rs0's batch 3 is not committed yet, rs2 has no committed batch at all, history is no batch
-    assert selected(rows, window.filter()) == [("rs0", 2), ("rs1", 1)]
-    assert BatchWindow(applied={"rs0": 2, "rs1": 5, "rs9": 4}, committed={"rs0": 2, "rs1": 5}).is_empty
-    assert selected(rows, BatchWindow({"rs0": 2}, {"rs0": 2}).filter()) == []
-    # a backfill's rebuilt hours read every committed row and the history rows
-    assert selected(rows, committed_filter({"rs0": 2, "rs1": 5})) == [
-        ("rs0", 1),
-        ("rs0", 2),
-        ("rs1", 1),
-        ("rs0", lake.HISTORY_SEQ),
+    # rs0's batch 3 is not committed yet, rs2's batch 1 landed rows of another table only
+    batches = [
+        _logged("rs0", 1, "db.a"),
+        _logged("rs0", 2, "db.a"),
+        _logged("rs1", 1, "db.a"),
+        _logged("rs2", 1, "db.b"),
     ]
+    window = BatchWindow.of(batches, "db.a", applied={"rs0": 1})
+    assert not window.is_empty
+    assert selected(rows, window.filter()) == [("rs0", 2), ("rs1", 1)]
+    assert BatchWindow.of(batches, "db.a", applied={"rs0": 2, "rs1": 5, "rs9": 4}).is_empty
+    assert selected(rows, BatchWindow.of(batches, "db.c").filter()) == []
+    # a backfill's rebuilt hours read every committed row and the history rows
+    every = BatchWindow.of(batches, "db.a", include_history=True)
+    assert selected(rows, every.filter()) == [("rs0", 1), ("rs0", 2), ("rs1", 1), ("rs0", lake.HISTORY_SEQ)]
+
+
+def test_rows_a_cut_short_landing_left_in_a_table_its_batch_did_not_list_do_not_count():
+    rows = raw_rows(("rs0", 5), ("rs0", 6))
+    # batch 5 was landed again without rows for db.a: the rows it left there are not the lake's
+    window = BatchWindow.of([_logged("rs0", 5, "db.b"), _logged("rs0", 6, "db.a")], "db.a")
+    assert selected(rows, window.filter()) == [("rs0", 6)]
 
 
 def test_batch_window_skips_files_whose_batch_statistics_lie_outside_it():
-    window = BatchWindow(applied={"rs0": 4, "rs1": 1}, committed={"rs0": 6, "rs1": 1})
+    batches = [_logged("rs0", seq, "db.a") for seq in range(1, 7)] + [_logged("rs1", 1, "db.a")]
+    window = BatchWindow.of(batches, "db.a", applied={"rs0": 4, "rs1": 1})
     assert not window.may_hold(1, 4)  # applied already
     assert not window.may_hold(7, 9)  # not committed yet
     assert window.may_hold(3, 5) and window.may_hold(6, 6)

@@ -29,7 +29,7 @@ from mongo_cdc.transform.flatten_options import (
 SOURCES_DIR_ENV = "MONGO_CDC_SOURCES_DIR"
 LAKE_ROOT_ENV = "MONGO_CDC_LAKE_ROOT"
 
-# Debezium's snapshot.mode values (see snapshot.needs_snapshot); no_data and never mean the same.
+# Debezium's snapshot.mode values (see shard_lifecycle.plan_shard); no_data and never mean the same.
 SNAPSHOT_MODES = ("initial", "when_needed", "always", "initial_only", "no_data", "never")
 SKIPPABLE_OPERATIONS = ("c", "u", "d", "none")
 # Databases MongoDB uses for itself; Debezium never captures them either.

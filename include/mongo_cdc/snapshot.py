@@ -68,19 +68,6 @@ class SnapshotResult:
         return sum(self.documents.values())
 
 
-def needs_snapshot(offset: Offset | None, mode: str) -> bool:
-    """Whether this replica set must copy its data before streaming (Debezium's snapshot.mode).
-
-    ``when_needed`` also re-snapshots when the stored position has left the oplog, which only the
-    server can tell (``resume_position_lost``).
-    """
-    if mode == "always":
-        return True
-    if offset is not None and offset.snapshot_complete and not offset.retired_at:
-        return False
-    return mode in ("initial", "when_needed", "initial_only")
-
-
 def current_position(client: MongoClient) -> dict:
     """A resume token for "now": the post-batch resume token of an empty change stream."""
     with client.watch(max_await_time_ms=1) as stream:
