@@ -1,0 +1,283 @@
+"""System test: the CDC DAG under Airflow's real scheduler, DAG processor and API server.
+
+Everything else runs DAGs with ``dag.test()``; here the DAG goes the production way: the DAG
+processor parses ``dags/`` into the metadata DB, a REST call unpauses and triggers it, the scheduler
+queues its tasks and the LocalExecutor runs them in task processes that talk to the API server's
+execution API. SQLite is the metadata DB: Airflow 3.3 accepts LocalExecutor on SQLite (one writer
+at a time, so it is slow, which is fine here).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+from cdc_support import CdcSource, assert_state_equals_collection
+from conftest import make_source
+
+from mongo_cdc.testing import ReplicaSet
+from mongo_cdc_airflow import local_env
+from mongo_cdc_airflow.demo import inventory_documents
+
+pytestmark = pytest.mark.slow
+
+DATABASE = "scheduler_system"
+COMPONENTS = {
+    "api-server": ["api-server", "--workers", "1"],
+    # Task logs are read from AIRFLOW_HOME/logs by the API server on this host: no log server
+    # (its fixed port 8793 would collide with other Airflows on the machine).
+    "scheduler": ["scheduler", "--skip-serve-logs"],
+    "dag-processor": ["dag-processor"],
+}
+STARTUP_TIMEOUT_S = 240
+# Two Spark runs on a shared 2-core machine: the scheduled run the unpause creates, then ours.
+RUN_TIMEOUT_S = 20 * 60
+TERMINAL = {"success", "failed"}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def tail(path: str | Path, lines: int = 40) -> str:
+    try:
+        return "".join(Path(path).read_text(errors="replace").splitlines(keepends=True)[-lines:])
+    except FileNotFoundError:
+        return f"({path} does not exist)\n"
+
+
+@dataclass
+class Airflow:
+    """Airflow's components as child processes, each in its own process group, and a REST client."""
+
+    home: Path
+    env: dict[str, str]
+    port: int
+    processes: dict[str, subprocess.Popen] = field(default_factory=dict)
+    client: httpx.Client | None = None
+
+    def start(self) -> None:
+        airflow = os.path.join(os.path.dirname(sys.executable), "airflow")
+        for name, args in COMPONENTS.items():
+            out = open(self.home / f"{name}.out", "wb")  # noqa: SIM115 - kept open for the child's life
+            self.processes[name] = subprocess.Popen(
+                [airflow, *args],
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+            out.close()  # the child has its own descriptor
+
+    def stop(self) -> None:
+        """SIGTERM every process this test started (task processes and spark-submit JVMs included),
+        then SIGKILL what is left after 30 s."""
+        if self.client is not None:
+            self.client.close()
+        tree: list[psutil.Process] = []
+        for process in self.processes.values():
+            try:
+                parent = psutil.Process(process.pid)
+                tree.extend([parent, *parent.children(recursive=True)])
+            except psutil.NoSuchProcess:
+                pass
+        for process in self.processes.values():
+            try:
+                os.killpg(process.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        for proc in tree:  # children that left the group (a new session) get the signal too
+            try:
+                proc.terminate()
+            except psutil.NoSuchProcess:
+                pass
+        _, alive = psutil.wait_procs(tree, timeout=30)
+        for proc in alive:
+            try:
+                proc.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(alive, timeout=10)
+        for process in self.processes.values():
+            process.wait(timeout=10)
+
+    def check_alive(self) -> None:
+        for name, process in self.processes.items():
+            if process.poll() is not None:
+                output = tail(self.home / f"{name}.out")
+                raise AssertionError(f"airflow {name} exited with code {process.returncode}:\n{output}")
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def wait_until_serving(self) -> None:
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while True:
+            self.check_alive()
+            try:
+                if httpx.get(f"{self.base_url}/api/v2/monitor/health", timeout=5).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, (
+                f"the API server did not answer within {STARTUP_TIMEOUT_S} s:\n"
+                + tail(self.home / "api-server.out")
+            )
+            time.sleep(2)
+
+    def log_in(self) -> None:
+        """A JWT from the simple auth manager: POST /auth/token with the password it generated."""
+        passwords = json.loads((self.home / "simple_auth_manager_passwords.json.generated").read_text())
+        response = httpx.post(
+            f"{self.base_url}/auth/token",
+            json={"username": "admin", "password": passwords["admin"]},
+            timeout=30,
+        )
+        assert response.status_code == 201, response.text
+        token = response.json()["access_token"]
+        self.client = httpx.Client(
+            base_url=f"{self.base_url}/api/v2", headers={"Authorization": f"Bearer {token}"}, timeout=60
+        )
+
+    def api(self, method: str, path: str, **kwargs: Any) -> Any:
+        response = self.client.request(method, path, **kwargs)
+        assert response.is_success, f"{method} {path}: {response.status_code} {response.text}"
+        return response.json()
+
+    def wait_for_dag(self, dag_id: str) -> None:
+        """Until the DAG processor has parsed the DAG file; its import errors fail at once."""
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while self.client.get(f"/dags/{dag_id}").status_code != 200:
+            self.check_alive()
+            errors = self.api("GET", "/importErrors")["import_errors"]
+            assert not errors, [e["stack_trace"] for e in errors]
+            assert time.monotonic() < deadline, (
+                f"DAG {dag_id} was not parsed within {STARTUP_TIMEOUT_S} s:\n"
+                + tail(self.home / "dag-processor.out")
+            )
+            time.sleep(2)
+
+    def trigger(self, dag_id: str, conf: dict) -> str:
+        run = self.api("POST", f"/dags/{dag_id}/dagRuns", json={"logical_date": None, "conf": conf})
+        return run["dag_run_id"]
+
+    def wait_for_run(self, dag_id: str, run_id: str) -> dict:
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while True:
+            self.check_alive()
+            run = self.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}")
+            if run["state"] in TERMINAL:
+                return run
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"run {run_id} still {run['state']} after {RUN_TIMEOUT_S} s\n"
+                    + self.describe(dag_id, run_id)
+                )
+            time.sleep(5)
+
+    def task_instances(self, dag_id: str, run_id: str) -> list[dict]:
+        return self.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances")["task_instances"]
+
+    def describe(self, dag_id: str, run_id: str) -> str:
+        """Task states, the log tail of every failed task and the scheduler's output tail."""
+        lines = []
+        for ti in self.task_instances(dag_id, run_id):
+            lines.append(f"  {ti['task_id']}[{ti['map_index']}] {ti['state']} try {ti['try_number']}")
+            if ti["state"] in ("failed", "up_for_retry"):
+                pattern = (
+                    self.home / "logs" / f"dag_id={dag_id}" / f"run_id={run_id}" / f"task_id={ti['task_id']}"
+                )
+                for log in sorted(glob.glob(f"{pattern}/**/*.log", recursive=True)):
+                    lines.append(f"--- {log}\n{tail(log)}")
+        lines.append(f"--- scheduler\n{tail(self.home / 'scheduler.out')}")
+        return "\n".join(lines)
+
+
+@pytest.fixture(scope="module")
+def airflow(
+    replica_set: ReplicaSet, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Airflow, CdcSource]]:
+    """A private Airflow (SQLite, LocalExecutor, Spark local[2]) whose only DAGs are one source's,
+    capturing a database loaded with the demo's inventory data."""
+    work = tmp_path_factory.mktemp("scheduler")
+    source = make_source(work, replica_set.uri, DATABASE)
+    home = work / "airflow"
+    port = free_port()
+    env = {
+        **os.environ,
+        **local_env.airflow_env(str(home), source.lake_root, replica_set.uri, str(work / "sources")),
+        # the worktree's packages, not whatever an editable install points at
+        "PYTHONPATH": os.pathsep.join(
+            [os.path.join(local_env.REPO_ROOT, "include"), os.environ.get("PYTHONPATH", "")]
+        ),
+        "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+        "AIRFLOW__CORE__PARALLELISM": "4",
+        "AIRFLOW__API__PORT": str(port),
+        "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{port}",
+        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
+        # every component signs or checks the same JWTs
+        "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_urlsafe(32),
+        "AIRFLOW__API__SECRET_KEY": secrets.token_urlsafe(32),
+        "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
+        # Retries stay on (unlike the dag.test() suites) so the bad trigger shows whether it is retried.
+        "MONGO_CDC_TASK_RETRIES": "1",
+    }
+    local_env.migrate(env)
+    stack = Airflow(home, env, port)
+    with replica_set.client() as client:
+        for name, docs in inventory_documents().items():
+            client[DATABASE][name].insert_many(docs)
+    try:
+        stack.start()
+        stack.wait_until_serving()
+        stack.log_in()
+        stack.wait_for_dag(source.dag_id)
+        stack.api("PATCH", f"/dags/{source.dag_id}", json={"is_paused": False})
+        yield stack, source
+    finally:
+        stack.stop()
+        with replica_set.client() as client:
+            client.drop_database(DATABASE)
+
+
+def test_rest_triggered_resnapshot_run_succeeds(
+    airflow: tuple[Airflow, CdcSource], replica_set: ReplicaSet
+) -> None:
+    stack, source = airflow
+    run_id = stack.trigger(source.dag_id, {"resnapshot": True})
+    run = stack.wait_for_run(source.dag_id, run_id)
+    assert run["state"] == "success", stack.describe(source.dag_id, run_id)
+    assert run["conf"] == {"resnapshot": True}
+    snapshot = stack.api(
+        "GET",
+        f"/dags/{source.dag_id}/dagRuns/{run_id}/taskInstances/shard_sync.snapshot/xcomEntries/return_value",
+        params={"map_index": 0},
+    )["value"]
+    if isinstance(snapshot, str):  # the API returns XCom values as stored: JSON text or a JSON value
+        snapshot = json.loads(snapshot)
+    with replica_set.client() as client:
+        expected = {
+            f"{DATABASE}.{name}": client[DATABASE][name].count_documents({}) for name in inventory_documents()
+        }
+        # the trigger's conf reached the task: this run copied every collection again
+        assert snapshot["documents"] == expected
+        for name in inventory_documents():
+            assert_state_equals_collection(source, client, name)
