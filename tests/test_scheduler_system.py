@@ -9,6 +9,7 @@ at a time, so it is slow, which is fine here).
 
 from __future__ import annotations
 
+import datetime as dt
 import glob
 import json
 import os
@@ -31,7 +32,7 @@ from conftest import make_source
 
 from mongo_cdc.testing import ReplicaSet
 from mongo_cdc_airflow import local_env
-from mongo_cdc_airflow.demo import inventory_documents
+from mongo_cdc_airflow.demo import inventory_documents, load_inventory
 
 pytestmark = pytest.mark.slow
 
@@ -243,8 +244,7 @@ def airflow(
     local_env.migrate(env)
     stack = Airflow(home, env, port)
     with replica_set.client() as client:
-        for name, docs in inventory_documents().items():
-            client[DATABASE][name].insert_many(docs)
+        load_inventory(client[DATABASE])
     try:
         stack.start()
         stack.wait_until_serving()
@@ -281,3 +281,38 @@ def test_rest_triggered_resnapshot_run_succeeds(
         assert snapshot["documents"] == expected
         for name in inventory_documents():
             assert_state_equals_collection(source, client, name)
+
+
+@pytest.fixture(scope="module")
+def bad_run(airflow: tuple[Airflow, CdcSource]) -> tuple[dict, dict[str, dict]]:
+    """A re-snapshot trigger naming a collection the source lacks, run to its end: the run and its
+    task instances by task id."""
+    stack, source = airflow
+    run_id = stack.trigger(source.dag_id, {"resnapshot": True, "collections": ["nope.nope"]})
+    run = stack.wait_for_run(source.dag_id, run_id)
+    return run, {ti["task_id"]: ti for ti in stack.task_instances(source.dag_id, run_id)}
+
+
+def test_a_trigger_naming_an_unknown_collection_fails(
+    airflow: tuple[Airflow, CdcSource], bad_run: tuple[dict, dict[str, dict]]
+) -> None:
+    stack, source = airflow
+    run, tis = bad_run
+    assert run["state"] == "failed", stack.describe(source.dag_id, run["dag_run_id"])
+    assert tis["discover"]["state"] == "failed"
+    logs = (
+        stack.home / "logs" / f"dag_id={source.dag_id}" / f"run_id={run['dag_run_id']}" / "task_id=discover"
+    )
+    assert "nope.nope" in "".join(log.read_text() for log in logs.glob("attempt=*.log"))
+
+
+# Remove this mark once the fast-failing triggers (issue 10 item 5) are merged; strict, so the lead
+# learns it from the XPASS. Today discover raises a plain ValueError, which is retried, and
+# plan_transform (trigger rule all_done) still hands the run to Spark.
+@pytest.mark.xfail(strict=True, reason="fast-failing triggers (issue 10 item 5) not merged yet")
+def test_a_bad_trigger_fails_at_once_without_retry_or_spark(bad_run: tuple[dict, dict[str, dict]]) -> None:
+    run, tis = bad_run
+    duration = dt.datetime.fromisoformat(run["end_date"]) - dt.datetime.fromisoformat(run["start_date"])
+    # MONGO_CDC_TASK_RETRIES=1 above: a retried discover would show try 2
+    assert tis["discover"]["try_number"] == 1, f"discover was retried; the run took {duration}"
+    assert tis["transform"]["start_date"] is None, f"Spark ran; the run took {duration}"
