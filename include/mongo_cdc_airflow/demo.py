@@ -5,10 +5,13 @@ Starts a one-member replica set under .local/demo, loads the sample data, runs t
 prints per collection the live documents, state-table rows and landed change events by op,
 then stops the mongod it started. Every run starts from a clean .local/demo, so it can be
 repeated. Exits non-zero when a state table does not match its collection.
+
+``--load-into URI`` only loads the sample data (the compose stack's one-shot loader).
 """
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import logging
 import os
@@ -69,6 +72,17 @@ def inventory_documents() -> dict[str, list[dict]]:
             for i, (day, purchaser, quantity, product) in enumerate(orders)
         ],
     }
+
+
+def load_inventory(db) -> None:
+    """Insert the sample documents into each collection of ``db`` that is still empty.
+
+    Leaving non-empty collections alone makes a restarted compose stack's loader (``--load-into``)
+    a no-op instead of a duplicate-key failure.
+    """
+    for name, documents in inventory_documents().items():
+        if db[name].estimated_document_count() == 0:
+            db[name].insert_many(documents)
 
 
 def apply_changes(db) -> None:
@@ -166,8 +180,7 @@ def main() -> int:
             os.path.join(local_env.REPO_ROOT, "include", "sources", "inventory.yaml")
         ).topic_prefix
         with replica_set.client() as client:
-            for name, documents in inventory_documents().items():
-                client.inventory[name].insert_many(documents)
+            load_inventory(client.inventory)
             run_dag("snapshot")
             report(client, lake_root, prefix)
             apply_changes(client.inventory)
@@ -180,6 +193,22 @@ def main() -> int:
     return 0
 
 
+def load_into(uri: str) -> int:
+    """The compose stack's loader: the sample data into database ``inventory`` behind ``uri``."""
+    from pymongo import MongoClient
+
+    with MongoClient(uri) as client:
+        load_inventory(client.inventory)
+        counts = {name: client.inventory[name].count_documents({}) for name in inventory_documents()}
+    print(f"inventory at {uri}: {counts}", flush=True)
+    return 0
+
+
 if __name__ == "__main__":
     logging.basicConfig(level=logging.WARNING)
-    sys.exit(main())
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--load-into", metavar="URI", help="only load the sample data into this MongoDB (no demo run)"
+    )
+    args = parser.parse_args()
+    sys.exit(load_into(args.load_into) if args.load_into else main())

@@ -9,29 +9,36 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Mapping
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def configure(airflow_home: str, lake_root: str, mongo_uri: str, sources_dir: str | None = None) -> None:
     """Point this process (and its children) at a private Airflow home, the repo's DAGs and a lake."""
+    os.environ.update(airflow_env(airflow_home, lake_root, mongo_uri, sources_dir))
+
+
+def airflow_env(
+    airflow_home: str, lake_root: str, mongo_uri: str, sources_dir: str | None = None
+) -> dict[str, str]:
+    """The environment of a private Airflow (creates ``airflow_home``); for this process or for the
+    ``airflow`` components a test starts as child processes."""
     os.makedirs(airflow_home, exist_ok=True)
     bin_dir = os.path.dirname(sys.executable)
-    os.environ.update(
-        {
-            "AIRFLOW_HOME": airflow_home,
-            "AIRFLOW__CORE__DAGS_FOLDER": os.path.join(REPO_ROOT, "dags"),
-            "AIRFLOW__CORE__PLUGINS_FOLDER": os.path.join(REPO_ROOT, "plugins"),
-            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{os.path.join(airflow_home, 'airflow.db')}",
-            "AIRFLOW_CONN_MONGO_DEFAULT": mongo_connection(mongo_uri),
-            "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[2]"}),
-            "MONGO_CDC_LAKE_ROOT": lake_root,
-            "MONGO_CDC_SOURCES_DIR": sources_dir or os.path.join(REPO_ROOT, "include", "sources"),
-            # spark-submit finds SPARK_HOME through the python on PATH
-            "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""),
-        }
-    )
+    return {
+        "AIRFLOW_HOME": airflow_home,
+        "AIRFLOW__CORE__DAGS_FOLDER": os.path.join(REPO_ROOT, "dags"),
+        "AIRFLOW__CORE__PLUGINS_FOLDER": os.path.join(REPO_ROOT, "plugins"),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{os.path.join(airflow_home, 'airflow.db')}",
+        "AIRFLOW_CONN_MONGO_DEFAULT": mongo_connection(mongo_uri),
+        "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[2]"}),
+        "MONGO_CDC_LAKE_ROOT": lake_root,
+        "MONGO_CDC_SOURCES_DIR": sources_dir or os.path.join(REPO_ROOT, "include", "sources"),
+        # spark-submit finds SPARK_HOME through the python on PATH
+        "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""),
+    }
 
 
 def mongo_connection(uri: str) -> str:
@@ -41,11 +48,12 @@ def mongo_connection(uri: str) -> str:
     return json.dumps({"conn_type": "mongo", "host": hosts, "extra": extra})
 
 
-def migrate() -> None:
-    """Create or upgrade the SQLite metadata database (idempotent)."""
+def migrate(env: Mapping[str, str] | None = None) -> None:
+    """Create or upgrade the SQLite metadata database (idempotent); ``env``: another Airflow's environment."""
     subprocess.run(
         [os.path.join(os.path.dirname(sys.executable), "airflow"), "db", "migrate"],
         check=True,
+        env=dict(env) if env is not None else None,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
