@@ -322,10 +322,6 @@ def test_a_trigger_naming_an_unknown_collection_fails(
     ), stack.describe(source.dag_id, run["dag_run_id"])
 
 
-# Remove this mark once the fast-failing triggers (issue 10 item 5) are merged; strict, so the lead
-# learns it from the XPASS. Today discover raises a plain ValueError, which is retried, and
-# plan_transform (trigger rule all_done) still hands the run to Spark.
-@pytest.mark.xfail(strict=True, reason="fast-failing triggers (issue 10 item 5) not merged yet")
 def test_a_bad_trigger_fails_at_once_without_retry_or_spark(bad_run: tuple[dict, list[dict]]) -> None:
     run, tis = bad_run
     took = dt.datetime.fromisoformat(run["end_date"]) - dt.datetime.fromisoformat(run["start_date"])
