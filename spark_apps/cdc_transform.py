@@ -82,6 +82,8 @@ STATE_METADATA_COLUMNS: tuple[tuple[str, columns.ColumnType], ...] = (
     ("__event_order", columns.STRING),
     ("__rs", columns.STRING),
 )
+# The deletion markers' columns (lake.deletions_uri): a deleted document's last position.
+DELETION_COLUMNS = ("__key", "__cluster_time", "__event_order", "__rs")
 # A MERGE source row's deletion flag: never a column of the table.
 DELETED_FLAG = "__merge_deleted"
 # Where the changes table records the flattening options it was written with.
@@ -251,6 +253,7 @@ class CollectionTransform:
         self.rebuild_hours = rebuild_hours
         self.raw_path = "/".join(("raw", source_lake.prefix, db, collection))
         self.state_uri = lake.table_uri(self.location, "state", source_lake.prefix, db, collection)
+        self.deletions_uri = lake.deletions_uri(self.location, source_lake.prefix, db, collection)
         self.changes_uri = lake.table_uri(self.location, "changes", source_lake.prefix, db, collection)
         raw = table_if_exists(
             self.location.table_uri("raw", source_lake.prefix, db, collection), self.options
@@ -309,7 +312,12 @@ class CollectionTransform:
             .distinct()
             .collect()
         )
-        stored = self.spark.sparkContext.broadcast(_stored_versions(table, needs_stored))
+        # a deleted document's position stops an older event, landed later (by another shard, say),
+        # from bringing it back: its deletion marker is its previous version
+        deletions = table_if_exists(self.deletions_uri, self.options)
+        in_run = keyed.keys().distinct().collect() if deletions is not None else []
+        deleted = _deletion_markers(deletions, in_run)
+        stored = self.spark.sparkContext.broadcast({**deleted, **_stored_versions(table, needs_stored)})
 
         def fold(item: tuple[str, Any]) -> DocumentVersion | None:
             key, document_events = item
@@ -327,6 +335,8 @@ class CollectionTransform:
             ),
         )
         new_events = events.count()
+        # markers first: applying the same versions again after a crash gives the same markers
+        self.update_deletion_markers(deletions, versions, set(deleted))
         if table is None:
             live = versions.filter(lambda version: version.document is not None)
             reader = arrow_chunks(
@@ -347,6 +357,34 @@ class CollectionTransform:
             "new_events": new_events,
             "state_rows": _row_count(table_if_exists(self.state_uri, self.options)),
         }
+
+    def update_deletion_markers(self, markers: DeltaTable | None, versions: RDD, marked: set[str]) -> None:
+        """Record the run's deletions; drop the markers of documents that live again."""
+        changed = versions.filter(lambda v: v.document is None or v.key in marked).map(
+            lambda v: (v.key, v.cluster_time, v.event_order, v.rs, v.document is None)
+        )
+        rows = changed.collect()
+        if not rows:
+            return
+        columns = list(zip(*rows, strict=True))
+        source = pa.table(
+            {
+                name: pa.array(values)
+                for name, values in zip([*DELETION_COLUMNS, DELETED_FLAG], columns, strict=True)
+            }
+        )
+        if markers is None:
+            deletions = source.filter(pc.field(DELETED_FLAG)).drop_columns([DELETED_FLAG])
+            write_deltalake(self.deletions_uri, deletions, mode="append", storage_options=self.options)
+            return
+        newer = _position_after("s", "t")
+        (
+            markers.merge(source, predicate="t.__key = s.__key", source_alias="s", target_alias="t")
+            .when_matched_delete(predicate=f"NOT s.{DELETED_FLAG} AND {newer}")
+            .when_matched_update_all(predicate=f"s.{DELETED_FLAG} AND {newer}", except_cols=[DELETED_FLAG])
+            .when_not_matched_insert_all(predicate=f"s.{DELETED_FLAG}", except_cols=[DELETED_FLAG])
+            .execute()
+        )
 
     def merge_state(
         self,
@@ -475,6 +513,19 @@ def _stored_versions(table: DeltaTable | None, keys: list[str]) -> dict[str, Doc
         columns=wanted, filter=pc.field("__key").isin(pa.array(keys, pa.string()))
     )
     return {row["__key"]: DocumentVersion(*(row[name] for name in wanted)) for row in rows.to_pylist()}
+
+
+def _deletion_markers(table: DeltaTable | None, keys: list[str]) -> dict[str, DocumentVersion]:
+    """The deletion markers of ``keys``, as versions without a document."""
+    if table is None or not keys:
+        return {}
+    rows = table.to_pyarrow_dataset().to_table(filter=pc.field("__key").isin(pa.array(keys, pa.string())))
+    return {
+        row["__key"]: DocumentVersion(
+            row["__key"], "", None, row["__cluster_time"], row["__event_order"], row["__rs"]
+        )
+        for row in rows.to_pylist()
+    }
 
 
 def _state_chunks(

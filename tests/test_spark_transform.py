@@ -369,11 +369,6 @@ def test_second_run_applies_only_the_new_batches(lake_runs):
         assert json.dumps(untouched, default=str) == json.dumps(first[document_id], default=str)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the Delta state keeps no deleted documents, so an insert older than a delete that a "
-    "later batch brings (a lagging shard) is inserted again: a ghost document",
-)
 def test_an_old_insert_in_a_later_batch_does_not_resurrect_a_deleted_document(lake_runs):
     assert 3 not in by_id(lake_runs["after_second"]["state/orders"]["rows"])
 

@@ -6,6 +6,7 @@ Every table is a Delta table (committed with delta-rs) under ``lake.root``::
     raw/<topic.prefix>/_batches               the batch log: one row per landed batch (``landing``)
     raw/<topic.prefix>/transaction            BEGIN/END records (provide.transaction.metadata)
     raw/<topic.prefix>/__heartbeat            heartbeats (heartbeat.interval.ms)
+    raw/<topic.prefix>/_deletions/<db>/<coll> the state's deletion markers (the transform)
     changes/<topic.prefix>/<db>/<collection>  one row per event (the transform)
     state/<topic.prefix>/<db>/<collection>    one row per live document (the transform)
 
@@ -104,6 +105,7 @@ COLLECTION_OPERATIONS = frozenset({DROP, RENAME})
 COLLECTION_KEY = '{"id":null}'
 
 BATCH_LOG = "_batches"
+DELETIONS_DIR = "_deletions"
 TRANSACTION_DIR = "transaction"
 HEARTBEAT_DIR = "__heartbeat"
 ZONES = ("raw", "changes", "state")
@@ -136,6 +138,13 @@ def table_uri(lake: LakeLocation, zone: str, prefix: str, db: str, collection: s
     if zone == "raw":
         check_database_name(prefix, db)
     return lake.table_uri(zone, prefix, db, collection)
+
+
+def deletions_uri(lake: LakeLocation, prefix: str, db: str, collection: str) -> str:
+    """The deletion markers of a collection's state: the last position of each deleted document.
+
+    Outside ``state/``, so no reader of the state (nor a glob over it) counts deleted documents."""
+    return lake.table_uri("raw", prefix, DELETIONS_DIR, db, collection)
 
 
 def source_table_uri(lake: LakeLocation, prefix: str, name: str) -> str:
