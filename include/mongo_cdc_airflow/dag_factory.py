@@ -323,7 +323,9 @@ def build_cdc_dag(config: SourceConfig) -> DAG:
             # connection failures are retried inside the pull (connect.* settings), which names the
             # hosts when it gives up
             with shard_client(config.mongo_conn_id, shard) as client:
-                result = pull_changes(client, config, shard.rs, keeper).to_dict()
+                result = pull_changes(
+                    client, config, shard.rs, keeper, interval_s=schedule_interval_s()
+                ).to_dict()
             if shard.retiring:
                 retired_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
                 keeper.commit(keeper.load() or Offset(), retired_at=retired_at)
@@ -441,7 +443,8 @@ def summarize(pulls: list[dict], run_end: pendulum.DateTime) -> dict:
     """Events per collection and op across shards, the lag of the newest event at run end, and faults.
 
     The faults are the disconnects and primary elections the pulls rode out (Debezium's
-    ``NumberOfDisconnects`` / ``NumberOfPrimaryElections``).
+    ``NumberOfDisconnects`` / ``NumberOfPrimaryElections``); ``oplog`` has each replica set's oplog
+    window and headroom.
     """
     events: dict[str, dict[str, int]] = {}
     newest = None
@@ -464,7 +467,29 @@ def summarize(pulls: list[dict], run_end: pendulum.DateTime) -> dict:
         log.info("%s: %s", namespace, ", ".join(f"{op}={n}" for op, n in sorted(events[namespace].items())))
     log.info("lag from the newest event to run end: %s s", lag_s)
     log.info("disconnects: %d, primary elections: %d", faults["disconnects"], faults["primary_elections"])
-    return {"events": events, "lag_seconds": lag_s, **faults}
+    return {"events": events, "lag_seconds": lag_s, **faults, "oplog": oplog_windows(pulls)}
+
+
+def schedule_interval_s() -> float:
+    """The run's data interval: how long the committed position waits between scheduled pulls."""
+    context = get_current_context()
+    start, end = context.get("data_interval_start"), context.get("data_interval_end")
+    if start is None or end is None or end <= start:
+        from mongo_cdc.streaming import DEFAULT_INTERVAL_S
+
+        return DEFAULT_INTERVAL_S
+    return (end - start).total_seconds()
+
+
+def oplog_windows(pulls: list[dict]) -> dict[str, dict]:
+    """Each replica set's oplog window and headroom as its pull measured them (see ``oplog_window``)."""
+    windows = {pull["rs"]: pull["oplog"] for pull in pulls if pull.get("oplog")}
+    for rs, window in sorted(windows.items()):
+        log.info(
+            "replica set %s: oplog window %s s, committed position %s s old, headroom %s s",
+            rs, window["window_seconds"], window["position_age_seconds"], window["headroom_seconds"],
+        )  # fmt: skip
+    return windows
 
 
 def build_dags(directory: str | None = None) -> dict[str, DAG]:
