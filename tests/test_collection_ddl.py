@@ -13,6 +13,7 @@ from pathlib import Path
 
 from bson.timestamp import Timestamp
 from cdc_support import assert_state_equals_collection
+from pymongo.errors import OperationFailure
 
 from mongo_cdc.config import SourceConfig
 from mongo_cdc.lake import COLLECTION_KEY, pack_cluster_time
@@ -134,6 +135,10 @@ class _FakeClient:
 
     def command(self, name: str) -> dict:
         return {"operationTime": Timestamp(130, 1)}
+
+    @property
+    def local(self) -> None:  # the oplog guard's reads: as for a user not allowed to read the oplog
+        raise OperationFailure("not authorized on local", code=13)
 
     def watch(self, **options: object) -> _FakeStream:
         self.watches.append(options)

@@ -116,6 +116,9 @@ class SourceConfig:
     cursor_oversize_skip_threshold: int = 0
     provide_transaction_metadata: bool = False
     heartbeat_interval_ms: int = 0  # 0: no heartbeats
+    # the oplog-window guard (see oplog_window): warn below this many schedule intervals of headroom
+    oplog_headroom_warn_intervals: int = 3  # 0: never warn
+    oplog_headroom_fail: bool = False
     # The changes table's event flattening (ExtractNewDocumentState's options): see `flattening`.
     array_encoding: str = _FLATTENING_DEFAULTS.array_encoding
     flatten_struct: bool = _FLATTENING_DEFAULTS.flatten_struct
@@ -335,6 +338,8 @@ _KEYS = {
     ),
     "provide.transaction.metadata": ("provide_transaction_metadata", _boolean),
     "heartbeat.interval.ms": ("heartbeat_interval_ms", _bounded(_MAX_HEARTBEAT_MS, allow_zero=True)),
+    "oplog.headroom.warn.intervals": ("oplog_headroom_warn_intervals", _bounded(1000, allow_zero=True)),
+    "oplog.headroom.fail": ("oplog_headroom_fail", _boolean),
     "array.encoding": ("array_encoding", lambda p, k, v: _choice(p, k, v, ARRAY_ENCODINGS)),
     "flatten.struct": ("flatten_struct", _boolean),
     "flatten.struct.delimiter": (

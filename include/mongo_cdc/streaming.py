@@ -7,6 +7,11 @@ files first, then the offset (see ``offsets`` for the exactly-once protocol). Wh
 captured changed, the offset still advances to the post-batch resume token, so a quiet
 collection never lets the stored token age out of the oplog.
 
+Before reading, the pull checks how long its committed position still has in the oplog
+(``oplog_window``). The stream's pipeline starts with a ``$match`` on the captured namespaces
+(``stream_filter``), so uncaptured databases' events stay on the server; the client filters every
+event it gets all the same. Progress lines come from ``pull_progress``.
+
 Faults inside a pull follow Debezium's ``connect.*`` settings. A lost connection or a resumable
 server error reopens the stream at the last landed batch (events read but not landed yet are
 dropped and read again, so nothing is lost or duplicated) after a backoff of
@@ -36,6 +41,7 @@ from mongo_cdc.heartbeats import Heartbeats
 from mongo_cdc.lake import DROP, RENAME, TRANSACTION_DIR, pack_cluster_time
 from mongo_cdc.landing import Batch
 from mongo_cdc.offsets import Offset, OffsetError, OffsetKeeper
+from mongo_cdc.oplog_window import guard as oplog_guard
 from mongo_cdc.oversized_events import (
     BSON_OBJECT_TOO_LARGE,
     OVERSIZED_MARKER,
@@ -45,11 +51,15 @@ from mongo_cdc.oversized_events import (
     too_large_error,
 )
 from mongo_cdc.oversized_events import pipeline as oversize_pipeline
+from mongo_cdc.pull_progress import PullProgress
+from mongo_cdc.stream_filter import namespace_filter
 from mongo_cdc.transactions import TRANSACTION_SCHEMA, TransactionTracker
 
 log = logging.getLogger(__name__)
 
 POLL_INTERVAL_MS = 1000
+# How often the DAG pulls, when the caller does not say: the oplog guard counts headroom in these.
+DEFAULT_INTERVAL_S = 3600.0
 CHANGE_STREAM_HISTORY_LOST = 286
 
 
@@ -75,6 +85,11 @@ class PullResult:
     primary_elections: int = 0
     # events over 16 MB left out under cursor.oversize.handling.mode skip, per namespace
     oversized_skipped: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    # every event the change stream returned (captured or not): what the server-side filter let through
+    events_received: int = 0
+    seconds: float = 0.0
+    # the oplog window against the committed position when the pull started (oplog_window.OplogWindow)
+    oplog: dict[str, Any] | None = None
 
     def add_counts(self, batch: MicroBatch) -> None:
         for namespace, ops in batch.events_by_op.items():
@@ -100,6 +115,9 @@ class PullResult:
             "disconnects": self.disconnects,
             "primary_elections": self.primary_elections,
             "oversized_skipped": dict(self.oversized_skipped),
+            "events_received": self.events_received,
+            "seconds": self.seconds,
+            "oplog": self.oplog,
         }
 
 
@@ -187,9 +205,11 @@ def stream_options(config: SourceConfig, offset: Offset) -> dict[str, Any]:
         "resume_after": offset.resume_token,
         "max_await_time_ms": POLL_INTERVAL_MS,
         "batch_size": config.max_batch_size,
-        "pipeline": oversize_pipeline(
-            config.cursor_oversize_handling_mode, config.cursor_oversize_skip_threshold
-        ),
+        # the namespace $match first: it drops uncaptured events before they are measured or sent
+        "pipeline": [
+            namespace_filter(config).stage,
+            *oversize_pipeline(config.cursor_oversize_handling_mode, config.cursor_oversize_skip_threshold),
+        ],
         **watch_options(config),
     }
 
@@ -225,6 +245,7 @@ class _ChangeReader:
         self.offset = offset
         self.source = SourceInfo(config.topic_prefix, rs)
         self.result = PullResult(rs=rs)
+        self.progress = PullProgress(self.result)
         self.transactions = TransactionTracker(
             config.provide_transaction_metadata, rs, offset.open_transaction
         )
@@ -256,6 +277,7 @@ class _ChangeReader:
             while True:
                 change = stream.try_next()
                 self.failures = 0
+                self.progress.read(change, self.offset)
                 if self._primary_moved_since(opened_with_primary):
                     return False
                 if change is not None:
@@ -399,10 +421,13 @@ def pull_changes(
     rs: str,
     keeper: OffsetKeeper,
     sleep: Callable[[float], None] = time.sleep,
+    interval_s: float = DEFAULT_INTERVAL_S,
 ) -> PullResult:
     """Stream one replica set from its committed position until it has caught up with now.
 
-    ``sleep`` waits out the reconnection backoff (tests pass their own).
+    ``sleep`` waits out the reconnection backoff (tests pass their own). ``interval_s`` is how often
+    pulls run (the DAG's schedule interval): the oplog guard warns when the committed position
+    would leave the oplog within ``oplog.headroom.warn.intervals`` of them.
     """
     offset = keeper.load_checked()
     if offset is None or offset.resume_token is None:
@@ -413,7 +438,15 @@ def pull_changes(
     if config.cursor_oversize_handling_mode == "split":
         check_split_supported(client, rs)
     require_images(client, config, rs)
+    window = oplog_guard(client, config, rs, token_cluster_time(offset.resume_token), interval_s, keeper.key)
+    for pattern in namespace_filter(config).client_only:
+        log.warning(
+            "replica set %s: %s cannot be matched on the server exactly; every namespace it could "
+            "concern is sent to the pull and filtered there",
+            rs, pattern,
+        )  # fmt: skip
     reader = _ChangeReader(client, config, rs, keeper, offset)
+    reader.result.oplog = window.to_dict() if window is not None else None
     while True:
         try:
             if reader.read():
@@ -435,6 +468,7 @@ def pull_changes(
     result = reader.result
     result.batch_seq = reader.offset.batch_seq
     result.cluster_time = reader.offset.cluster_time or 0
+    reader.progress.done(reader.offset)
     return result
 
 

@@ -31,6 +31,17 @@ def is_backfill() -> bool:
     return get_current_context()["dag_run"].run_type == "backfill"
 
 
+def schedule_interval_s() -> float:
+    """The run's data interval: how long the committed position waits between scheduled pulls."""
+    context = get_current_context()
+    start, end = context.get("data_interval_start"), context.get("data_interval_end")
+    if start is None or end is None or end <= start:
+        from mongo_cdc.streaming import DEFAULT_INTERVAL_S
+
+        return DEFAULT_INTERVAL_S
+    return (end - start).total_seconds()
+
+
 def unreachable(shard: Shard, exc: ConnectionFailure) -> RuntimeError:
     hosts = ", ".join(shard.hosts) or "the source connection's hosts"
     return RuntimeError(f"shard {shard.id}: cannot reach replica set {shard.rs} ({hosts}): {exc}")
@@ -151,7 +162,9 @@ class ShardSync:
             # connection failures are retried inside the pull (connect.* settings), which names the
             # hosts when it gives up
             with self.client() as client:
-                result = pull_changes(client, self.config, self.shard.rs, self.keeper).to_dict()
+                result = pull_changes(
+                    client, self.config, self.shard.rs, self.keeper, interval_s=schedule_interval_s()
+                ).to_dict()
         else:
             log.info("snapshot.mode is initial_only: no streaming")
         if plan.retire:

@@ -125,7 +125,8 @@ def summarize(pulls: list[dict], run_end: pendulum.DateTime) -> dict:
     """Events per collection and op across shards, the lag of the newest event at run end, and faults.
 
     The faults are the disconnects and primary elections the pulls rode out (Debezium's
-    ``NumberOfDisconnects`` / ``NumberOfPrimaryElections``).
+    ``NumberOfDisconnects`` / ``NumberOfPrimaryElections``); ``oplog`` has each replica set's oplog
+    window and headroom.
     """
     events: dict[str, dict[str, int]] = {}
     newest = None
@@ -148,4 +149,15 @@ def summarize(pulls: list[dict], run_end: pendulum.DateTime) -> dict:
         log.info("%s: %s", namespace, ", ".join(f"{op}={n}" for op, n in sorted(events[namespace].items())))
     log.info("lag from the newest event to run end: %s s", lag_s)
     log.info("disconnects: %d, primary elections: %d", faults["disconnects"], faults["primary_elections"])
-    return {"events": events, "lag_seconds": lag_s, **faults}
+    return {"events": events, "lag_seconds": lag_s, **faults, "oplog": oplog_windows(pulls)}
+
+
+def oplog_windows(pulls: list[dict]) -> dict[str, dict]:
+    """Each replica set's oplog window and headroom as its pull measured them (see ``oplog_window``)."""
+    windows = {pull["rs"]: pull["oplog"] for pull in pulls if pull.get("oplog")}
+    for rs, window in sorted(windows.items()):
+        log.info(
+            "replica set %s: oplog window %s s, committed position %s s old, headroom %s s",
+            rs, window["window_seconds"], window["position_age_seconds"], window["headroom_seconds"],
+        )  # fmt: skip
+    return windows

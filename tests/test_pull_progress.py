@@ -1,0 +1,47 @@
+"""Issue 10 item 8 (the pull's part): progress lines while a pull reads, and a last one when it is done."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import re
+from pathlib import Path
+
+from mongo_cdc import pull_progress
+from mongo_cdc.config import SourceConfig
+from mongo_cdc.offsets import MemoryOffsetStore, OffsetKeeper
+from mongo_cdc.snapshot import start_without_snapshot
+from mongo_cdc.streaming import pull_changes
+from mongo_cdc.topology import make_client
+
+
+def test_the_pull_logs_progress_and_a_final_line(replica_set, db_name, tmp_path: Path, caplog, monkeypatch):
+    monkeypatch.setattr(pull_progress, "PROGRESS_INTERVAL_S", 0.0)  # a line at every read
+    config = SourceConfig(
+        name="progress",
+        path=str(tmp_path / "progress.yaml"),
+        topic_prefix="prg",
+        lake_root=str(tmp_path / "lake"),
+        database_include=(re.compile(db_name),),
+        max_batch_size=2,
+    )
+    caplog.set_level(logging.INFO, logger="mongo_cdc.pull_progress")
+    with make_client(replica_set.uri) as client:
+        keeper = OffsetKeeper(MemoryOffsetStore(), config.name, replica_set.name)
+        start_without_snapshot(client, config, replica_set.name, keeper)
+        client[db_name].docs.insert_many([{"_id": i} for i in range(5)])
+        client[db_name].docs.update_one({"_id": 0}, {"$set": {"a": 1}})
+        result = pull_changes(client, config, replica_set.name, keeper)
+
+    lines = [r.getMessage() for r in caplog.records]
+    progress = [line for line in lines if line.startswith(f"replica set {replica_set.name}: pulling: ")]
+    assert len(progress) >= 6  # one per event read, at least
+    assert any("read 6 events (insert=5 update=1)" in line for line in progress)
+    [done] = [line for line in lines if line.startswith(f"replica set {replica_set.name}: pull done: ")]
+    at = dt.datetime.fromtimestamp(keeper.load().cluster_time >> 32, dt.timezone.utc)
+    assert re.search(
+        rf"read 6 events \(insert=5 update=1\), landed c=5 u=1 in 3 batches, "
+        rf"position {at:%Y-%m-%d %H:%M:%S} UTC \(inc \d+\), lag \d+ s, \d+ events/s over \d+ s$",
+        done,
+    ), done
+    assert result.to_dict()["events_received"] == 6 and result.seconds > 0
