@@ -19,10 +19,11 @@ from conftest import make_source
 
 from mongo_cdc.config import SourceConfig
 from mongo_cdc.events import token_cluster_time
-from mongo_cdc.offsets import MemoryOffsetStore, OffsetKeeper, offset_key
+from mongo_cdc.offsets import offset_key
 from mongo_cdc.oplog_window import OplogHeadroomError, OplogWindow, measure
 from mongo_cdc.snapshot import start_without_snapshot
 from mongo_cdc.streaming import pull_changes
+from mongo_cdc.testing.lake import memory_keeper
 from mongo_cdc.topology import make_client
 
 HOUR = 3600.0
@@ -70,8 +71,8 @@ def test_small_oplog_warns_and_the_fail_setting_stops_before_the_position_is_los
     config = _config(tmp_path)
     rs = small_oplog.name
     with make_client(small_oplog.uri) as client:
-        keeper = OffsetKeeper(MemoryOffsetStore(), config.name, rs)
-        start_without_snapshot(client, config, rs, keeper)
+        keeper = memory_keeper(config, rs)
+        start_without_snapshot(client, rs, keeper)
         client.guarded.docs.insert_many([{"_id": i} for i in range(3)])
         _fill_most_of_the_oplog(client)
         before = keeper.load()
@@ -101,8 +102,8 @@ def test_ample_oplog_does_not_warn_and_zero_intervals_turn_the_warning_off(repli
     caplog.set_level(logging.WARNING, logger="mongo_cdc.oplog_window")
     config = _config(tmp_path)
     with make_client(replica_set.uri) as client:
-        keeper = OffsetKeeper(MemoryOffsetStore(), config.name, replica_set.name)
-        start_without_snapshot(client, config, replica_set.name, keeper)
+        keeper = memory_keeper(config, replica_set.name)
+        start_without_snapshot(client, replica_set.name, keeper)
         # the test replica set's oplog is at least 990 MB: seconds-apart pulls are safe
         result = pull_changes(client, config, replica_set.name, keeper, interval_s=1).to_dict()
         assert result["oplog"]["headroom_seconds"] > 3

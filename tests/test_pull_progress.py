@@ -9,9 +9,9 @@ from pathlib import Path
 
 from mongo_cdc import pull_progress
 from mongo_cdc.config import SourceConfig
-from mongo_cdc.offsets import MemoryOffsetStore, OffsetKeeper
 from mongo_cdc.snapshot import start_without_snapshot
 from mongo_cdc.streaming import pull_changes
+from mongo_cdc.testing.lake import memory_keeper
 from mongo_cdc.topology import make_client
 
 
@@ -27,8 +27,8 @@ def test_the_pull_logs_progress_and_a_final_line(replica_set, db_name, tmp_path:
     )
     caplog.set_level(logging.INFO, logger="mongo_cdc.pull_progress")
     with make_client(replica_set.uri) as client:
-        keeper = OffsetKeeper(MemoryOffsetStore(), config.name, replica_set.name)
-        start_without_snapshot(client, config, replica_set.name, keeper)
+        keeper = memory_keeper(config, replica_set.name)
+        start_without_snapshot(client, replica_set.name, keeper)
         client[db_name].docs.insert_many([{"_id": i} for i in range(5)])
         client[db_name].docs.update_one({"_id": 0}, {"$set": {"a": 1}})
         result = pull_changes(client, config, replica_set.name, keeper)

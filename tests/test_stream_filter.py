@@ -16,11 +16,11 @@ import pytest
 
 from mongo_cdc.config import SourceConfig
 from mongo_cdc.lake import pack_cluster_time
-from mongo_cdc.offsets import MemoryOffsetStore, OffsetKeeper
 from mongo_cdc.oversized_events import OversizedEventError
 from mongo_cdc.snapshot import start_without_snapshot
 from mongo_cdc.stream_filter import full_match_regex, namespace_filter, server_regex
 from mongo_cdc.streaming import pull_changes
+from mongo_cdc.testing.lake import memory_keeper
 from mongo_cdc.topology import make_client
 
 MB = 1024 * 1024
@@ -117,8 +117,8 @@ def test_the_stream_returns_only_captured_namespaces(replica_set, db_name, tmp_p
     with make_client(replica_set.uri) as client:
         keepers = {}
         for config in (server, client_side, replace(client_side, name="fails")):
-            keepers[config.name] = OffsetKeeper(MemoryOffsetStore(), config.name, replica_set.name)
-            start_without_snapshot(client, config, replica_set.name, keepers[config.name])
+            keepers[config.name] = memory_keeper(config, replica_set.name)
+            start_without_snapshot(client, replica_set.name, keepers[config.name])
 
         captured = client[db_name]
         captured.docs.insert_many([{"_id": i} for i in range(3)])
