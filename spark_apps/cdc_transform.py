@@ -30,6 +30,7 @@ versions. Bad arguments print one line to stderr and exit 2 before Spark starts.
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import logging
 import re
@@ -48,7 +49,9 @@ from pyspark.sql import SparkSession
 from mongo_cdc import extjson, lake
 from mongo_cdc.extjson import DECODE_OPTIONS
 from mongo_cdc.lake import SnapshotManifest
+from mongo_cdc.lake_errors import refuse_legacy_layout
 from mongo_cdc.landing import COMMIT_RETRIES, Batch, SourceLake
+from mongo_cdc.maintenance import maintain_table
 from mongo_cdc.storage import LakeLocation, table_if_exists
 from mongo_cdc.transform import columns
 from mongo_cdc.transform.document_state import (
@@ -113,6 +116,26 @@ def _hours(text: str) -> tuple[str, ...]:
     return tuple(hours)
 
 
+def _maintenance(text: str) -> dict[str, int]:
+    try:
+        settings = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise argparse.ArgumentTypeError(f"not JSON ({error})") from None
+    keys = {"optimize_interval_hours", "retention_hours"}
+    if (
+        not isinstance(settings, dict)
+        or set(settings) != keys
+        or not all(
+            isinstance(value, int) and not isinstance(value, bool) and value >= 0
+            for value in settings.values()
+        )
+    ):
+        raise argparse.ArgumentTypeError(
+            'expected {"optimize_interval_hours": <hours>, "retention_hours": <hours>}'
+        )
+    return settings
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = _ArgumentParser(prog="cdc_transform", description=__doc__.splitlines()[0])
     parser.add_argument("--lake-root", required=True, help="a local path or an s3://, gs://, abfss:// URI")
@@ -128,6 +151,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=_hours,
         default=(),
         help='JSON list of hours whose change rows are rewritten, e.g. ["2024-05-01T13"]',
+    )
+    parser.add_argument(
+        "--maintain",
+        type=_maintenance,
+        default=None,
+        help='compact and vacuum every table afterwards: {"optimize_interval_hours": 24, "retention_hours": 168}',
     )
     args = parser.parse_args(argv)
     if args.topic_prefix in ("", ".", "..") or "/" in args.topic_prefix:
@@ -260,10 +289,28 @@ class CollectionTransform:
         )
         self.files = raw_files(raw, self.raw_path) if raw is not None else []
 
-    def run(self) -> dict[str, Any]:
+    def run(self, maintenance: dict[str, int] | None) -> dict[str, Any]:
         summary = self.update_state()
         summary.update(self.update_changes())
+        if maintenance is not None:
+            summary["maintenance"] = self.maintain(maintenance)
         return summary
+
+    def maintain(self, settings: dict[str, int]) -> dict[str, Any]:
+        """Compact small files and vacuum versions past the retention, table by table."""
+        now = dt.datetime.now(dt.timezone.utc)
+        done = {}
+        for name, uri in (
+            ("raw", self.location.table_uri(*self.raw_path.split("/"))),
+            ("changes", self.changes_uri),
+            ("state", self.state_uri),
+            ("deletions", self.deletions_uri),
+        ):
+            if table_if_exists(uri, self.options) is not None:
+                done[name] = maintain_table(
+                    uri, self.options, settings["optimize_interval_hours"], settings["retention_hours"], now
+                )
+        return done
 
     def events(self, files: list[RawFile], row_filter: pc.Expression) -> RDD:
         location = self.location
@@ -626,6 +673,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     logging.getLogger("py4j").setLevel(logging.WARNING)
     source_lake = SourceLake(LakeLocation.from_env(args.lake_root), args.topic_prefix)
+    refuse_legacy_layout(source_lake.location, args.topic_prefix)
     batches = source_lake.batches()
     namespaces = sorted({ns for batch in batches for ns in (*batch.namespaces, *(batch.collections or ()))})
     spark = build_session()
@@ -636,7 +684,7 @@ def main(argv: list[str] | None = None) -> int:
             transform = CollectionTransform(
                 spark, source_lake, namespace, batches, args.flattening, args.rebuild_hours
             )
-            summary[namespace] = transform.run()
+            summary[namespace] = transform.run(args.maintain)
     finally:
         spark.stop()
     print(json.dumps({"collections": summary}, sort_keys=True))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import logging
 
@@ -11,6 +12,7 @@ from airflow.sdk.exceptions import AirflowFailException
 from pymongo.errors import ConnectionFailure
 
 from mongo_cdc.config import SourceConfig
+from mongo_cdc.lake_errors import LegacyLakeError, refuse_legacy_layout
 from mongo_cdc.shard_lifecycle import still_draining
 from mongo_cdc.topology import Shard, discover_shards, reconcile
 from mongo_cdc_airflow.hooks import MongoCdcHook
@@ -34,6 +36,11 @@ def discover(config: SourceConfig) -> list[dict]:
     """
     context = get_current_context()
     request = resnapshot_request(context["dag_run"].conf, context["params"], is_backfill())
+    lake = source_lake(config)
+    try:  # before anything is written: a lake of the previous layout is never half converted
+        refuse_legacy_layout(lake.location, config.topic_prefix)
+    except LegacyLakeError as exc:
+        raise AirflowFailException(str(exc)) from None
     hook = MongoCdcHook(mongo_conn_id=config.mongo_conn_id)
     with hook.source_client() as client:
         live = discover_shards(client)
@@ -103,7 +110,19 @@ def plan_transform(config: SourceConfig) -> list[str]:
         config.topic_prefix,
         *config.flattening.spark_arguments(),
         *rebuild,
+        *maintenance_arguments(config, context["data_interval_start"]),
     ]
+
+
+def maintenance_arguments(config: SourceConfig, interval_start: dt.datetime | None) -> list[str]:
+    """``--maintain`` in the runs whose interval starts on a multiple of ``lake.optimize.interval.hours``
+    (UTC hours since the epoch: daily at midnight by default), so a table is compacted and vacuumed
+    once per interval without reading its history every run."""
+    every = config.lake_optimize_interval_hours
+    if not every or interval_start is None or int(interval_start.timestamp() // 3600) % every:
+        return []
+    settings = {"optimize_interval_hours": every, "retention_hours": config.lake_retention_hours}
+    return ["--maintain", json.dumps(settings, sort_keys=True)]
 
 
 def summary(shards: list[dict]) -> dict:
