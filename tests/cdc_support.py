@@ -34,6 +34,11 @@ class CdcSource:
     database: str
     lake_root: str
     prefix: str
+    storage_options: tuple[tuple[str, str], ...] = ()  # an object-store lake's (hashable: frozen)
+
+    @property
+    def location(self) -> LakeLocation:
+        return LakeLocation(self.lake_root, dict(self.storage_options))
 
     @property
     def dag_id(self) -> str:
@@ -110,12 +115,12 @@ class CdcSource:
 
     @property
     def lake(self) -> SourceLake:
-        return SourceLake(LakeLocation(self.lake_root), self.prefix)
+        return SourceLake(self.location, self.prefix)
 
     def table_rows(self, zone: str, collection: str) -> list[dict]:
         """Every live row of a derived table, read with delta-rs (no table yet: none)."""
         table = table_if_exists(
-            table_uri(LakeLocation(self.lake_root), zone, self.prefix, self.database, collection), {}
+            table_uri(self.location, zone, self.prefix, self.database, collection), dict(self.storage_options)
         )
         return [] if table is None else pa.table(table.to_pyarrow_dataset().to_table()).to_pylist()
 

@@ -73,8 +73,11 @@ def cdc_source(airflow_db: str, replica_set: ReplicaSet, tmp_path: Path) -> Call
     return lambda database, **settings: make_source(tmp_path, replica_set.uri, database, **settings)
 
 
-def make_source(directory: Path, mongo_uri: str, database: str, **settings: object) -> CdcSource:
-    """A source capturing one database into ``directory/lake``, its DAG the only one parsed.
+def make_source(
+    directory: Path, mongo_uri: str, database: str, storage_options: dict | None = None, **settings: object
+) -> CdcSource:
+    """A source capturing one database into ``directory/lake`` (or its ``lake.root``), its DAG the only
+    one parsed; ``storage_options``: how the test itself reaches an object-store lake.
 
     Task retries are off (MONGO_CDC_TASK_RETRIES=0) so a failing run ends at once under dag.test().
     """
@@ -90,4 +93,5 @@ def make_source(directory: Path, mongo_uri: str, database: str, **settings: obje
     os.environ["MONGO_CDC_SOURCES_DIR"] = str(sources)
     os.environ["AIRFLOW_CONN_MONGO_DEFAULT"] = local_env.mongo_connection(mongo_uri)
     os.environ["MONGO_CDC_TASK_RETRIES"] = "0"
-    return CdcSource(database, database, str(directory / "lake"), "acc")
+    options = tuple(sorted((storage_options or {}).items()))
+    return CdcSource(database, database, str(config["lake.root"]), "acc", options)
