@@ -108,7 +108,7 @@ class ShardSync:
         plan = plan_shard(
             shard_id=self.shard.id,
             retiring=self.shard.retiring,
-            offset=self.keeper.load(),
+            offset=self.keeper.load_checked(),  # healed from, or refused by, the lake first
             snapshot_mode=self.config.snapshot_mode,
             resnapshot=resnapshot_request(context["dag_run"].conf, context["params"], backfill=False),
             position_lost=position_lost,
