@@ -145,7 +145,7 @@ def test_fragments_of_a_split_event_are_joined_under_the_last_token():
     ("key", "value", "expected"),
     [
         ("cursor.oversize.handling.mode", "drop", "allowed values: fail, skip, split"),
-        ("cursor.oversize.skip.threshold", -1, "must be a non-negative integer"),
+        ("cursor.oversize.skip.threshold", -1, "must be an integer from 0 to 16777216"),
     ],
 )
 def test_bad_oversize_settings_are_refused(tmp_path, key, value, expected):

@@ -230,9 +230,9 @@ def test_no_heartbeats_when_disabled(client, tmp_path, db_name):
     ("key", "value", "message"),
     [
         ("provide.transaction.metadata", "yes", "must be true or false"),
-        ("heartbeat.interval.ms", -1, "must be a non-negative integer"),
-        ("heartbeat.interval.ms", "1000", "must be a non-negative integer"),
-        ("heartbeat.interval.ms", True, "must be a non-negative integer"),
+        ("heartbeat.interval.ms", -1, "must be an integer from 0 to 86400000"),
+        ("heartbeat.interval.ms", "1000", "must be an integer from 0 to 86400000"),
+        ("heartbeat.interval.ms", True, "must be an integer from 0 to 86400000"),
     ],
 )
 def test_bad_values_are_refused_at_parse_time(tmp_path, key, value, message):
