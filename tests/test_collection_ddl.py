@@ -17,6 +17,7 @@ from pymongo.errors import OperationFailure
 
 from mongo_cdc.config import SourceConfig
 from mongo_cdc.lake import COLLECTION_KEY, pack_cluster_time
+from mongo_cdc.landing import Batch
 from mongo_cdc.offsets import Offset
 from mongo_cdc.streaming import pull_changes
 from mongo_cdc.testing.lake import memory_keeper
@@ -162,7 +163,8 @@ def test_an_invalidated_stream_is_reopened_after_the_invalidate_with_nothing_los
         database_include=(re.compile("shop"),),
     )
     keeper = memory_keeper(config, "rs0")
-    keeper.save(Offset(resume_token=_token(100, "00"), cluster_time=pack_cluster_time(100, 1)))
+    start = Batch("rs0", 1, "start", _token(100, "00"), pack_cluster_time(100, 1))
+    keeper.commit_batch(Offset(), start)  # streaming starts here, in the lake and the offset
     client = _FakeClient()
 
     result = pull_changes(client, config, "rs0", keeper)
