@@ -17,6 +17,7 @@ from datagen import FALLBACK_FIELDS, load
 
 from mongo_cdc import extjson
 from mongo_cdc.events import token_cluster_time
+from mongo_cdc.landing import Batch
 from mongo_cdc.offsets import offset_key
 from mongo_cdc.snapshot import current_position
 
@@ -28,10 +29,13 @@ def _offset(source, rs: str) -> dict:
 
 
 def _stream_past_everything_written_so_far(source, client, rs: str) -> None:
-    """Move the stored resume position to now, as if every write so far had been streamed: the
-    pipeline never sees those writes (like changes that left the oplog during an outage)."""
+    """Move the committed resume position to now (in the lake's batch log, then the Variable), as if
+    every write so far had been streamed: the pipeline never sees those writes (like changes that
+    left the oplog during an outage)."""
     offset = _offset(source, rs)
     token = current_position(client)
+    offset["batch_seq"] += 1
+    source.lake.commit(Batch(rs, offset["batch_seq"], "position", token, token_cluster_time(token)))
     offset["resume_token"] = json.loads(extjson.encode(token))
     offset["cluster_time"] = token_cluster_time(token)
     Variable.set(offset_key(source.name, rs), json.dumps(offset))
