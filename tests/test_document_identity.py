@@ -32,7 +32,8 @@ def test_ids_mongodb_takes_for_one_document_are_one_state_row(cdc_source, replic
         assert sorted(row["__id"] for row in rows) == sorted(
             ['{"$numberLong":"3"}', '{"$numberLong":"2"}', "1.0"]
         )
-        assert_state_equals_collection(source, client, "items")
+        # _ids of three types in the first batch: the _id column holds their Extended JSON
+        assert_state_equals_collection(source, client, "items", frozenset({"_id"}))
 
 
 def test_documents_with_dollar_dotted_and_wrapper_like_field_names_round_trip_exactly(
