@@ -156,7 +156,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--maintain",
         type=_maintenance,
         default=None,
-        help='compact and vacuum every table afterwards: {"optimize_interval_hours": 24, "retention_hours": 168}',
+        help='compact and vacuum every table afterwards, e.g. {"optimize_interval_hours": 24, '
+        '"retention_hours": 168}',
     )
     args = parser.parse_args(argv)
     if args.topic_prefix in ("", ".", "..") or "/" in args.topic_prefix:
@@ -237,7 +238,7 @@ def stored_layout(
 
 
 def evolved_layout(layout: TableLayout, documents: RDD) -> TableLayout:
-    """``layout`` with what ``documents`` (an RDD of decoded documents) need: new columns, fallback siblings."""
+    """``layout`` with what ``documents`` (an RDD of decoded documents) need: new columns, siblings."""
     surveys = documents.mapPartitions(lambda part: [layout.survey(list(part))])
     return layout.evolved(surveys.fold(columns.NO_CHANGES, lambda a, b: a.merge(b)))
 

@@ -5,7 +5,8 @@
   deletes, at that position, every document of that replica set whose last event came before
   it; documents written after the drop (a re-created collection) stay.
 * ``rename`` lands an op ``rename`` row in the old namespace (the same effect there as a drop;
-  ``after`` holds the new namespace as a BSON document ``{db, coll}``) and, when the new namespace is captured, copies the renamed
+  ``after`` holds the new namespace as a BSON document ``{db, coll}``) and, when the new
+  namespace is captured, copies the renamed
   collection as snapshot reads at the rename's position, with a snapshot manifest, all in the
   batch that commits the rename. The new namespace's state is then its documents as of the rename
   plus every later event, and documents of a collection the rename replaced (``dropTarget``)

@@ -55,7 +55,8 @@ def debezium_record(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def transaction_records(source_lake: SourceLake) -> list[dict[str, Any]]:
-    """Every committed BEGIN/END record as a Debezium transaction-topic record, in oplog order (BEGIN first)."""
+    """Every committed BEGIN/END record as a Debezium transaction-topic record, in oplog order
+    (BEGIN first)."""
     table = table_if_exists(source_lake.source_uri(TRANSACTION_DIR), source_lake.options)
     if table is None:
         return []

@@ -305,8 +305,9 @@ class OffsetKeeper:
             )
         if offset.cluster_time != last.cluster_time or offset.resume_token != last.resume_token:
             raise OffsetError(
-                f"offset '{self.key}' names batch {offset.batch_seq} at {_describe(offset.cluster_time)}, but the "
-                f"lake committed that batch at {_describe(last.cluster_time)}: the resume token was edited or "
+                f"offset '{self.key}' names batch {offset.batch_seq} at {_describe(offset.cluster_time)}, "
+                f"but the lake committed that batch at {_describe(last.cluster_time)}: the resume token "
+                "was edited or "
                 "belongs to another replica set. Set it back to the lake's position (`airflow variables set "
                 f"{self.key} '{_offset_at(offset, last).to_json()}'`), or delete it to take a new snapshot."
             )

@@ -126,7 +126,7 @@ class BatchWindow:
         return keep
 
     def may_hold(self, min_seq: int | None, max_seq: int | None) -> bool:
-        """Whether a file whose ``batch_seq`` statistics are [min_seq, max_seq] may hold rows of the window."""
+        """Whether a file whose ``batch_seq`` statistics are [min_seq, max_seq] may hold window rows."""
         if max_seq is None or min_seq is None:
             return True
         if self.include_history and min_seq <= HISTORY_SEQ:
