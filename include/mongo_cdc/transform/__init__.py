@@ -2,13 +2,12 @@
 
 Nothing here imports pyspark, so it unit-tests fast; ``spark_apps/cdc_transform.py`` distributes it.
 
-* ``raw_events``: raw files to apply (committed, past a table's watermarks) and their rows.
+* ``raw_events``: raw rows as events, and which a table applies (``BatchWindow``: committed
+  batches past the table's, in the tables their log rows name).
 * ``document_state``: fold a document's events into its latest version (the ``state`` table).
 * ``flatten``: one ``changes`` row per event (Debezium ExtractNewDocumentState);
   ``flatten_options``: its option set, from the source YAML to the Spark job's arguments.
 * ``columns``: column types of BSON-decoded values, their merge and evolution, their Arrow form.
 * ``table_layout``: a table's columns, batch by batch, and a batch's Arrow record batch.
 * ``keys``: one normalised key per document ``_id`` (MongoDB's ``_id`` equality).
-* ``ejson_types``: the EJSON-text type rules of the Parquet layout's Spark job (goes with it).
-* ``versioned_table``: version directories, the public symlink, ``_mongo_cdc.json``.
 """
