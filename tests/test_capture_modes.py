@@ -301,5 +301,5 @@ def test_pre_image_mode_through_the_dag_refuses_then_reaches_state(cdc_source, r
         source.run()
         for collection in ("items", "plain"):
             assert_state_equals_collection(source, client, collection)
-    befores = [json_util.loads(r["before"]) for r in source.raw_rows("items") if r["op"] == "u"]
+    befores = [bson.decode(r["before"]) for r in source.raw_rows("items") if r["op"] == "u"]
     assert befores == [V1, V2, W1, {"_id": 2, "n": 1}]
