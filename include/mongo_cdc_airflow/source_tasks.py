@@ -110,7 +110,7 @@ def plan_transform(config: SourceConfig) -> list[str]:
         config.topic_prefix,
         *config.flattening.spark_arguments(),
         *rebuild,
-        *maintenance_arguments(config, context["data_interval_start"]),
+        *maintenance_arguments(config, context.get("data_interval_start")),  # none for manual runs
     ]
 
 
