@@ -4,6 +4,7 @@ import atexit
 import os
 import re
 import shutil
+import sys
 import tempfile
 import uuid
 from collections.abc import Callable, Iterator
@@ -95,3 +96,20 @@ def make_source(
     os.environ["MONGO_CDC_TASK_RETRIES"] = "0"
     options = tuple(sorted((storage_options or {}).items()))
     return CdcSource(database, database, str(config["lake.root"]), "acc", options)
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator:
+    """A local Spark session for a module's readers (its JVM is gone before the next module)."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    session = (
+        SparkSession.builder.master("local[1]")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "1")
+        .config("spark.ui.showConsoleProgress", "false")
+        .getOrCreate()
+    )
+    yield session
+    session.stop()

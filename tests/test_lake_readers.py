@@ -5,30 +5,21 @@ from __future__ import annotations
 import datetime as dt
 import os
 import re
-import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import duckdb
-import duckdb_extension_delta
 import polars as pl
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
+from reader_support import duckdb_connection
 
 from mongo_cdc.lake_errors import LakeFileError
 from mongo_cdc.readers import read_table, spark_table
 from mongo_cdc.storage import LakeLocation
 
 HOURS = ("2026-01-01T00", "2026-01-01T01", "2026-01-01T02")
-# DuckDB's delta extension from PyPI (duckdb_extension_delta), loaded from its file: no download
-DELTA_EXTENSION = os.path.join(
-    os.path.dirname(duckdb_extension_delta.__file__),
-    "extensions",
-    f"v{duckdb.__version__}",
-    "delta.duckdb_extension",
-)
 
 
 def build_table(uri: str, options: dict[str, str] | None = None) -> tuple[set[int], set[int]]:
@@ -57,28 +48,6 @@ def table_uri(tmp_path: Path) -> tuple[str, set[int], set[int]]:
     uri = str(tmp_path / "lake" / "changes" / "p" / "db" / "c")
     before, live = build_table(uri)
     return uri, before, live
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator:
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
-
-    session = (
-        SparkSession.builder.master("local[1]")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "1")
-        .config("spark.ui.showConsoleProgress", "false")
-        .getOrCreate()
-    )
-    yield session
-    session.stop()
-
-
-def duckdb_connection() -> duckdb.DuckDBPyConnection:
-    connection = duckdb.connect()
-    connection.execute(f"LOAD '{DELTA_EXTENSION}'")
-    return connection
 
 
 def test_readers_see_exactly_the_live_rows(table_uri, spark) -> None:

@@ -305,7 +305,11 @@ _KEYS = {
         "lake_optimize_interval_hours",
         lambda p, k, v: _positive_int(p, k, v, allow_zero=True),
     ),
-    "lake.retention.hours": ("lake_retention_hours", _positive_int),
+    # 0: vacuum at once (no time travel), for readers that glob Parquet files
+    "lake.retention.hours": (
+        "lake_retention_hours",
+        lambda p, k, v: _positive_int(p, k, v, allow_zero=True),
+    ),
     "database.include.list": ("database_include", _regex_list),
     "database.exclude.list": ("database_exclude", _regex_list),
     "collection.include.list": ("collection_include", _regex_list),
