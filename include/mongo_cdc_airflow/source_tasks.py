@@ -127,21 +127,24 @@ def maintenance_arguments(config: SourceConfig, interval_start: dt.datetime | No
 
 
 def summary(config: SourceConfig, shards: list[dict]) -> dict:
+    """The run's figures (``summarize``), and an asset event for each table it touched (``assets``:
+    their URIs). A run with a failed shard fails here, and a failed task's asset events are dropped."""
     # Explicit map indexes: how a mapped group's output resolves outside the group depends on
     # its size (one shard gives a bare dict), and the summary must see every shard.
-    ti = get_current_context()["ti"]
+    context = get_current_context()
+    ti = context["ti"]
     pulls = [ti.xcom_pull(task_ids="shard_sync.pull", map_indexes=i) for i in range(len(shards))]
     result = summarize([p for p in pulls if p is not None], pendulum.now("UTC"))
     failed = [shard["id"] for shard, p in zip(shards, pulls, strict=True) if p is None]
-    context = get_current_context()
-    result["assets"] = emit_table_events(
-        context["outlet_events"], config, source_lake(config), result["events"]
-    )
     if failed:
         raise RuntimeError(
             f"shards {', '.join(failed)} did not sync (see their pull tasks); the other shards' "
             "changes landed and they catch up at the next run"
         )
+    committed_before = ti.xcom_pull(task_ids="discover", key="committed")
+    result["assets"] = emit_table_events(
+        context["outlet_events"], config, source_lake(config), result, committed_before
+    )
     return result
 
 
