@@ -7,22 +7,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from airflow.sdk import Asset
+from cdc_support import readme_downstream_dag
 from sqlalchemy import select
 
 from mongo_cdc.lake import table_uri
 from mongo_cdc.storage import LakeLocation, table_if_exists
 from mongo_cdc_airflow.assets import OPLOG_FIGURES, TABLE_ZONES, table_asset_uri
-
-README = Path(__file__).resolve().parent.parent / "README.md"
-EXAMPLE_URI = "file:///data/lake/state/shop/shop/orders"
-
-
-def readme_downstream_dag(uri: str) -> str:
-    """The README's example downstream DAG, scheduled on ``uri`` instead of the example's."""
-    section = README.read_text().split("### Airflow Assets", 1)[1]
-    code = section.split("```python\n", 1)[1].split("```", 1)[0]
-    assert EXAMPLE_URI in code
-    return code.replace(EXAMPLE_URI, uri)
 
 
 def test_asset_uris_are_the_table_locations_in_airflows_normal_form():
