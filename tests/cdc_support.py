@@ -262,3 +262,20 @@ def readme_downstream_dag(uri: str) -> str:
     code = section.split("```python\n", 1)[1].split("```", 1)[0]
     assert README_ASSET_URI in code
     return code.replace(README_ASSET_URI, uri)
+
+
+def asset_events(dag_id: str, run_id: str) -> dict[str, dict]:
+    """The asset events a run's summary task emitted: URI -> extras."""
+    from airflow.models.asset import AssetEvent, AssetModel
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        rows = session.execute(
+            select(AssetModel.uri, AssetModel.name, AssetEvent.extra, AssetEvent.source_task_id)
+            .join(AssetModel, AssetModel.id == AssetEvent.asset_id)
+            .where(AssetEvent.source_dag_id == dag_id, AssetEvent.source_run_id == run_id)
+        ).all()
+    assert all(name == uri and task == "summary" for uri, name, _, task in rows), rows
+    events = {uri: extra for uri, _, extra, _ in rows}
+    assert len(events) == len(rows), "one event per table and run"
+    return events

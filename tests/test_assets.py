@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from airflow.sdk import Asset
-from cdc_support import readme_downstream_dag
+from cdc_support import asset_events, readme_downstream_dag
 from sqlalchemy import select
 
 from mongo_cdc.lake import table_uri
@@ -47,23 +47,6 @@ def register_downstream_dag(directory: Path, uri: str) -> str:
     with create_session() as session:
         session.get(DagModel, dag_id).is_paused = False
     return dag_id
-
-
-def asset_events(dag_id: str, run_id: str) -> dict[str, dict]:
-    """The asset events a run's summary task emitted: URI -> extras."""
-    from airflow.models.asset import AssetEvent, AssetModel
-    from airflow.utils.session import create_session
-
-    with create_session() as session:
-        rows = session.execute(
-            select(AssetModel.uri, AssetModel.name, AssetEvent.extra, AssetEvent.source_task_id)
-            .join(AssetModel, AssetModel.id == AssetEvent.asset_id)
-            .where(AssetEvent.source_dag_id == dag_id, AssetEvent.source_run_id == run_id)
-        ).all()
-    assert all(name == uri and task == "summary" for uri, name, _, task in rows), rows
-    events = {uri: extra for uri, _, extra, _ in rows}
-    assert len(events) == len(rows), "one event per table and run"
-    return events
 
 
 def queued_dags(uri: str) -> set[str]:
