@@ -96,8 +96,9 @@ def emit_table_events(
     source_lake: SourceLake,
     run_summary: Mapping[str, Any],
     committed_before: Mapping[str, int],
+    zones: tuple[str, ...] = TABLE_ZONES,
 ) -> list[str]:
-    """Add an asset event for each table of each collection the run touched; their URIs.
+    """Add an asset event for each table (of ``zones``) of each collection the run touched; their URIs.
 
     ``run_summary``: the summary task's result (``events`` per collection, ``oplog`` per replica
     set); ``committed_before``: the last batch per replica set that ``discover`` saw.
@@ -109,7 +110,7 @@ def emit_table_events(
     for namespace in touched_namespaces(run_summary["events"], batches, committed_before):
         db, _, collection = namespace.partition(".")
         new_events = sum(run_summary["events"].get(namespace, {}).values())
-        for zone in TABLE_ZONES:
+        for zone in zones:
             uri = lake.table_uri(source_lake.location, zone, source_lake.prefix, db, collection)
             table = table_if_exists(uri, source_lake.options)
             if table is None:  # the transform wrote nothing for it (nothing to write yet)

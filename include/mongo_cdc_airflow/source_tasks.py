@@ -15,7 +15,7 @@ from mongo_cdc.config import SourceConfig
 from mongo_cdc.lake_errors import LegacyLakeError, refuse_legacy_layout
 from mongo_cdc.shard_lifecycle import still_draining
 from mongo_cdc.topology import Shard, discover_shards, reconcile
-from mongo_cdc_airflow.assets import emit_table_events
+from mongo_cdc_airflow.assets import TABLE_ZONES, emit_table_events
 from mongo_cdc_airflow.hooks import MongoCdcHook
 from mongo_cdc_airflow.lake_storage import source_lake
 from mongo_cdc_airflow.params import check_known, resnapshot_request
@@ -142,8 +142,10 @@ def summary(config: SourceConfig, shards: list[dict]) -> dict:
             "changes landed and they catch up at the next run"
         )
     committed_before = ti.xcom_pull(task_ids="discover", key="committed")
+    # a backfill rewrites changes rows only: the state never reads history events
+    zones = ("changes",) if is_backfill() else TABLE_ZONES
     result["assets"] = emit_table_events(
-        context["outlet_events"], config, source_lake(config), result, committed_before
+        context["outlet_events"], config, source_lake(config), result, committed_before, zones
     )
     return result
 
