@@ -52,7 +52,7 @@ from mongo_cdc.lake import SnapshotManifest
 from mongo_cdc.lake_errors import refuse_legacy_layout
 from mongo_cdc.landing import COMMIT_RETRIES, Batch, SourceLake
 from mongo_cdc.maintenance import maintain_table
-from mongo_cdc.storage import LakeLocation, table_if_exists
+from mongo_cdc.storage import LakeLocation, row_count, table_if_exists
 from mongo_cdc.transform import columns
 from mongo_cdc.transform.document_state import (
     DocumentVersion,
@@ -342,7 +342,7 @@ class CollectionTransform:
         window = BatchWindow.of(self.batches, self.namespace, applied)
         manifests = [m for m in self.manifests if applied.get(m.rs, 0) < m.seq <= self.committed.get(m.rs, 0)]
         if window.is_empty:
-            return {"new_events": 0, "state_rows": _row_count(table)}
+            return {"new_events": 0, "state_rows": row_count(table)}
         files = [f for f in self.files if window.may_hold(f.min_seq, f.max_seq)]
         events = self.events(files, window.filter()).persist(StorageLevel.MEMORY_AND_DISK)
         drops = (
@@ -403,7 +403,7 @@ class CollectionTransform:
         events.unpersist()
         return {
             "new_events": new_events,
-            "state_rows": _row_count(table_if_exists(self.state_uri, self.options)),
+            "state_rows": row_count(table_if_exists(self.state_uri, self.options)),
         }
 
     def update_deletion_markers(self, markers: DeltaTable | None, versions: RDD, marked: set[str]) -> None:
@@ -496,7 +496,7 @@ class CollectionTransform:
             written += self.write_changes(table, files, every.filter(), hours=hours)
             table = table_if_exists(self.changes_uri, self.options)
         return {
-            "change_rows": _row_count(table),
+            "change_rows": row_count(table),
             "change_rows_written": written,
             "changes_rebuilt": rebuilt,
         }
@@ -658,12 +658,6 @@ def _recorded_flattening(table: DeltaTable) -> dict[str, Any]:
     field = pa.schema(table.schema().to_arrow()).field(lake.HOUR_COLUMN)
     recorded = (field.metadata or {}).get(FLATTENING_METADATA.encode())
     return json.loads(recorded) if recorded else FlatteningOptions().to_json()
-
-
-def _row_count(table: DeltaTable | None) -> int:
-    if table is None:
-        return 0
-    return pc.sum(pa.table(table.get_add_actions(flatten=True)).column("num_records")).as_py() or 0
 
 
 def main(argv: list[str] | None = None) -> int:

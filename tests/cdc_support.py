@@ -23,6 +23,8 @@ from mongo_cdc.lake import pack_cluster_time, table_uri
 from mongo_cdc.landing import SourceLake
 from mongo_cdc.storage import LakeLocation, table_if_exists
 
+README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
+README_ASSET_URI = "file:///data/lake/state/shop/shop/orders"
 EJSON_OPTIONS = json_util.JSONOptions(datetime_conversion=bson.DatetimeConversion.DATETIME_MS)
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 OPLOG_TRUNCATION_TIMEOUT_S = 90
@@ -251,3 +253,29 @@ def assert_cell_equals(cell: Any, value: Any, where: str) -> None:
 
 def op_counts(events: list[tuple[str, str]]) -> Counter:
     return Counter(op for _, op in events)
+
+
+def readme_downstream_dag(uri: str) -> str:
+    """The README's example DAG scheduled on a table's Asset ("Airflow Assets"), scheduled on ``uri``."""
+    with open(README) as readme:
+        section = readme.read().split("### Airflow Assets", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    assert README_ASSET_URI in code
+    return code.replace(README_ASSET_URI, uri)
+
+
+def asset_events(dag_id: str, run_id: str) -> dict[str, dict]:
+    """The asset events a run's summary task emitted: URI -> extras."""
+    from airflow.models.asset import AssetEvent, AssetModel
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        rows = session.execute(
+            select(AssetModel.uri, AssetModel.name, AssetEvent.extra, AssetEvent.source_task_id)
+            .join(AssetModel, AssetModel.id == AssetEvent.asset_id)
+            .where(AssetEvent.source_dag_id == dag_id, AssetEvent.source_run_id == run_id)
+        ).all()
+    assert all(name == uri and task == "summary" for uri, name, _, task in rows), rows
+    events = {uri: extra for uri, _, extra, _ in rows}
+    assert len(events) == len(rows), "one event per table and run"
+    return events

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from cdc_support import assert_state_equals_collection
+from cdc_support import assert_state_equals_collection, asset_events
 from conftest import make_source
 from datagen import COLLECTIONS, FALLBACK_FIELDS, load, random_writes
 from deltalake import DeltaTable
 
 from mongo_cdc.lake import table_uri
+from mongo_cdc_airflow.assets import table_asset_uri
 
 
 def test_snapshot_streaming_and_state_on_an_s3_lake(airflow_db, replica_set, tmp_path, s3_lake, db_name):
@@ -23,8 +24,13 @@ def test_snapshot_streaming_and_state_on_an_s3_lake(airflow_db, replica_set, tmp
         load(db, {"customers": 300, "orders": 300, "products": 200})
         source.run()  # snapshot, pull, transform: every table written through the S3 endpoint
         writes = random_writes(db, 300, seed=5)
-        source.run()
+        run = source.run()
+        events = asset_events(source.dag_id, run.run_id)
         for collection in COLLECTIONS:
+            # the summary read the tables through the lake connection: their Assets are s3:// URIs
+            asset = table_asset_uri(source.location, "state", source.prefix, f"{db_name}.{collection}")
+            assert asset.startswith(f"{s3_lake.root}/state/")
+            assert events[asset]["rows"] == db[collection].count_documents({})
             assert_state_equals_collection(source, client, collection, FALLBACK_FIELDS[collection])
             assert source.streamed_events(collection) == writes.of(collection)
             state = table_uri(source.location, "state", source.prefix, db_name, collection)

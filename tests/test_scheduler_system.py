@@ -27,11 +27,12 @@ from typing import Any
 import httpx
 import psutil
 import pytest
-from cdc_support import CdcSource, assert_state_equals_collection
+from cdc_support import CdcSource, assert_state_equals_collection, readme_downstream_dag
 from conftest import make_source
 
 from mongo_cdc.testing import ReplicaSet
 from mongo_cdc_airflow import local_env
+from mongo_cdc_airflow.assets import table_asset_uri
 from mongo_cdc_airflow.demo import inventory_documents, load_inventory
 
 pytestmark = pytest.mark.slow
@@ -48,6 +49,9 @@ STARTUP_TIMEOUT_S = 240
 # One run (Spark included) on a shared 2-core machine takes 2-3 minutes.
 RUN_TIMEOUT_S = 15 * 60
 TERMINAL = {"success", "failed"}
+# the README's example downstream DAG, scheduled on the state Asset of this collection
+DOWNSTREAM_DAG_ID = "orders_report"
+DOWNSTREAM_COLLECTION = "orders"
 
 
 def free_port() -> int:
@@ -194,13 +198,15 @@ class Airflow:
                 )
             time.sleep(5)
 
-    def wait_for_scheduled_run(self, dag_id: str) -> dict:
+    def wait_for_scheduled_run(self, dag_id: str, run_type: str = "scheduled") -> dict:
+        """The first run of ``run_type`` the scheduler created (``asset_triggered``: for asset events),
+        once it has ended."""
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         while not (
-            runs := self.api("GET", f"/dags/{dag_id}/dagRuns", params={"run_type": "scheduled"})["dag_runs"]
+            runs := self.api("GET", f"/dags/{dag_id}/dagRuns", params={"run_type": run_type})["dag_runs"]
         ):
             self.check_alive()
-            assert time.monotonic() < deadline, f"no scheduled run of {dag_id} within {STARTUP_TIMEOUT_S} s"
+            assert time.monotonic() < deadline, f"no {run_type} run of {dag_id} within {STARTUP_TIMEOUT_S} s"
             time.sleep(2)
         return self.wait_for_run(dag_id, runs[0]["dag_run_id"])
 
@@ -226,15 +232,22 @@ class Airflow:
 def airflow(
     replica_set: ReplicaSet, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[Airflow, CdcSource]]:
-    """A private Airflow (SQLite, LocalExecutor, Spark local[2]) whose only DAGs are one source's,
-    capturing a database loaded with the demo's inventory data."""
+    """A private Airflow (SQLite, LocalExecutor, Spark local[2]) whose DAGs are one source's, capturing a
+    database loaded with the demo's inventory data, and the README's DAG scheduled on a state Asset."""
     work = tmp_path_factory.mktemp("scheduler")
     source = make_source(work, replica_set.uri, DATABASE)
+    dags = work / "dags"
+    dags.mkdir()
+    for dag_file in glob.glob(os.path.join(local_env.REPO_ROOT, "dags", "*.py")):
+        (dags / os.path.basename(dag_file)).write_text(Path(dag_file).read_text())
+    state = table_asset_uri(source.location, "state", source.prefix, f"{DATABASE}.{DOWNSTREAM_COLLECTION}")
+    (dags / "orders_report.py").write_text(readme_downstream_dag(state))
     home = work / "airflow"
     port = free_port()
     env = {
         **os.environ,
         **local_env.airflow_env(str(home), source.lake_root, replica_set.uri, str(work / "sources")),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
         # the worktree's packages, not whatever an editable install points at
         "PYTHONPATH": os.pathsep.join(
             [os.path.join(local_env.REPO_ROOT, "include"), os.environ.get("PYTHONPATH", "")]
@@ -259,8 +272,9 @@ def airflow(
         stack.start()
         stack.wait_until_serving()
         stack.log_in()
-        stack.wait_for_dag(source.dag_id)
-        stack.api("PATCH", f"/dags/{source.dag_id}", json={"is_paused": False})
+        for dag_id in (DOWNSTREAM_DAG_ID, source.dag_id):  # the downstream first: it misses no event
+            stack.wait_for_dag(dag_id)
+            stack.api("PATCH", f"/dags/{dag_id}", json={"is_paused": False})
         yield stack, source
     finally:
         stack.stop()
@@ -295,6 +309,29 @@ def test_rest_triggered_resnapshot_run_succeeds(
         assert snapshot["documents"] == expected
         for name in inventory_documents():
             assert_state_equals_collection(source, client, name)
+
+
+def test_a_dag_scheduled_on_a_state_asset_is_triggered_by_the_run(
+    airflow: tuple[Airflow, CdcSource], replica_set: ReplicaSet
+) -> None:
+    stack, source = airflow
+    scheduled = stack.wait_for_scheduled_run(source.dag_id)
+    run = stack.wait_for_scheduled_run(DOWNSTREAM_DAG_ID, "asset_triggered")
+    assert run["state"] == "success", stack.describe(DOWNSTREAM_DAG_ID, run["dag_run_id"])
+    path = f"/dags/{DOWNSTREAM_DAG_ID}/dagRuns/{run['dag_run_id']}/upstreamAssetEvents"
+    events = stack.api("GET", path)["asset_events"]
+    # the first CDC run (the snapshot) triggered it; a later one may be in the same run
+    first = next(e for e in events if e["source_run_id"] == scheduled["dag_run_id"])
+    assert (first["source_dag_id"], first["source_task_id"]) == (source.dag_id, "summary")
+    with replica_set.client() as client:
+        documents = client[DATABASE][DOWNSTREAM_COLLECTION].count_documents({})
+    assert first["extra"]["rows"] == first["extra"]["new_events"] == documents
+    logs = stack.home / "logs" / f"dag_id={DOWNSTREAM_DAG_ID}" / f"run_id={run['dag_run_id']}"
+    # the README example's task read the events' extras
+    printed = f"{first['uri']}: {documents} rows at version {first['extra']['table_version']}"
+    assert any(printed in log.read_text() for log in logs.glob("**/*.log")), stack.describe(
+        DOWNSTREAM_DAG_ID, run["dag_run_id"]
+    )
 
 
 @pytest.fixture(scope="module")

@@ -181,6 +181,18 @@ def table_if_exists(table_uri: str, storage_options: Mapping[str, str] | None = 
         return None
 
 
+def row_count(table: DeltaTable | None) -> int:
+    """Live rows of a Delta table version (0 for None), from the log's file statistics: no data file
+    is read. Exact for the tables mongo-cdc writes (delta-rs writes every file's ``numRecords`` and no
+    deletion vectors)."""
+    if table is None:
+        return 0
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    return pc.sum(pa.table(table.get_add_actions(flatten=True)).column("num_records")).as_py() or 0
+
+
 def open_table(
     table_uri: str, storage_options: Mapping[str, str] | None = None, version: TableVersion = None
 ) -> DeltaTable:

@@ -25,6 +25,7 @@ from airflow.task.trigger_rule import TriggerRule
 
 from mongo_cdc.config import SourceConfig, SourceConfigError, load_sources, sources_dir
 from mongo_cdc_airflow import source_tasks
+from mongo_cdc_airflow.assets import source_alias
 from mongo_cdc_airflow.params import resnapshot_params
 from mongo_cdc_airflow.sensors import ShardsChangedSensor
 from mongo_cdc_airflow.shard_sync import ShardSync, sole_writer
@@ -90,9 +91,9 @@ def build_cdc_dag(config: SourceConfig) -> DAG:
 
         # Default trigger rule: a failed transform must fail the run. A failed shard reaches here
         # through plan_transform (all_done) and is reported below.
-        @task
+        @task(outlets=[source_alias(config)])
         def summary(shards: list[dict]) -> dict:
-            return source_tasks.summary(shards)
+            return source_tasks.summary(config, shards)
 
         shards = discover()
         spark_args = plan_transform()

@@ -15,6 +15,7 @@ from mongo_cdc.config import SourceConfig
 from mongo_cdc.lake_errors import LegacyLakeError, refuse_legacy_layout
 from mongo_cdc.shard_lifecycle import still_draining
 from mongo_cdc.topology import Shard, discover_shards, reconcile
+from mongo_cdc_airflow.assets import TABLE_ZONES, emit_table_events
 from mongo_cdc_airflow.hooks import MongoCdcHook
 from mongo_cdc_airflow.lake_storage import source_lake
 from mongo_cdc_airflow.params import check_known, resnapshot_request
@@ -125,10 +126,13 @@ def maintenance_arguments(config: SourceConfig, interval_start: dt.datetime | No
     return ["--maintain", json.dumps(settings, sort_keys=True)]
 
 
-def summary(shards: list[dict]) -> dict:
+def summary(config: SourceConfig, shards: list[dict]) -> dict:
+    """The run's figures (``summarize``), and an asset event for each table it touched (``assets``:
+    their URIs). A run with a failed shard fails here, and a failed task's asset events are dropped."""
     # Explicit map indexes: how a mapped group's output resolves outside the group depends on
     # its size (one shard gives a bare dict), and the summary must see every shard.
-    ti = get_current_context()["ti"]
+    context = get_current_context()
+    ti = context["ti"]
     pulls = [ti.xcom_pull(task_ids="shard_sync.pull", map_indexes=i) for i in range(len(shards))]
     result = summarize([p for p in pulls if p is not None], pendulum.now("UTC"))
     failed = [shard["id"] for shard, p in zip(shards, pulls, strict=True) if p is None]
@@ -137,6 +141,12 @@ def summary(shards: list[dict]) -> dict:
             f"shards {', '.join(failed)} did not sync (see their pull tasks); the other shards' "
             "changes landed and they catch up at the next run"
         )
+    committed_before = ti.xcom_pull(task_ids="discover", key="committed")
+    # a backfill rewrites changes rows only: the state never reads history events
+    zones = ("changes",) if is_backfill() else TABLE_ZONES
+    result["assets"] = emit_table_events(
+        context["outlet_events"], config, source_lake(config), result, committed_before, zones
+    )
     return result
 
 

@@ -1,0 +1,126 @@
+"""Each collection's ``state`` and ``changes`` tables as Airflow Assets, so downstream DAGs schedule on them.
+
+The collections are known only when a run has landed them, so the CDC DAG declares one
+``AssetAlias`` per source (``mongo_cdc__<source>``) as the ``summary`` task's outlet, and the
+summary adds, through it, one asset event for each table of each collection the run touched:
+the collections its pulls read events of (snapshot reads included) and those named by the
+batches the lake committed during the run. The asset's URI is the table's location
+(``table_asset_uri``); its name is the same string, so ``Asset("<uri>")`` in a downstream DAG
+names the very same asset. The event's extras (``table_event_extra``) are small and JSON.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import quote
+
+from airflow.sdk import Asset, AssetAlias
+
+from mongo_cdc import lake
+from mongo_cdc.config import SourceConfig
+from mongo_cdc.landing import Batch, SourceLake
+from mongo_cdc.storage import LakeLocation, row_count, table_if_exists
+
+log = logging.getLogger(__name__)
+
+TABLE_ZONES = ("state", "changes")
+# The figures of each replica set's oplog window (``oplog_window.OplogWindow.to_dict``) an event carries
+OPLOG_FIGURES = ("window_seconds", "position_age_seconds", "headroom_seconds")
+
+
+def source_alias(config: SourceConfig) -> AssetAlias:
+    """The alias the source's table events go through (a DAG may schedule on it: any of its tables)."""
+    return AssetAlias(f"mongo_cdc__{config.name}")
+
+
+def table_asset_uri(location: LakeLocation, zone: str, prefix: str, namespace: str) -> str:
+    """The Asset URI of a collection's ``state`` or ``changes`` table: ``file://<absolute path>`` for a
+    local lake, the table's URI (``s3://bucket/...``) otherwise.
+
+    The path is percent-encoded (a ``#`` or ``?`` in a collection name would otherwise end the
+    path), so the URI is already in the form Airflow normalises Asset URIs to.
+    """
+    db, _, collection = namespace.partition(".")
+    uri = lake.table_uri(location, zone, prefix, db, collection)
+    if location.is_local:
+        return f"file://{quote(uri)}"
+    scheme, _, rest = uri.partition("://")
+    bucket, _, path = rest.partition("/")
+    return f"{scheme}://{bucket}/{quote(path)}"
+
+
+def touched_namespaces(
+    events: Mapping[str, Any], batches: list[Batch], before: Mapping[str, int]
+) -> list[str]:
+    """The collections a run touched: those its pulls read events of, and those of the batches
+    committed after ``before`` (the last batch per replica set when the run began), which also
+    covers a pull's earlier try that landed batches and then failed."""
+    landed = {
+        namespace
+        for batch in batches
+        if batch.seq > before.get(batch.rs, 0)
+        for namespace in (*batch.namespaces, *(batch.collections or ()))
+    }
+    return sorted(landed | set(events))
+
+
+def committed_positions(batches: list[Batch]) -> dict[str, dict[str, int | None]]:
+    """Per replica set, its last committed batch and that batch's position (packed cluster time)."""
+    last: dict[str, Batch] = {}
+    for batch in batches:
+        if batch.rs not in last or batch.seq > last[batch.rs].seq:
+            last[batch.rs] = batch
+    return {rs: {"batch_seq": b.seq, "cluster_time": b.cluster_time} for rs, b in sorted(last.items())}
+
+
+def table_event_extra(
+    rows: int, new_events: int, version: int, committed: dict[str, dict], oplog: Mapping[str, Mapping]
+) -> dict[str, Any]:
+    """An asset event's extras (see the README's "Assets")."""
+    return {
+        "rows": rows,
+        "new_events": new_events,
+        "table_version": version,
+        "committed": committed,
+        "oplog": {
+            rs: {key: window.get(key) for key in OPLOG_FIGURES} for rs, window in sorted(oplog.items())
+        },
+    }
+
+
+def emit_table_events(
+    outlet_events: Any,
+    config: SourceConfig,
+    source_lake: SourceLake,
+    run_summary: Mapping[str, Any],
+    committed_before: Mapping[str, int],
+    zones: tuple[str, ...] = TABLE_ZONES,
+) -> list[str]:
+    """Add an asset event for each table (of ``zones``) of each collection the run touched; their URIs.
+
+    ``run_summary``: the summary task's result (``events`` per collection, ``oplog`` per replica
+    set); ``committed_before``: the last batch per replica set that ``discover`` saw.
+    """
+    batches = source_lake.batches()
+    committed = committed_positions(batches)
+    alias = outlet_events[source_alias(config)]
+    emitted = []
+    for namespace in touched_namespaces(run_summary["events"], batches, committed_before):
+        db, _, collection = namespace.partition(".")
+        new_events = sum(run_summary["events"].get(namespace, {}).values())
+        for zone in zones:
+            uri = lake.table_uri(source_lake.location, zone, source_lake.prefix, db, collection)
+            table = table_if_exists(uri, source_lake.options)
+            if table is None:  # the transform wrote nothing for it (nothing to write yet)
+                log.info("%s: no %s table yet, so no asset event for it", namespace, zone)
+                continue
+            asset_uri = table_asset_uri(source_lake.location, zone, source_lake.prefix, namespace)
+            extra = table_event_extra(
+                row_count(table), new_events, table.version(), committed, run_summary["oplog"]
+            )
+            alias.add(Asset(name=asset_uri, uri=asset_uri), extra=extra)
+            log.info("asset event %s: %s", asset_uri, extra)
+            emitted.append(asset_uri)
+    return emitted
