@@ -44,6 +44,23 @@ def _mixed_ids(count: int) -> list:
     ]
 
 
+def _writes_racing_the_copy(monkeypatch, db, count: int, **options) -> dict:
+    """Random writes in a thread started when the first chunks are copied (position and plan are
+    recorded by then); ``["log"]`` holds their events, ``["thread"]`` the thread to join."""
+    racing: dict = {}
+    copy_chunks = snapshot.copy_chunks
+
+    def copy_while_writing(*args, **kwargs):
+        if "thread" not in racing:
+            writes = threading.Thread(target=lambda: racing.update(log=random_writes(db, count, **options)))
+            racing["thread"] = writes
+            writes.start()
+        return copy_chunks(*args, **kwargs)
+
+    monkeypatch.setattr(snapshot, "copy_chunks", copy_while_writing)
+    return racing
+
+
 def _states(run) -> dict:
     return {(ti.task_id, ti.map_index): ti.state for ti in run.get_task_instances()}
 
@@ -158,18 +175,7 @@ def test_writes_racing_a_chunked_parallel_snapshot_are_not_lost(
     with replica_set.client() as client:
         db = client[db_name]
         load(db, {"customers": 1500, "orders": 1500, "products": 1500})
-        writer: dict[str, object] = {}
-        copy_chunks = snapshot.copy_chunks
-
-        def copy_while_writing(*args, **kwargs):
-            # the position and the chunks are recorded; the copy starts now, with these writes racing it
-            if "thread" not in writer:
-                thread = threading.Thread(target=lambda: writer.update(log=random_writes(db, 400, seed=3)))
-                writer["thread"] = thread
-                thread.start()
-            return copy_chunks(*args, **kwargs)
-
-        monkeypatch.setattr(snapshot, "copy_chunks", copy_while_writing)
+        writer = _writes_racing_the_copy(monkeypatch, db, 400, seed=3)
         source.run()
         writer["thread"].join()
         monkeypatch.undo()
@@ -198,17 +204,7 @@ def test_a_collection_added_to_the_include_list_is_copied_while_the_others_strea
         source = cdc_source(
             db_name, **{**include, "collection.include.list": [f"{db_name}\\.(customers|orders)"]}
         )
-        racing: dict[str, object] = {}
-        copy_chunks = snapshot.copy_chunks
-
-        def copy_while_writing(*args, **kwargs):
-            if "thread" not in racing:
-                thread = threading.Thread(target=lambda: racing.update(log=random_writes(db, 200, seed=6, start_index=200_000)))
-                racing["thread"] = thread
-                thread.start()
-            return copy_chunks(*args, **kwargs)
-
-        monkeypatch.setattr(snapshot, "copy_chunks", copy_while_writing)
+        racing = _writes_racing_the_copy(monkeypatch, db, 200, seed=6, start_index=200_000)
         source.run()
         racing["thread"].join()
         monkeypatch.undo()

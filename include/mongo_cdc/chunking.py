@@ -10,7 +10,7 @@ whatever mix of ``_id`` types a collection has; a ``{_id: {$gte: a, $lt: b}}`` f
 match values of ``a``'s type. ``_id`` is immutable, so a document never moves between ranges.
 
 Collections within one chunk are read whole in natural order, as are those with a default
-collation (their ``_id`` index orders strings by it, which index-key bounds do not follow).
+collation or clustered on ``_id`` (``_id_index_ordered``).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def plan_chunks(
         ]
         return _chunks(namespace, owned.key, bounds, size)
     estimated = collection.estimated_document_count()
-    if estimated <= size or (options or {}).get("collation", {}).get("locale", "simple") != "simple":
+    if estimated <= size or not _id_index_ordered(options or {}):
         return [Chunk(namespace, 0, 1, expected=estimated)]
     bounds = list(_split(collection, ID_INDEX, None, None, size))
     chunks = _chunks(namespace, ID_INDEX, bounds, size)
@@ -54,6 +54,14 @@ def plan_chunks(
     chunks[-1] = Chunk(last.namespace, last.index, last.count, last.key, last.low, last.high,
                        max(estimated - size * (len(chunks) - 1), 0))  # fmt: skip
     return chunks
+
+
+def _id_index_ordered(options: dict) -> bool:
+    """Whether index-key bounds on ``_id`` follow its index: not under a default collation (strings
+    compare by their collation keys), nor in a clustered collection (no separate ``_id`` index)."""
+    return (
+        options.get("collation", {}).get("locale", "simple") == "simple" and "clusteredIndex" not in options
+    )
 
 
 def _contiguous(ranges: Sequence[tuple[dict, dict]]) -> Iterator[tuple[dict, dict]]:

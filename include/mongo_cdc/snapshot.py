@@ -381,7 +381,8 @@ def start_snapshot(
     for db, coll in collections:
         owned = owned_ranges(cluster, shard_id, db, coll) if cluster is not None else None
         found = plan_chunks(client[db][coll], config.snapshot_chunk_size, owned, options.get(f"{db}.{coll}"))
-        keeper.lake.prepare_raw_table(rs, seq, f"{db}.{coll}", concurrent=len(found) > 1)
+        # several chunks, or other shards' copies of a sharded collection, commit to one table at once
+        keeper.lake.prepare_raw_table(rs, seq, f"{db}.{coll}", concurrent=len(found) > 1 or owned is not None)
         chunks.extend(found)
     plan = SnapshotPlan(
         rs=rs,
