@@ -18,12 +18,20 @@ def test_cdc_dag_is_hourly_with_intervals_one_run_at_a_time_and_backoff_retries(
     assert (dag.catchup, dag.max_active_runs) == (False, 1)
     assert {t.task_id for t in dag.tasks} == {
         "discover",
+        "snapshot_start",
+        "snapshot_chunks",
+        "snapshot_copy",
         "shard_sync.snapshot",
         "shard_sync.pull",
         "plan_transform",
         "transform",
         "summary",
     }
+    # a snapshot's chunks fan out as mapped tasks labelled by shard, collection and chunk numbers;
+    # a failed shard (start or copy) leaves the others going
+    assert dag.get_task("snapshot_copy").map_index_template == "{{ chunk_label }}"
+    assert dag.get_task("snapshot_chunks").trigger_rule == "all_done"
+    assert dag.get_task("shard_sync.snapshot").trigger_rule == "all_done"
     pull = dag.get_task("shard_sync.pull")
     assert pull.retries == 3 and pull.retry_exponential_backoff
     assert dag.get_task("transform")._conn_id == "spark_default"

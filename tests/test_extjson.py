@@ -232,23 +232,23 @@ def test_snapshot_columns_re_encode_only_documents_of_collections_with_field_rul
 
 
 class BatchSizes:
-    """``SourceLake.write_raw`` that also records the rows of each Arrow batch the snapshot hands over."""
+    """``SourceLake.write_chunk`` that also records the rows of each Arrow batch the snapshot hands over."""
 
     def __init__(self, monkeypatch) -> None:
         self.sizes: list[int] = []
-        write_raw = SourceLake.write_raw
+        write_chunk = SourceLake.write_chunk
 
-        def recording(source_lake, rs, seq, namespace, data):
+        def recording(source_lake, rs, seq, chunk, data):
             def batches():
                 for batch in data:
                     self.sizes.append(batch.num_rows)
                     yield batch
 
-            write_raw(
-                source_lake, rs, seq, namespace, pa.RecordBatchReader.from_batches(data.schema, batches())
+            write_chunk(
+                source_lake, rs, seq, chunk, pa.RecordBatchReader.from_batches(data.schema, batches())
             )
 
-        monkeypatch.setattr(SourceLake, "write_raw", recording)
+        monkeypatch.setattr(SourceLake, "write_chunk", recording)
 
 
 def test_snapshot_rows_equal_documents_encoded_one_by_one(replica_set, db_name, tmp_path, monkeypatch):

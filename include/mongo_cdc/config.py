@@ -9,7 +9,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any
 
@@ -105,6 +105,8 @@ class SourceConfig:
     capture_mode: str = "change_streams_update_full"
     capture_mode_full_update_type: str = "lookup"
     snapshot_max_threads: int = 1
+    snapshot_max_tasks: int = 4
+    snapshot_chunk_size: int = 100_000
     snapshot_fetch_size: int = 0
     max_batch_size: int = 2048
     tombstones_on_delete: bool = True
@@ -163,12 +165,33 @@ class SourceConfig:
             return any(p.fullmatch(namespace) for p in self.collection_include)
         return not any(p.fullmatch(namespace) for p in self.collection_exclude)
 
+    @property
+    def capture_filter(self) -> dict[str, list[str]]:
+        """The namespace filters as their patterns: what an offset records its stream captured with."""
+        return {key: [p.pattern for p in getattr(self, name)] for key, name in _CAPTURE_FILTER.items()}
+
+    def with_capture_filter(self, recorded: dict[str, list[str]]) -> SourceConfig:
+        """This source with the namespace filters ``recorded`` (a ``capture_filter``)."""
+        patterns = {
+            name: tuple(re.compile(p) for p in recorded.get(key, ())) for key, name in _CAPTURE_FILTER.items()
+        }
+        return replace(self, **patterns)
+
     def snapshots_collection(self, db: str, collection: str) -> bool:
         """Captured and copied by snapshots (``snapshot.include.collection.list``), not only streamed."""
         if not self.captures_collection(db, collection):
             return False
         namespace = f"{db}.{collection}"
         return not self.snapshot_include or any(p.fullmatch(namespace) for p in self.snapshot_include)
+
+
+# The keys deciding which namespaces are captured (captures_collection), and their fields.
+_CAPTURE_FILTER = {
+    "database.include.list": "database_include",
+    "database.exclude.list": "database_exclude",
+    "collection.include.list": "collection_include",
+    "collection.exclude.list": "collection_exclude",
+}
 
 
 @lru_cache(maxsize=64)
@@ -286,7 +309,9 @@ def _add_fields(path: str, key: str, value: Any) -> tuple[str, ...]:
 
 
 # Upper bounds of integer settings, from what each one drives (README: source configuration).
-_MAX_SNAPSHOT_THREADS = 64  # one cursor and one writer thread per collection copied in parallel
+_MAX_SNAPSHOT_THREADS = 64  # one cursor and one writer thread per chunk copied in parallel
+_MAX_SNAPSHOT_TASKS = 1024  # Airflow's default [core] max_map_length: mapped instances of one task
+_MAX_CHUNK_SIZE = 100_000_000  # documents per chunk; larger ones would make retries re-read hours
 _MAX_FETCH_SIZE = 1_000_000  # documents per cursor batch; the server caps a batch at 16 MB anyway
 _MAX_BATCH_SIZE = 1_000_000  # change events held in memory for one landed file
 _MAX_DELAY_MS = 3_600_000  # one hour between reconnection attempts
@@ -325,6 +350,8 @@ _KEYS = {
         lambda p, k, v: _choice(p, k, v, FULL_UPDATE_TYPES),
     ),
     "snapshot.max.threads": ("snapshot_max_threads", _bounded(_MAX_SNAPSHOT_THREADS)),
+    "snapshot.max.tasks": ("snapshot_max_tasks", _bounded(_MAX_SNAPSHOT_TASKS)),
+    "snapshot.chunk.size": ("snapshot_chunk_size", _bounded(_MAX_CHUNK_SIZE)),
     "snapshot.fetch.size": ("snapshot_fetch_size", _bounded(_MAX_FETCH_SIZE, allow_zero=True)),
     "max.batch.size": ("max_batch_size", _bounded(_MAX_BATCH_SIZE)),
     "tombstones.on.delete": ("tombstones_on_delete", _boolean),

@@ -14,6 +14,22 @@ A replica set's batch ``seq`` lands in two steps:
 
 The offset Variable is written after both and is only a cache of the log's last row for the
 replica set: ``offsets.reconcile_with_lake`` heals it from the log or refuses it.
+
+A snapshot batch lands in chunks (``SnapshotPlan``), each on its own, before the batch log's row
+commits the whole snapshot:
+
+1. When the snapshot starts, its plan (position, settings, every chunk's key range) is one commit
+   of the snapshot log (``raw/<prefix>/_snapshots``) with the app transaction
+   ``(<app id>/snapshot-plan, seq)``. A retry finds it there and resumes the same snapshot.
+2. Each chunk's rows are one commit of its raw table with the app transaction
+   ``(<app id>/chunk-<n>, seq)``: a chunk found committed is never read again, and its rows are
+   never doubled. Then the snapshot log gets the chunk's ``copied`` row (which also records an
+   empty chunk).
+3. Once every chunk is copied, the batch log's row commits the snapshot (its manifest) as above.
+
+A snapshot's number is never used again, even if it never got to step 3 (``last_planned_seq``:
+a new snapshot is numbered after it, and a stream resuming without one first commits that number
+as a batch that names no table), so rows of an abandoned snapshot never count.
 """
 
 from __future__ import annotations
@@ -21,8 +37,11 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
+import bson
 import pyarrow as pa
 import pyarrow.compute as pc
 from bson import json_util
@@ -56,6 +75,32 @@ BATCH_LOG_SCHEMA = pa.schema(
 )
 # delta-rs retries a commit that lost a race with another writer (shards land concurrently)
 COMMIT_RETRIES = 20
+
+SNAPSHOT_LOG_SCHEMA = pa.schema(
+    [
+        pa.field("rs", pa.string(), nullable=False),
+        pa.field("seq", pa.int64(), nullable=False),  # the snapshot's batch number
+        # snapshot (its position and settings) and chunk (one row per chunk): the plan, written in
+        # one commit when the snapshot starts; copied: one row per chunk whose rows are committed
+        pa.field("kind", pa.string(), nullable=False),
+        pa.field("namespace", pa.string(), nullable=False),  # "" in the snapshot row
+        pa.field("chunk", pa.int32(), nullable=False),  # 0-based, in index order within the namespace
+        pa.field("chunks", pa.int32()),  # how many chunks the namespace has
+        # the index the bounds are on, JSON [[field, direction], ...]; null: the whole collection
+        pa.field("index_key", pa.string()),
+        # BSON documents {field: value, ...}: the inclusive lower and exclusive upper bound (null: open)
+        pa.field("low", pa.binary()),
+        pa.field("high", pa.binary()),
+        # chunk rows: documents when planned (for progress); copied rows: documents landed (null: unknown)
+        pa.field("documents", pa.int64()),
+        # the snapshot row: the snapshot's position and settings (JSON, see SnapshotPlan)
+        pa.field("snapshot", pa.string()),
+        pa.field("recorded_at", pa.timestamp("us", tz="UTC")),
+    ]
+)
+SNAPSHOT = "snapshot"
+CHUNK = "chunk"
+COPIED = "copied"
 
 
 @dataclass(frozen=True)
@@ -105,6 +150,126 @@ class Batch:
             collections=tuple(row["collections"]) if row["collections"] is not None else None,
             namespaces=tuple(row["namespaces"] or ()),
             open_transaction=json.loads(row["open_transaction"]) if row["open_transaction"] else None,
+        )
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One key range of a collection, copied and committed on its own.
+
+    ``key`` is the index the bounds are on (``_id``, or a sharded collection's shard key) as
+    (field, direction) pairs, None for a collection copied whole in natural order. ``low`` and
+    ``high`` are BSON documents of index-key values (``cursor.min``/``max``: inclusive, exclusive),
+    None where the range is open.
+    """
+
+    namespace: str
+    index: int
+    count: int
+    key: tuple[tuple[str, Any], ...] | None = None
+    low: bytes | None = None
+    high: bytes | None = None
+    expected: int = 0  # documents when planned: progress and ETA only
+
+    @property
+    def label(self) -> str:
+        return f"{self.namespace} {self.index + 1}/{self.count}"
+
+    def bound(self, which: str) -> dict | None:
+        data = self.low if which == "low" else self.high
+        return bson.decode(data, extjson.DECODE_OPTIONS) if data is not None else None
+
+    def describe(self) -> str:
+        """The range as a log line shows it."""
+        if self.key is None:
+            return "the whole collection"
+        low, high = self.bound("low"), self.bound("high")
+        return f"[{_bound_text(low, 'start')}, {_bound_text(high, 'end')})"
+
+
+def _bound_text(bound: dict | None, open_end: str) -> str:
+    if bound is None:
+        return open_end
+    return ", ".join(extjson.encode_str(value) for value in bound.values())
+
+
+@dataclass(frozen=True)
+class SnapshotPlan:
+    """A snapshot batch's position, settings and chunks, recorded before any chunk is read."""
+
+    rs: str
+    seq: int
+    resume_token: dict  # the position taken before the copy
+    cluster_time: int
+    requested: tuple[str, ...]  # the collections asked for (``run_snapshot``'s ``only``); (): every one
+    keeps_position: bool  # streaming goes on from the stored position, not from this one
+    back_from_retirement: bool
+    started_at: str
+    # every collection copied (its manifest): one a shard owns no range of has no chunk
+    collections: tuple[str, ...]
+    chunks: tuple[Chunk, ...]
+
+    def to_rows(self) -> list[dict]:
+        now = dt.datetime.now(dt.timezone.utc)
+        settings = {
+            "resume_token": json.loads(extjson.encode(self.resume_token)),
+            "cluster_time": self.cluster_time,
+            "requested": list(self.requested),
+            "keeps_position": self.keeps_position,
+            "back_from_retirement": self.back_from_retirement,
+            "started_at": self.started_at,
+            "collections": list(self.collections),
+        }
+        header = {"rs": self.rs, "seq": self.seq, "kind": SNAPSHOT, "namespace": "", "chunk": -1,
+                  "snapshot": json.dumps(settings, sort_keys=True), "recorded_at": now}  # fmt: skip
+        return [header] + [
+            {
+                "rs": self.rs,
+                "seq": self.seq,
+                "kind": CHUNK,
+                "namespace": chunk.namespace,
+                "chunk": chunk.index,
+                "chunks": chunk.count,
+                "index_key": json.dumps(chunk.key) if chunk.key is not None else None,
+                "low": chunk.low,
+                "high": chunk.high,
+                "documents": chunk.expected,
+                "recorded_at": now,
+            }
+            for chunk in self.chunks
+        ]
+
+    @classmethod
+    def from_rows(cls, header: dict, rows: list[dict]) -> SnapshotPlan:
+        settings = json.loads(header["snapshot"])
+        chunks = sorted(
+            (
+                Chunk(
+                    namespace=row["namespace"],
+                    index=row["chunk"],
+                    count=row["chunks"],
+                    key=tuple(tuple(pair) for pair in json.loads(row["index_key"]))
+                    if row["index_key"]
+                    else None,
+                    low=row["low"],
+                    high=row["high"],
+                    expected=row["documents"] or 0,
+                )
+                for row in rows
+            ),
+            key=lambda chunk: (chunk.namespace, chunk.index),
+        )
+        return cls(
+            rs=header["rs"],
+            seq=header["seq"],
+            resume_token=json_util.loads(json.dumps(settings["resume_token"])),
+            cluster_time=settings["cluster_time"],
+            requested=tuple(settings["requested"]),
+            keeps_position=settings["keeps_position"],
+            back_from_retirement=settings["back_from_retirement"],
+            started_at=settings["started_at"],
+            collections=tuple(settings["collections"]),
+            chunks=tuple(chunks),
         )
 
 
@@ -270,6 +435,125 @@ class SourceLake:
     def namespaces(self) -> list[str]:
         """Every ``<db>.<collection>`` some batch wrote raw rows to, sorted."""
         return sorted({namespace for batch in self.batches() for namespace in batch.namespaces})
+
+    # -- chunked snapshots (the snapshot log) ------------------------------------------------------
+    # Written by concurrent threads and tasks: each call loads the table afresh instead of sharing
+    # a cached DeltaTable between threads.
+
+    def _plan_app_id(self, rs: str) -> str:
+        return f"{self.app_id(rs)}/snapshot-plan"
+
+    def _chunk_app_id(self, rs: str, chunk: Chunk) -> str:
+        # per chunk number, not per snapshot: the ids a table keeps stay as few as its largest plan
+        return f"{self.app_id(rs)}/chunk-{chunk.index}"
+
+    def last_planned_seq(self, rs: str) -> int:
+        """The newest snapshot batch number ``rs`` planned (0: none), committed or not."""
+        table = table_if_exists(self.source_uri(lake.SNAPSHOT_LOG), self.options)
+        return (table.transaction_version(self._plan_app_id(rs)) or 0) if table is not None else 0
+
+    def record_plan(self, plan: SnapshotPlan) -> None:
+        """Record a snapshot's plan before any chunk is read (idempotent: one plan per batch)."""
+        uri = self.source_uri(lake.SNAPSHOT_LOG)
+        if self.last_planned_seq(plan.rs) >= plan.seq:
+            return
+        write_deltalake(
+            uri,
+            pa.Table.from_pylist(plan.to_rows(), schema=SNAPSHOT_LOG_SCHEMA),
+            mode="append",
+            storage_options=self.options,
+            commit_properties=CommitProperties(
+                app_transactions=[Transaction(self._plan_app_id(plan.rs), plan.seq)],
+                max_commit_retries=COMMIT_RETRIES,
+            ),
+        )
+
+    def _snapshot_rows(self, rs: str, seq: int, *kinds: str) -> list[dict]:
+        table = table_if_exists(self.source_uri(lake.SNAPSHOT_LOG), self.options)
+        if table is None:
+            return []
+        wanted = (pc.field("rs") == rs) & (pc.field("seq") == seq) & pc.field("kind").isin(kinds)
+        return table.to_pyarrow_dataset().to_table(filter=wanted).to_pylist()
+
+    def snapshot_plan(self, rs: str, seq: int) -> SnapshotPlan | None:
+        """Snapshot ``seq``'s plan, or None if ``rs`` never recorded one of that number."""
+        rows = self._snapshot_rows(rs, seq, SNAPSHOT, CHUNK)
+        header = next((row for row in rows if row["kind"] == SNAPSHOT), None)
+        if header is None:
+            return None
+        return SnapshotPlan.from_rows(header, [row for row in rows if row["kind"] == CHUNK])
+
+    def copied_chunks(self, rs: str, seq: int) -> dict[tuple[str, int], int | None]:
+        """(namespace, chunk) -> documents of every chunk of snapshot ``seq`` already copied (None:
+        landed by an attempt that stopped before counting them)."""
+        return {
+            (row["namespace"], row["chunk"]): row["documents"] for row in self._snapshot_rows(rs, seq, COPIED)
+        }
+
+    def prepare_raw_table(self, rs: str, seq: int, namespace: str, concurrent: bool) -> None:
+        """Get a raw table ready for snapshot ``seq``'s chunks, before the first one is read.
+
+        Rows an earlier, cut-short landing of a batch numbered ``seq`` or later left there (app
+        transaction at or past ``seq``) are deleted: chunks only append. ``concurrent``: several
+        chunks will commit at once, so a missing table is created now (two first commits would
+        both try to create it).
+        """
+        uri = self.raw_uri(namespace)
+        table = table_if_exists(uri, self.options)
+        if table is None and concurrent:
+            try:
+                DeltaTable.create(
+                    uri,
+                    lake.RAW_SCHEMA,
+                    partition_by=[lake.HOUR_COLUMN],
+                    mode="ignore",
+                    storage_options=self.options,
+                )
+            except Exception:  # another shard's snapshot created it first
+                if table_if_exists(uri, self.options) is None:
+                    raise
+        elif table is not None and (table.transaction_version(self.app_id(rs)) or 0) >= seq:
+            log.info("deleting rows of uncommitted batches >= %d of %s from %s", seq, rs, uri)
+            table.delete(
+                f"source['rs'] = '{_sql_string(rs)}' AND batch_seq >= {seq}",
+                commit_properties=CommitProperties(max_commit_retries=COMMIT_RETRIES),
+            )
+
+    def chunk_landed(self, rs: str, seq: int, chunk: Chunk) -> bool:
+        """Whether ``chunk``'s rows are committed in its raw table (its app transaction is there)."""
+        table = table_if_exists(self.raw_uri(chunk.namespace), self.options)
+        return table is not None and (table.transaction_version(self._chunk_app_id(rs, chunk)) or 0) >= seq
+
+    def write_chunk(self, rs: str, seq: int, chunk: Chunk, data: pa.Table | pa.RecordBatchReader) -> None:
+        """One commit of ``chunk``'s rows into its raw table, with the chunk's app transaction."""
+        write_deltalake(
+            self.raw_uri(chunk.namespace),
+            data,
+            partition_by=[lake.HOUR_COLUMN],
+            mode="append",
+            storage_options=self.options,
+            commit_properties=CommitProperties(
+                # not app_id(rs) too: concurrent commits naming one app id conflict
+                app_transactions=[Transaction(self._chunk_app_id(rs, chunk), seq)],
+                max_commit_retries=COMMIT_RETRIES,
+            ),
+        )
+
+    def record_copied(self, rs: str, seq: int, chunks: Iterable[tuple[Chunk, int | None]]) -> None:
+        """The snapshot log's ``copied`` rows of chunks whose rows are committed (or that had none)."""
+        now = dt.datetime.now(dt.timezone.utc)
+        rows = [
+            {"rs": rs, "seq": seq, "kind": COPIED, "namespace": chunk.namespace, "chunk": chunk.index,
+             "chunks": chunk.count, "documents": documents, "recorded_at": now}
+            for chunk, documents in chunks
+        ]  # fmt: skip
+        write_deltalake(
+            self.source_uri(lake.SNAPSHOT_LOG),
+            pa.Table.from_pylist(rows, schema=SNAPSHOT_LOG_SCHEMA),
+            mode="append",
+            storage_options=self.options,
+            commit_properties=CommitProperties(max_commit_retries=COMMIT_RETRIES),
+        )
 
 
 def _sql_string(value: str) -> str:

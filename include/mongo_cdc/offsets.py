@@ -239,9 +239,11 @@ class OffsetKeeper:
         return self.reconcile_with_lake(self.load(), self.lake.last_batch(self.rs))
 
     def next_offset(self) -> Offset:
-        """A new offset (none stored): batches numbered after every one the lake holds of the replica set."""
+        """A new offset (none stored): at the lake's last batch of the replica set, if any, so batches
+        are numbered after every one it holds and the offset passes ``reconcile_with_lake`` (a
+        snapshot's later tasks check it). It has no snapshot: the next run takes one."""
         last = self.lake.last_batch(self.rs)
-        return Offset(batch_seq=last.seq if last is not None else 0)
+        return Offset() if last is None else _offset_at(Offset(), last)
 
     def commit_batch(self, offset: Offset, batch: Batch, **changes: Any) -> Offset:
         """Commit ``batch`` in the lake, then move the offset to it (the lake first: see ``landing``)."""

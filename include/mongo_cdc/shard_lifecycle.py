@@ -4,9 +4,12 @@ A shard (a plain replica set is one shard) is, in turn:
 
 * **new** (no offset): snapshotted under ``initial``/``when_needed``/``initial_only``/``always``,
   or streamed from "now" under ``no_data``/``never``;
+* **snapshotting**: its offset's snapshot is still running (an earlier run's copy failed midway):
+  the next run resumes it (``snapshot.start_snapshot`` keeps the chunks already copied);
 * **streaming**: its offset has a completed snapshot and a resume position; it snapshots again only
   under ``always``, when the trigger asks for a re-snapshot of it, or under ``when_needed`` when
-  its position has left the oplog;
+  its position has left the oplog. Under ``initial`` and ``when_needed``, collections the capture
+  filters newly match are copied too (their events since the stored position are streamed);
 * **retiring**: it left the cluster but its offset is not retired yet: its stream is drained to
   the end, then its offset is marked ``retired_at``; it is never snapshotted;
 * **retired**: gone and drained; ``discover`` no longer lists it;
@@ -27,6 +30,8 @@ from mongo_cdc.offsets import Offset
 
 # snapshot.mode values that copy a shard without a completed snapshot; ``always`` copies every run
 SNAPSHOT_WHEN_MISSING = ("initial", "when_needed", "initial_only")
+# ...and those that copy the collections the filters newly capture, while streaming the others
+SNAPSHOT_NEW_COLLECTIONS = ("initial", "when_needed")
 
 
 @dataclass(frozen=True)
@@ -77,9 +82,12 @@ def plan_shard(
     snapshot_mode: str,
     resnapshot: ResnapshotRequest | None,
     position_lost: Callable[[Offset], bool],
+    newly_captured: Callable[[Offset], tuple[str, ...]] = lambda offset: (),
 ) -> ShardPlan:
     """Decide one shard's sync. ``position_lost`` asks the server whether an offset's resume
-    position has left the oplog; it is called only when the answer matters (``when_needed``)."""
+    position has left the oplog; it is called only when the answer matters (``when_needed``).
+    ``newly_captured`` lists the collections a streaming offset's capture filter did not match
+    (``snapshot.newly_captured``); it is called only for such an offset."""
     stream = snapshot_mode != "initial_only"
     if retiring:
         # nothing to copy from a shard that left: its documents moved to the others
@@ -95,9 +103,19 @@ def plan_shard(
     if snapshot_mode == "always":
         return copy((), "snapshot.mode is always")
     if (offset is None or not offset.snapshot_complete) and snapshot_mode in SNAPSHOT_WHEN_MISSING:
+        unfinished = offset is not None and offset.snapshot.get("status") == "running"
+        if unfinished and offset.snapshot.get("collections"):
+            collections = tuple(offset.snapshot["collections"])
+            return copy(collections, f"its snapshot of {', '.join(collections)} is unfinished: resuming it")
+        if unfinished:
+            return copy((), "its snapshot is unfinished: resuming it where it stopped")
         return copy((), "back after being retired: starting afresh" if fresh else "no completed snapshot")
+    streaming = offset is not None and offset.resume_token is not None
+    new = newly_captured(offset) if streaming and stream and snapshot_mode in SNAPSHOT_NEW_COLLECTIONS else ()
     if resnapshot is not None and resnapshot.covers(shard_id):
-        return copy(resnapshot.collections, "re-snapshot requested by the trigger")
+        # collections newly captured are copied with the requested ones
+        collections = tuple(sorted(set(resnapshot.collections) | set(new))) if resnapshot.collections else ()
+        return copy(collections, "re-snapshot requested by the trigger")
     if (
         snapshot_mode == "when_needed"
         and offset is not None
@@ -105,6 +123,10 @@ def plan_shard(
         and position_lost(offset)
     ):
         return copy((), "its stored resume position is no longer in the oplog (snapshot.mode when_needed)")
+    if new:
+        return copy(
+            new, f"the capture filters newly match {', '.join(new)}: copying them, streaming the rest"
+        )
     start_from_now = offset is None or offset.resume_token is None
     reason = (
         f"no snapshot (snapshot.mode {snapshot_mode}): streaming from now" if start_from_now else "streaming"

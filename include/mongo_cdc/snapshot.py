@@ -1,13 +1,25 @@
-"""Initial snapshot of one replica set: record the position, then copy every captured collection.
+"""Snapshots of one replica set: record the position, then copy the captured collections in chunks.
 
 The position is taken *before* the copy, and streaming later resumes from it, so a write made
 while the copy runs is either in the copy, or in the stream, or both (replay is harmless: state
-applies events by oplog order) — never in neither.
+applies events by oplog order) — never in neither. However long the copy takes, and however many
+attempts it needs, every snapshot row carries that position.
+
+A snapshot is three steps; the DAG runs them as separate tasks, ``run_snapshot`` in one go:
+
+1. ``start_snapshot`` records the position (the offset's running snapshot), splits each collection
+   into chunks of about ``snapshot.chunk.size`` documents (``chunking``) and records that plan in
+   the lake, or returns the plan of an unfinished snapshot that can still be resumed;
+2. ``copy_chunks`` copies chunks, each one Delta commit of its raw table (``landing``). A chunk
+   already committed is skipped, so a retry re-reads only the missing ones; chunks are
+   independent, so several tasks, and ``snapshot.max.threads`` threads in each, copy one snapshot;
+3. ``commit_snapshot``, once every chunk is copied, commits the snapshot's batch with its manifest
+   (the collections it copied completely), so the transform can drop the documents that no longer
+   exist, and moves the offset.
 
 A re-snapshot (on request, or under ``when_needed`` once the stored position has left the oplog)
-is the same copy. Each collection's copy is one Delta commit of the snapshot's batch; the batch
-log's row then commits the batch with its manifest (the collections it copied completely), so the
-transform can drop the documents that no longer exist.
+is the same copy, and so is the copy of collections that started being captured after the first
+snapshot (``newly_captured``), for which streaming keeps its position.
 """
 
 from __future__ import annotations
@@ -34,14 +46,15 @@ from pymongo.cursor import RawBatchCursor
 from pymongo.errors import OperationFailure
 
 from mongo_cdc.capture_modes import captured_collection_options, require_images
+from mongo_cdc.chunking import max_key_filter, plan_chunks
 from mongo_cdc.config import SourceConfig
 from mongo_cdc.events import SnapshotColumns, SourceInfo, token_cluster_time
 from mongo_cdc.extjson import DECODE_OPTIONS
 from mongo_cdc.lake import RAW_SCHEMA
-from mongo_cdc.landing import Batch, SourceLake
+from mongo_cdc.landing import Batch, Chunk, SnapshotPlan, SourceLake
 from mongo_cdc.offsets import Offset, OffsetKeeper
 from mongo_cdc.streaming import CHANGE_STREAM_HISTORY_LOST
-from mongo_cdc.topology import OwnedRanges, owned_ranges
+from mongo_cdc.topology import owned_ranges
 
 log = logging.getLogger(__name__)
 
@@ -91,30 +104,79 @@ def captured_collections(client: MongoClient, config: SourceConfig) -> list[tupl
     return sorted((db, collection) for db, collection, _ in captured_collection_options(client, config))
 
 
+def newly_captured(client: MongoClient, config: SourceConfig, offset: Offset) -> tuple[str, ...]:
+    """Collections snapshots copy that the replica set's stream did not capture when ``offset``
+    recorded its capture filter (``captured``): ``collection.include.list`` or another filter now
+    matches them. None recorded yet (an offset from before such records): none.
+
+    A collection created later under the same filter is not one: the stream has all its events.
+    """
+    recorded = offset.snapshot.get("captured")
+    if recorded is None:
+        return ()
+    before = config.with_capture_filter(recorded)
+    return tuple(
+        f"{db}.{collection}"
+        for db, collection in captured_collections(client, config)
+        if config.snapshots_collection(db, collection) and not before.captures_collection(db, collection)
+    )
+
+
+def record_capture_filter(keeper: OffsetKeeper, config: SourceConfig) -> None:
+    """Record the capture filter the stream goes on with, when no snapshot was needed for it."""
+    offset = keeper.load()
+    if (
+        offset is not None
+        and offset.snapshot_complete
+        and offset.snapshot.get("captured") != config.capture_filter
+    ):
+        keeper.commit(offset, snapshot={**offset.snapshot, "captured": config.capture_filter})
+
+
+def skip_abandoned_snapshot(keeper: OffsetKeeper) -> None:
+    """Before streaming without the offset's unfinished snapshot (``snapshot.mode`` changed to
+    ``never``, say): commit its number as a batch at the stored position that names no table, so no
+    stream batch gets that number and counts the rows its chunks left."""
+    offset = keeper.load_checked()
+    if offset is None or offset.resume_token is None:
+        return
+    planned = keeper.lake.last_planned_seq(keeper.rs)
+    if planned <= offset.batch_seq:
+        return
+    log.warning("replica set %s: streaming without finishing snapshot %d; its copied chunks are dropped",
+                keeper.rs, planned)  # fmt: skip
+    batch = Batch(keeper.rs, planned, "position", offset.resume_token, offset.cluster_time,
+                  open_transaction=offset.open_transaction)  # fmt: skip
+    keeper.commit_batch(offset, batch, snapshot={**offset.snapshot, "status": "abandoned"})
+
+
 class _Progress:
-    def __init__(self, total_collections: int) -> None:
-        self.total = total_collections
+    """Chunks done / total, documents, docs/s and ETA of the chunks one task copies."""
+
+    def __init__(self, name: str, chunks: Sequence[Chunk]) -> None:
+        self.name = name
+        self.total = len(chunks)
+        self.expected = sum(chunk.expected for chunk in chunks)
         self.done = 0
         self.documents = 0
         self.started = time.monotonic()
         self._last_log = self.started
         self._lock = threading.Lock()
 
-    def add(self, documents: int, collection_done: bool = False) -> None:
+    def add(self, documents: int, chunk_done: bool = False) -> None:
         with self._lock:
             self.documents += documents
-            self.done += collection_done
+            self.done += chunk_done
             now = time.monotonic()
-            if collection_done or now - self._last_log >= PROGRESS_INTERVAL_S:
+            if chunk_done or now - self._last_log >= PROGRESS_INTERVAL_S:
                 self._last_log = now
                 rate = self.documents / max(now - self.started, 1e-9)
+                left = max(self.expected - self.documents, 0) if self.done < self.total else 0
+                eta = dt.timedelta(seconds=round(left / rate)) if rate else "unknown"
                 log.info(
-                    "snapshot progress: %d/%d collections done, %d documents copied, %.0f docs/s",
-                    self.done,
-                    self.total,
-                    self.documents,
-                    rate,
-                )
+                    "%s: %d/%d chunks done, %d documents copied, %.0f docs/s, ETA %s",
+                    self.name, self.done, self.total, self.documents, rate, eta,
+                )  # fmt: skip
 
 
 class _RawBatchCursor(RawBatchCursor):
@@ -147,20 +209,23 @@ class _RawBatchCursor(RawBatchCursor):
         return [reply]
 
 
-def _raw_batches(
-    collection: Collection, fetch_size: int, owned: OwnedRanges | None
-) -> Generator[bytes, None, None]:
-    """All documents as raw batches (concatenated BSON); for a sharded collection only those in the
-    owned chunk ranges (shard key index)."""
-    if owned is None:
-        with _RawBatchCursor(collection, {}, batch_size=fetch_size) as cursor:
+def _raw_batches(collection: Collection, fetch_size: int, chunk: Chunk) -> Generator[bytes, None, None]:
+    """A chunk's documents as raw batches (concatenated BSON): the index range between its bounds
+    (``chunking``), or the whole collection in natural order."""
+    cursor = _RawBatchCursor(collection, {}, batch_size=fetch_size)
+    if chunk.key is not None:
+        cursor = cursor.hint(list(chunk.key))
+        low, high = chunk.bound("low"), chunk.bound("high")
+        if low is not None:
+            cursor = cursor.min(list(low.items()))
+        if high is not None:
+            cursor = cursor.max(list(high.items()))
+    with cursor:
+        yield from cursor
+    extra = max_key_filter(chunk)
+    if extra is not None:
+        with _RawBatchCursor(collection, extra, batch_size=fetch_size) as cursor:
             yield from cursor
-        return
-    for low, high in owned.ranges:
-        cursor = _RawBatchCursor(collection, {}, batch_size=fetch_size)
-        cursor = cursor.min(list(low.items())).max(list(high.items()))
-        with cursor.hint(list(owned.key)) as ranged:
-            yield from ranged
 
 
 def _prefetched(batches: Iterator[bytes], fetcher: ThreadPoolExecutor) -> Generator[bytes, None, None]:
@@ -171,28 +236,27 @@ def _prefetched(batches: Iterator[bytes], fetcher: ThreadPoolExecutor) -> Genera
         yield batch
 
 
-def _copy_collection(
+def _copy_chunk(
     client: MongoClient,
     config: SourceConfig,
     source_lake: SourceLake,
     source: SourceInfo,
-    db: str,
-    collection: str,
-    owned: OwnedRanges | None,
+    chunk: Chunk,
     seq: int,
     cluster_time: int,
     progress: _Progress,
 ) -> int:
-    """Copy one collection into its raw table as one commit of batch ``seq``: the snapshot's hot loop.
+    """Copy one chunk into its raw table as one commit of batch ``seq``: the snapshot's hot loop.
 
     Batches arrive as raw BSON (no per-document cursor objects); each document's bytes land as they
     are, and only its ``_id`` is needed decoded (``DECODE_CHUNK`` documents at a time). delta-rs
     writes the Parquet files while the next Arrow batch is built; a batch holds ``ROW_GROUP_ROWS``
     rows, fewer when its documents reach ``ROW_GROUP_BYTES``.
     """
+    db, _, collection = chunk.namespace.partition(".")
     block = source.block(db, collection, cluster_time, (cluster_time >> 32) * 1000, snapshot=True)
     buffer = SnapshotColumns(block, cluster_time, seq, config.field_filters.for_collection(db, collection))
-    batches = _raw_batches(client[db].get_collection(collection), config.snapshot_fetch_size, owned)
+    batches = _raw_batches(client[db].get_collection(collection), config.snapshot_fetch_size, chunk)
     copied = 0
 
     def tables(prefetched: Iterator[bytes]) -> Generator[pa.RecordBatch, None, None]:
@@ -225,12 +289,11 @@ def _copy_collection(
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"snapshot-{db}.{collection}") as fetcher:
             rows = tables(_prefetched(batches, fetcher))
             first = next(rows, None)
-            if first is not None:  # an empty collection gets no commit: its manifest says it is empty
+            if first is not None:  # an empty chunk gets no commit: the snapshot log records it
                 reader = pa.RecordBatchReader.from_batches(RAW_SCHEMA, _chain(first, rows))
-                source_lake.write_raw(source.rs, seq, f"{db}.{collection}", reader)
+                source_lake.write_chunk(source.rs, seq, chunk, reader)
     finally:
         batches.close()
-    progress.add(0, collection_done=True)
     return copied
 
 
@@ -239,7 +302,11 @@ def _chain(first: pa.RecordBatch, rest: Iterator[pa.RecordBatch]) -> Generator[p
     yield from rest
 
 
-def run_snapshot(
+class SnapshotIncompleteError(RuntimeError):
+    """Chunks of the snapshot are not copied yet: it cannot be committed."""
+
+
+def start_snapshot(
     client: MongoClient,
     config: SourceConfig,
     rs: str,
@@ -247,8 +314,10 @@ def run_snapshot(
     cluster: MongoClient | None = None,
     shard_id: str | None = None,
     only: Sequence[str] = (),
-) -> SnapshotResult:
-    """Copy every captured collection as ``op: r`` events and commit the pre-copy position.
+) -> SnapshotPlan:
+    """Record the position, split the collections into chunks and record the plan; or, when the
+    offset's running snapshot was asked for the same collections and can still be resumed (its plan
+    is in the lake, its position in the oplog), return that one's plan.
 
     ``snapshot.include.collection.list`` narrows the copy to the collections it matches; a replica
     set that already streams then keeps its position, like a re-snapshot of some collections.
@@ -263,6 +332,10 @@ def run_snapshot(
     """
     require_images(client, config, rs)
     stored = keeper.load_checked() or keeper.next_offset()
+    requested = tuple(sorted(only))
+    resumed = _resumable(client, keeper, stored, requested)
+    if resumed is not None:
+        return resumed
     streams = stored.snapshot_complete and stored.resume_token is not None and not stored.retired_at
     # With snapshot.include.collection.list the collections left out are only streamed: moving the
     # position to this copy would skip their events since the stored one, so it stays when it can.
@@ -272,83 +345,214 @@ def run_snapshot(
     )
     if only and not keeps_position:
         log.info("replica set %s has no streaming position to keep: snapshotting every collection", rs)
+        requested = ()
     # a shard that returns after being retired starts afresh, its batch numbers still increasing
     offset = replace(stored, retired_at="")
     token = current_position(client)
     cluster_time = token_cluster_time(token)
-    if keeps_position and only:
-        collections = sorted((db, coll) for db, _, coll in (name.partition(".") for name in only))
+    options = {f"{db}.{coll}": opts for db, coll, opts in captured_collection_options(client, config)}
+    if requested:
+        collections = [tuple(name.partition(".")[::2]) for name in requested]
     else:
-        captured = captured_collections(client, config)
-        collections = [(db, coll) for db, coll in captured if config.snapshots_collection(db, coll)]
-    seq = offset.batch_seq + 1
+        collections = [(db, coll) for db, coll in sorted(n.partition(".")[::2] for n in options)]
+        collections = [(db, coll) for db, coll in collections if config.snapshots_collection(db, coll)]
+    # Never a number an earlier, abandoned snapshot planned: its chunks' rows must not count.
+    seq = max(offset.batch_seq, keeper.lake.last_planned_seq(rs)) + 1
     # The manifest lets the transform drop the documents this copy no longer finds. A shard back
     # from retirement has none to drop: what it held before was all migrated to other shards, yet
     # still counts as its own (migrations emit no events). The running offset keeps the flag for a
     # retry of such a copy.
     back_from_retirement = bool(stored.retired_at) or stored.snapshot.get("back_from_retirement", False)
+    # The capture filter the stream covers once this snapshot is committed: the current one, unless
+    # collections it newly captures are left out of this copy (they are then copied by a later one).
+    new = set(newly_captured(client, config, stored)) if requested else set()
+    captured = config.capture_filter if new <= set(requested) else stored.snapshot.get("captured")
     snapshot_info = {
         "status": "running",
         "seq": seq,
         "cluster_time": cluster_time,
         "back_from_retirement": back_from_retirement,
+        "captured": captured,
     }
+    if requested:
+        snapshot_info["collections"] = list(requested)
     offset = keeper.commit(offset, snapshot=snapshot_info)
-    log.info("snapshot of %s: %d collections from position %s", rs, len(collections), token["_data"][:18])
-    source = SourceInfo(config.topic_prefix, rs)
-    progress = _Progress(len(collections))
-    result = SnapshotResult(seq=seq, cluster_time=cluster_time)
+    chunks: list[Chunk] = []
+    for db, coll in collections:
+        owned = owned_ranges(cluster, shard_id, db, coll) if cluster is not None else None
+        found = plan_chunks(client[db][coll], config.snapshot_chunk_size, owned, options.get(f"{db}.{coll}"))
+        # several chunks, or other shards' copies of a sharded collection, commit to one table at once
+        keeper.lake.prepare_raw_table(rs, seq, f"{db}.{coll}", concurrent=len(found) > 1 or owned is not None)
+        chunks.extend(found)
+    plan = SnapshotPlan(
+        rs=rs,
+        seq=seq,
+        resume_token=token,
+        cluster_time=cluster_time,
+        requested=requested,
+        keeps_position=keeps_position,
+        back_from_retirement=back_from_retirement,
+        started_at=dt.datetime.now(dt.timezone.utc).isoformat(),
+        collections=tuple(f"{db}.{coll}" for db, coll in collections),
+        chunks=tuple(chunks),
+    )
+    keeper.lake.record_plan(plan)
+    log.info(
+        "snapshot %d of %s: %d collections in %d chunks of up to %d documents, from position %s",
+        seq, rs, len(collections), len(chunks), config.snapshot_chunk_size, token["_data"][:18],
+    )  # fmt: skip
+    return plan
+
+
+def _resumable(
+    client: MongoClient, keeper: OffsetKeeper, stored: Offset, requested: tuple[str, ...]
+) -> SnapshotPlan | None:
+    """The offset's running snapshot, if it copies ``requested`` and can go on where it stopped."""
+    if stored.snapshot.get("status") != "running":
+        return None
+    plan = keeper.lake.snapshot_plan(keeper.rs, stored.snapshot["seq"])
+    if plan is None:  # it stopped before its plan was recorded
+        return None
+    if plan.requested != requested:
+        log.info(
+            "replica set %s: the unfinished snapshot %d copied %s, this one copies %s: starting anew",
+            keeper.rs, plan.seq, list(plan.requested) or "everything", list(requested) or "everything",
+        )  # fmt: skip
+        return None
+    if resume_position_lost(client, plan.resume_token):
+        log.warning("replica set %s: the unfinished snapshot %d's position has left the oplog: starting anew",
+                    keeper.rs, plan.seq)  # fmt: skip
+        return None
+    copied = keeper.lake.copied_chunks(keeper.rs, plan.seq)
+    log.info("replica set %s: resuming snapshot %d, %d of its %d chunks already copied",
+             keeper.rs, plan.seq, len(copied), len(plan.chunks))  # fmt: skip
+    return plan
+
+
+def copy_chunks(
+    client: MongoClient,
+    config: SourceConfig,
+    source_lake: SourceLake,
+    plan: SnapshotPlan,
+    chunks: Sequence[Chunk] | None = None,
+) -> dict[Chunk, int | None]:
+    """Copy the chunks of ``plan`` (``chunks``: only these) not copied yet, ``snapshot.max.threads``
+    at a time; the documents each one copied (None: landed by an attempt cut short before it
+    recorded them). The first failure stops the copy; what committed before stays committed."""
+    copied = source_lake.copied_chunks(plan.rs, plan.seq)
+    todo = [
+        chunk
+        for chunk in (plan.chunks if chunks is None else chunks)
+        if (chunk.namespace, chunk.index) not in copied
+    ]
+    name = f"snapshot {plan.seq} of {plan.rs}"
+    log.info(
+        "%s: copying %d chunks (%d of its %d chunks already copied)",
+        name,
+        len(todo),
+        len(copied),
+        len(plan.chunks),
+    )
+    progress = _Progress(name, todo)
+    source = SourceInfo(config.topic_prefix, plan.rs)
+
+    failed = threading.Event()
+
+    def copy(chunk: Chunk) -> int | None:
+        if failed.is_set():  # another chunk failed: start no more
+            return None
+        try:
+            documents: int | None = None
+            if source_lake.chunk_landed(plan.rs, plan.seq, chunk):
+                log.info("%s: chunk %s was committed by an earlier attempt", name, chunk.label)
+            else:
+                log.info("%s: copying chunk %s, %s", name, chunk.label, chunk.describe())
+                documents = _copy_chunk(
+                    client, config, source_lake, source, chunk, plan.seq, plan.cluster_time, progress
+                )
+            source_lake.record_copied(plan.rs, plan.seq, [(chunk, documents)])
+        except BaseException:
+            failed.set()
+            raise
+        progress.add(0, chunk_done=True)
+        return documents
+
     with ThreadPoolExecutor(max_workers=config.snapshot_max_threads, thread_name_prefix="snapshot") as pool:
-        futures = {
-            f"{db}.{coll}": pool.submit(
-                _copy_collection,
-                client,
-                config,
-                keeper.lake,
-                source,
-                db,
-                coll,
-                owned_ranges(cluster, shard_id, db, coll) if cluster is not None else None,
-                seq,
-                cluster_time,
-                progress,
-            )
-            for db, coll in collections
-        }
-        for namespace, future in futures.items():
-            result.documents[namespace] = future.result()
-    result.seconds = time.monotonic() - progress.started
-    copied = tuple(f"{db}.{coll}" for db, coll in collections)
-    position = (stored.resume_token, stored.cluster_time) if keeps_position else (token, cluster_time)
+        futures = {chunk: pool.submit(copy, chunk) for chunk in todo}
+    for future in futures.values():
+        if future.exception() is not None:
+            raise future.exception()  # type: ignore[misc]
+    return {chunk: future.result() for chunk, future in futures.items()}
+
+
+def commit_snapshot(keeper: OffsetKeeper, plan: SnapshotPlan) -> SnapshotResult:
+    """Commit the snapshot's batch (its manifest) and move the offset, once every chunk is copied."""
+    rs, seq = plan.rs, plan.seq
+    copied = keeper.lake.copied_chunks(rs, seq)
+    missing = [chunk for chunk in plan.chunks if (chunk.namespace, chunk.index) not in copied]
+    if missing:
+        named = ", ".join(chunk.label for chunk in missing[:5]) + (", …" if len(missing) > 5 else "")
+        raise SnapshotIncompleteError(
+            f"snapshot {seq} of replica set {rs}: {len(missing)} of its {len(plan.chunks)} chunks are not "
+            f"copied yet ({named}); "
+            "see the failed snapshot_copy tasks. Their retries, or the next run, copy only those chunks, "
+            "then commit the snapshot."
+        )
+    result = SnapshotResult(seq=seq, cluster_time=plan.cluster_time)
+    result.documents = {namespace: 0 for namespace in plan.collections}
+    with_rows: set[str] = set()
+    for (namespace, _), documents in copied.items():
+        result.documents[namespace] += documents or 0
+        if documents is None or documents:
+            with_rows.add(namespace)
+    result.seconds = (
+        dt.datetime.now(dt.timezone.utc) - dt.datetime.fromisoformat(plan.started_at)
+    ).total_seconds()
+    offset = keeper.load_checked() or keeper.next_offset()
+    if offset.snapshot.get("seq") == seq and offset.snapshot_complete:
+        return result  # a retry of a commit that went through
     batch = Batch(
         rs=rs,
         seq=seq,
         kind="snapshot",
-        resume_token=position[0],
-        cluster_time=position[1],
-        snapshot_cluster_time=cluster_time,
-        collections=None if back_from_retirement else copied,
-        namespaces=tuple(namespace for namespace, count in result.documents.items() if count),
-        open_transaction=stored.open_transaction if keeps_position else None,
+        resume_token=offset.resume_token if plan.keeps_position else plan.resume_token,
+        cluster_time=offset.cluster_time if plan.keeps_position else plan.cluster_time,
+        snapshot_cluster_time=plan.cluster_time,
+        collections=None if plan.back_from_retirement else plan.collections,
+        namespaces=tuple(namespace for namespace in plan.collections if namespace in with_rows),
+        open_transaction=offset.open_transaction if plan.keeps_position else None,
     )
     snapshot_info = {
         "status": "complete",
         "seq": seq,
-        "cluster_time": cluster_time,
+        "cluster_time": plan.cluster_time,
         "documents": result.total,
         "completed_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "captured": offset.snapshot.get("captured"),
     }
-    if keeps_position:
-        snapshot_info["collections"] = list(copied)
-    keeper.commit_batch(offset, batch, snapshot=snapshot_info)
+    if plan.keeps_position:
+        snapshot_info["collections"] = list(plan.collections)
+    keeper.commit_batch(replace(offset, retired_at=""), batch, snapshot=snapshot_info)
     log.info(
-        "snapshot of %s complete: %d documents in %.1fs (%.0f docs/s)",
-        rs,
-        result.total,
-        result.seconds,
-        result.total / max(result.seconds, 1e-9),
-    )
+        "snapshot %d of %s complete: %d documents in %d chunks, %.1fs since it started (%.0f docs/s)",
+        seq, rs, result.total, len(plan.chunks), result.seconds, result.total / max(result.seconds, 1e-9),
+    )  # fmt: skip
     return result
+
+
+def run_snapshot(
+    client: MongoClient,
+    config: SourceConfig,
+    rs: str,
+    keeper: OffsetKeeper,
+    cluster: MongoClient | None = None,
+    shard_id: str | None = None,
+    only: Sequence[str] = (),
+) -> SnapshotResult:
+    """The whole snapshot in this process (``start_snapshot``, ``copy_chunks``, ``commit_snapshot``)."""
+    plan = start_snapshot(client, config, rs, keeper, cluster, shard_id, only)
+    copy_chunks(client, config, keeper.lake, plan)
+    return commit_snapshot(keeper, plan)
 
 
 def start_without_snapshot(client: MongoClient, rs: str, keeper: OffsetKeeper) -> Offset:

@@ -1,8 +1,9 @@
 """DAGs per source YAML: this module only assembles them (the task bodies live in
 ``source_tasks`` and ``shard_sync``, the shard lifecycle in ``mongo_cdc.shard_lifecycle``).
 
-``mongo_cdc__<source>``: discover -> per-shard mapped group [snapshot -> pull] -> plan_transform
--> Spark transform -> summary. ``mongo_cdc_topology__<source>``: a sensor that triggers the CDC
+``mongo_cdc__<source>``: discover -> snapshot_start (per shard) -> snapshot_chunks -> snapshot_copy
+(per slice of chunks) -> per-shard mapped group [snapshot -> pull] -> plan_transform -> Spark
+transform -> summary. ``mongo_cdc_topology__<source>``: a sensor that triggers the CDC
 DAG as soon as shards are added to or removed from the cluster.
 """
 
@@ -24,7 +25,7 @@ from airflow.sdk import (
 from airflow.task.trigger_rule import TriggerRule
 
 from mongo_cdc.config import SourceConfig, SourceConfigError, load_sources, sources_dir
-from mongo_cdc_airflow import source_tasks
+from mongo_cdc_airflow import chunk_copy, source_tasks
 from mongo_cdc_airflow.assets import source_alias
 from mongo_cdc_airflow.params import resnapshot_params
 from mongo_cdc_airflow.sensors import ShardsChangedSensor
@@ -73,6 +74,20 @@ def build_cdc_dag(config: SourceConfig) -> DAG:
 
         @task(map_index_template="{{ shard_id }}")
         @sole_writer(config)
+        def snapshot_start(shard_entry: dict) -> dict:
+            return ShardSync(config, shard_entry).start()
+
+        # all_done here and below: a shard whose start or copy failed keeps the others going
+        @task(trigger_rule=TriggerRule.ALL_DONE)
+        def snapshot_chunks(shards: list[dict] | None) -> list[dict]:
+            return chunk_copy.chunk_slices(config, shards)
+
+        @task(map_index_template="{{ chunk_label }}")
+        def snapshot_copy(work: dict) -> dict:
+            return chunk_copy.copy_slice(config, work)
+
+        @task(map_index_template="{{ shard_id }}", trigger_rule=TriggerRule.ALL_DONE)
+        @sole_writer(config)
         def snapshot(shard_entry: dict) -> dict:
             return ShardSync(config, shard_entry).snapshot()
 
@@ -81,9 +96,17 @@ def build_cdc_dag(config: SourceConfig) -> DAG:
         def pull(shard_entry: dict, snapshot_result: dict) -> dict:
             return ShardSync(config, shard_entry).pull(snapshot_result)
 
+        shards = discover()
+        chunk_work = snapshot_chunks(shards)
+        snapshot_start.expand(shard_entry=shards) >> chunk_work
+        # Airflow cannot map a task inside a mapped group: the chunks' fan-out sits between the groups
+        copies = snapshot_copy.expand(work=chunk_work)
+
         @task_group
         def shard_sync(shard_entry: dict) -> dict:
-            return pull(shard_entry, snapshot(shard_entry))
+            committed = snapshot(shard_entry)
+            copies >> committed
+            return pull(shard_entry, committed)
 
         @task(trigger_rule=TriggerRule.ALL_DONE)
         def plan_transform() -> list[str]:
@@ -95,7 +118,6 @@ def build_cdc_dag(config: SourceConfig) -> DAG:
         def summary(shards: list[dict]) -> dict:
             return source_tasks.summary(config, shards)
 
-        shards = discover()
         spark_args = plan_transform()
         shard_sync.expand(shard_entry=shards) >> spark_args
         transform_task(config, SPARK_APP, spark_args) >> summary(shards)

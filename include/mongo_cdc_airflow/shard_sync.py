@@ -1,7 +1,9 @@
-"""One shard's work in a CDC run: the bodies of the mapped ``shard_sync.snapshot`` and ``shard_sync.pull``.
+"""One shard's work in a CDC run: the bodies of the mapped ``snapshot_start``, ``shard_sync.snapshot``
+and ``shard_sync.pull``.
 
 ``ShardSync`` carries out the ``shard_lifecycle.ShardPlan`` the core decides; the MongoDB clients
-come from ``MongoCdcHook``, the offset from its Variable.
+come from ``MongoCdcHook``, the offset from its Variable. A snapshot's chunks are copied in
+between, by the ``snapshot_copy`` tasks (``chunk_copy``).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import logging
 from collections.abc import Callable
 
 from airflow.sdk import get_current_context
+from airflow.sdk.exceptions import AirflowFailException
 from pymongo import MongoClient
 from pymongo.errors import ConnectionFailure
 
@@ -98,11 +101,15 @@ class ShardSync:
         return self.hook.shard_client(self.shard)
 
     def plan(self) -> ShardPlan:
-        from mongo_cdc.snapshot import resume_position_lost
+        from mongo_cdc.snapshot import newly_captured, resume_position_lost
 
         def position_lost(offset: Offset) -> bool:
             with self.client() as client:
                 return resume_position_lost(client, offset.resume_token)
+
+        def new_collections(offset: Offset) -> tuple[str, ...]:
+            with self.client() as client:
+                return newly_captured(client, self.config, offset)
 
         context = get_current_context()
         plan = plan_shard(
@@ -112,30 +119,43 @@ class ShardSync:
             snapshot_mode=self.config.snapshot_mode,
             resnapshot=resnapshot_request(context["dag_run"].conf, context["params"], backfill=False),
             position_lost=position_lost,
+            newly_captured=new_collections,
         )
         log.info("shard %s (replica set %s): %s", self.shard.id, self.shard.rs, plan.reason)
         return plan
 
-    def snapshot(self) -> dict:
-        """Copy what the plan says before streaming; the result carries the plan to the pull."""
-        from mongo_cdc.snapshot import run_snapshot, start_without_snapshot
+    def start(self) -> dict:
+        """What the plan says before the copy: record the snapshot's position and chunks (or find the
+        unfinished one to resume), start from now, or record the capture filter the stream goes on
+        with. The result carries the plan, and the chunks still to copy, to the next tasks."""
+        from mongo_cdc.snapshot import (
+            record_capture_filter,
+            skip_abandoned_snapshot,
+            start_snapshot,
+            start_without_snapshot,
+        )
 
         if is_backfill():
             log.info("backfill run: no snapshot, the pull completes the interval's history")
-            return {"documents": {}, "seconds": 0}
+            return {"plan": None, "snapshot": None}
         try:
             plan = self.plan()
-            result = {"documents": {}, "seconds": 0, "plan": plan.to_dict()}
+            result: dict = {"plan": plan.to_dict(), "snapshot": None}
             if plan.snapshot is None and not plan.start_from_now:
+                skip_abandoned_snapshot(self.keeper)
+                record_capture_filter(self.keeper, self.config)
                 return result
             with self.client() as client:
                 if plan.start_from_now:
                     start_without_snapshot(client, self.shard.rs, self.keeper)
-                elif self.shard.via_source:
-                    copied = run_snapshot(client, self.config, self.shard.rs, self.keeper, only=plan.snapshot)
+                    return result
+                if self.shard.via_source:
+                    started = start_snapshot(
+                        client, self.config, self.shard.rs, self.keeper, only=plan.snapshot
+                    )
                 else:
                     with self.hook.source_client() as cluster:
-                        copied = run_snapshot(
+                        started = start_snapshot(
                             client,
                             self.config,
                             self.shard.rs,
@@ -144,11 +164,46 @@ class ShardSync:
                             self.shard.id,
                             plan.snapshot,
                         )
-            if plan.snapshot is not None:
-                result.update(documents=copied.documents, seconds=round(copied.seconds, 3))
-            return result
         except ConnectionFailure as exc:
             raise unreachable(self.shard, exc) from None
+        copied = self.keeper.lake.copied_chunks(started.rs, started.seq)
+        missing = [chunk for chunk in started.chunks if (chunk.namespace, chunk.index) not in copied]
+        result["snapshot"] = {
+            "seq": started.seq,
+            "chunks": len(started.chunks),
+            "missing": [[chunk.namespace, chunk.index, chunk.count] for chunk in missing],
+        }
+        return result
+
+    def snapshot(self) -> dict:
+        """Commit the snapshot ``snapshot_start`` began once every chunk is copied; the result carries
+        the plan to the pull."""
+        from mongo_cdc.snapshot import SnapshotIncompleteError, commit_snapshot
+
+        if is_backfill():
+            return {"documents": {}, "seconds": 0}
+        ti = get_current_context()["ti"]
+        started = ti.xcom_pull(task_ids="snapshot_start", map_indexes=ti.map_index)
+        if started is None:
+            raise AirflowFailException(
+                f"shard {self.shard.id}: its snapshot_start task failed (see its log), so it is neither "
+                "snapshotted nor streamed in this run; the next run starts again"
+            )
+        result = {"documents": {}, "seconds": 0, "plan": started["plan"]}
+        if started["snapshot"] is None:
+            return result
+        plan = self.keeper.lake.snapshot_plan(self.shard.rs, started["snapshot"]["seq"])
+        if plan is None:
+            raise RuntimeError(
+                f"shard {self.shard.id}: snapshot {started['snapshot']['seq']} has no plan in the lake's "
+                "snapshot log: the lake was moved or edited since snapshot_start; run again"
+            )
+        try:
+            copied = commit_snapshot(self.keeper, plan)
+        except SnapshotIncompleteError as exc:  # retrying this task copies nothing: fail at once
+            raise AirflowFailException(str(exc)) from None
+        result.update(documents=copied.documents, seconds=round(copied.seconds, 3))
+        return result
 
     def pull(self, snapshot_result: dict) -> dict:
         """Stream until caught up (the plan permitting), then retire the offset of a shard that left."""
