@@ -44,7 +44,7 @@ class Row:
 
 def _measured(row: Row) -> str:
     if row.value is None:
-        return "unavailable"
+        return "unavailable" if row.unit else ""  # no unit: a ratio of two other rows
     digits = 1 if row.value < 100 else 0
     return f"{row.value:,.{digits}f} {row.unit}"
 
