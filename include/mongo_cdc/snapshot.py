@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import struct
 import threading
 import time
 from collections.abc import Generator, Iterator, Mapping, Sequence
@@ -22,11 +21,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import bson
 import pyarrow as pa
 from bson import _array_of_documents_to_buffer
 from bson.codec_options import CodecOptions
-from bson.errors import InvalidBSON
 from bson.raw_bson import _RAW_ARRAY_BSON_OPTIONS, RawBSONDocument
 from pymongo import MongoClient
 from pymongo.collection import Collection
@@ -36,7 +33,6 @@ from pymongo.errors import OperationFailure
 from mongo_cdc.capture_modes import captured_collection_options, require_images
 from mongo_cdc.config import SourceConfig
 from mongo_cdc.events import SnapshotColumns, SourceInfo, token_cluster_time
-from mongo_cdc.extjson import DECODE_OPTIONS
 from mongo_cdc.lake import RAW_SCHEMA
 from mongo_cdc.landing import Batch, SourceLake
 from mongo_cdc.offsets import Offset, OffsetKeeper
@@ -45,14 +41,9 @@ from mongo_cdc.topology import OwnedRanges, owned_ranges
 
 log = logging.getLogger(__name__)
 
-# Rows per Arrow batch handed to delta-rs: memory stays flat whatever the collection's size...
+# Rows per Arrow batch handed to delta-rs at most; a batch never spans two server batches, so the
+# BSON behind it is at most one reply (16 MiB).
 ROW_GROUP_ROWS = 50_000
-# ...and, for large documents, a cap on the BSON bytes behind one batch (cut early at this size).
-ROW_GROUP_BYTES = 64 * 1024 * 1024
-# Documents decoded at a time: few enough that they are freed before the cyclic GC looks at them.
-# (Decoding a whole 16 MB batch keeps ~100k dicts alive and the GC passes over them cost ~3x the decode.)
-DECODE_CHUNK = 64
-_document_size = struct.Struct("<i").unpack_from
 PROGRESS_INTERVAL_S = 10.0
 
 
@@ -185,41 +176,22 @@ def _copy_collection(
 ) -> int:
     """Copy one collection into its raw table as one commit of batch ``seq``: the snapshot's hot loop.
 
-    Batches arrive as raw BSON (no per-document cursor objects); each document's bytes land as they
-    are, and only its ``_id`` is needed decoded (``DECODE_CHUNK`` documents at a time). delta-rs
-    writes the Parquet files while the next Arrow batch is built; a batch holds ``ROW_GROUP_ROWS``
-    rows, fewer when its documents reach ``ROW_GROUP_BYTES``.
+    Batches arrive as raw BSON (no per-document cursor objects) and become Arrow batches of at most
+    ``ROW_GROUP_ROWS`` rows without decoding a document (``events.SnapshotColumns``).
     """
     block = source.block(db, collection, cluster_time, (cluster_time >> 32) * 1000, snapshot=True)
-    buffer = SnapshotColumns(block, cluster_time, seq, config.field_filters.for_collection(db, collection))
+    fields = config.field_filters.for_collection(db, collection)
+    columns = SnapshotColumns(block, cluster_time, seq, fields, max_rows=ROW_GROUP_ROWS)
     batches = _raw_batches(client[db].get_collection(collection), config.snapshot_fetch_size, owned)
     copied = 0
 
     def tables(prefetched: Iterator[bytes]) -> Generator[pa.RecordBatch, None, None]:
         nonlocal copied
-        group_bytes = 0
         for batch in prefetched:
-            view, pos, end = memoryview(batch), 0, len(batch)
-            while pos < end:
-                start, room, raw = pos, min(DECODE_CHUNK, ROW_GROUP_ROWS - len(buffer)), []
-                while room and pos < end:
-                    size = _document_size(batch, pos)[0]
-                    raw.append(batch[pos : pos + size])
-                    pos += size
-                    room -= 1
-                if not start < pos <= end:
-                    raise InvalidBSON(f"bad document length in a batch of {db}.{collection}")
-                buffer.extend(bson.decode_all(view[start:pos], DECODE_OPTIONS), raw)
-                group_bytes += pos - start
-                if len(buffer) >= ROW_GROUP_ROWS or group_bytes >= ROW_GROUP_BYTES:
-                    copied += len(buffer)
-                    progress.add(len(buffer))
-                    yield from buffer.take_table().to_batches()
-                    group_bytes = 0
-        if len(buffer):
-            copied += len(buffer)
-            progress.add(len(buffer))
-            yield from buffer.take_table().to_batches()
+            for rows in columns.record_batches(batch):
+                copied += rows.num_rows
+                progress.add(rows.num_rows)
+                yield rows
 
     try:
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"snapshot-{db}.{collection}") as fetcher:
