@@ -18,7 +18,6 @@ from typing import Any
 import bson
 import pyarrow as pa
 import pyarrow.compute as pc
-from bson.codec_options import CodecOptions
 from bson.errors import InvalidBSON
 from bson.raw_bson import RawBSONDocument
 
@@ -30,24 +29,12 @@ from mongo_cdc.lake import RAW_SCHEMA, hour_partition, pack_cluster_time
 CONNECTOR = "mongodb"
 VERSION = f"mongo-cdc-{__version__}"
 
-# How a pull reads change events (``streaming.watch_raw``): as RawBSONDocuments, so documents land
-# as the server's bytes (never decoded into dicts and encoded again); dates the way extjson wants.
-RAW_EVENT_OPTIONS: CodecOptions = DECODE_OPTIONS.with_options(document_class=RawBSONDocument)
-
 # change-stream operationType -> Debezium op
 DATA_OPERATIONS = {"insert": "c", "update": "u", "replace": "u", "delete": "d"}
 
 
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
-
-
-def decoded(value: Any) -> Any:
-    """A value of a change event as plain Python: a ``RawBSONDocument`` (events are read raw, see
-    ``streaming``) decoded like any document, anything else as it is."""
-    if isinstance(value, RawBSONDocument):
-        return bson.decode(value.raw, DECODE_OPTIONS)
-    return value
 
 
 def bson_bytes(document: Any) -> bytes:
@@ -126,11 +113,11 @@ def change_rows(
     before_document = change.get("fullDocumentBeforeChange")
     description = change.get("updateDescription")
     if fields is not None:
-        full_document = fields.document(decoded(full_document)) if full_document is not None else None
-        before_document = fields.document(decoded(before_document)) if before_document is not None else None
-        description = fields.update_description(decoded(description)) if description is not None else None
+        full_document = fields.document(full_document) if full_document is not None else None
+        before_document = fields.document(before_document) if before_document is not None else None
+        description = fields.update_description(description) if description is not None else None
     row = {
-        "key": extjson.document_key(decoded(change["documentKey"]["_id"])),
+        "key": extjson.document_key(change["documentKey"]["_id"]),
         "op": op,
         "ts_ms": now_ms(),
         "before": bson_bytes(before_document) if before_document is not None else None,
@@ -142,7 +129,7 @@ def change_rows(
             cluster_time,
             source_ts_ms,
             snapshot=False,
-            lsid=extjson.encode_str(decoded(lsid)) if lsid is not None else None,
+            lsid=extjson.encode_str(lsid) if lsid is not None else None,
             txn_number=int(txn_number) if txn_number is not None else None,
             wall_time=int(wall) if wall is not None else None,
         ),

@@ -31,21 +31,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pymongo import MongoClient
-from pymongo.change_stream import ClusterChangeStream
 from pymongo.errors import ConnectionFailure, CursorNotFound, OperationFailure, PyMongoError
 
 from mongo_cdc.capture_modes import require_images, watch_options
 from mongo_cdc.collection_events import collection_row, rename_namespaces, renamed_collection_reads
 from mongo_cdc.config import SourceConfig
-from mongo_cdc.events import (
-    DATA_OPERATIONS,
-    RAW_EVENT_OPTIONS,
-    SourceInfo,
-    change_rows,
-    decoded,
-    rows_to_table,
-    token_cluster_time,
-)
+from mongo_cdc.events import DATA_OPERATIONS, SourceInfo, change_rows, rows_to_table, token_cluster_time
 from mongo_cdc.heartbeats import Heartbeats
 from mongo_cdc.lake import DROP, RENAME, TRANSACTION_DIR, pack_cluster_time
 from mongo_cdc.landing import Batch
@@ -184,7 +175,6 @@ def _land(
 ) -> Offset:
     """Land one micro-batch (a commit per raw table, plus its transaction records), then commit it with
     its resume token (``landing``)."""
-    token = decoded(token)
     seq = offset.batch_seq + 1
     groups = rows_by_collection(batch.rows)
     for namespace, rows in groups.items():
@@ -208,37 +198,6 @@ def _land(
     )
     transactions.landed()
     return committed
-
-
-def watch_raw(client: MongoClient, options: dict[str, Any]) -> ClusterChangeStream:
-    """``client.watch(**options)`` whose events are ``RawBSONDocument``s (``events.RAW_EVENT_OPTIONS``).
-
-    The documents in an event are then the server's bytes, landed as they are; only the small
-    parts a row needs are decoded. ``MongoClient.watch`` builds its stream the same way on the
-    client's admin database, with the client's own codec.
-    """
-    unknown = set(options) - {
-        "pipeline", "full_document", "resume_after", "max_await_time_ms", "batch_size", "start_after",
-        "full_document_before_change",
-    }  # fmt: skip
-    if unknown:
-        raise TypeError(f"watch_raw does not take {sorted(unknown)}")
-    admin = client.get_database("admin", codec_options=RAW_EVENT_OPTIONS)
-    stream = ClusterChangeStream(
-        admin,
-        options.get("pipeline"),
-        options.get("full_document"),
-        options.get("resume_after"),
-        options.get("max_await_time_ms"),
-        options.get("batch_size"),
-        None,  # collation
-        None,  # start_at_operation_time
-        None,  # session
-        options.get("start_after"),
-        full_document_before_change=options.get("full_document_before_change"),
-    )
-    stream._initialize_cursor()
-    return stream
 
 
 def stream_options(config: SourceConfig, offset: Offset) -> dict[str, Any]:
@@ -313,7 +272,7 @@ class _ChangeReader:
         if self.start_after is not None:
             del options["resume_after"]
             options["start_after"] = self.start_after
-        with watch_raw(self.client, options) as stream:
+        with self.client.watch(**options) as stream:
             opened_with_primary = self.client.primary
             # the primary is checked at every getMore's worth of events and whenever the stream idles
             unchecked = 0
@@ -354,7 +313,7 @@ class _ChangeReader:
                         continue
                 if fragments.pending:  # the rest of a split event is on its way
                     continue
-                token = decoded(stream.resume_token)
+                token = stream.resume_token
                 # The stream has shown everything up to here, and a transaction shows whole: any
                 # transaction still open is over.
                 self.transactions.finish()
