@@ -24,6 +24,7 @@ pull's result (Debezium's ``NumberOfDisconnects`` / ``NumberOfPrimaryElections``
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -125,7 +126,8 @@ class MicroBatch:
     """Events read but not landed yet, with their counts: a reopened stream reads them again."""
 
     def __init__(self) -> None:
-        self.rows: list[dict[str, Any]] = []
+        # raw rows by the raw table they land in: <db>.<collection>
+        self.rows: dict[str, list[dict[str, Any]]] = defaultdict(list)
         self.events = 0
         self.events_by_op: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         self.ignored_operations: dict[str, int] = defaultdict(int)
@@ -138,7 +140,7 @@ class MicroBatch:
         self.copy_position = 0
 
     def add(self, namespace: str, op: str, rows: list[dict[str, Any]], events: int = 1) -> None:
-        self.rows.extend(rows)
+        self.rows[namespace].extend(rows)
         self.events += events
         self.events_by_op[namespace][op] += events
         ts_ms = rows[0]["source"]["ts_ms"]
@@ -156,15 +158,6 @@ def last_applied(client: MongoClient) -> int:
     return pack_cluster_time(applied.time, applied.inc)
 
 
-def rows_by_collection(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    """Raw rows grouped by the raw table they land in: ``<db>.<collection>``."""
-    groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for row in rows:
-        source = row["source"]
-        groups[f"{source['db']}.{source['collection']}"].append(row)
-    return groups
-
-
 def _land(
     keeper: OffsetKeeper,
     offset: Offset,
@@ -176,8 +169,7 @@ def _land(
     """Land one micro-batch (a commit per raw table, plus its transaction records), then commit it with
     its resume token (``landing``)."""
     seq = offset.batch_seq + 1
-    groups = rows_by_collection(batch.rows)
-    for namespace, rows in groups.items():
+    for namespace, rows in batch.rows.items():
         keeper.lake.write_raw(rs, seq, namespace, rows_to_table(rows, seq))
     records = transactions.batch_table(seq)
     if records is not None:
@@ -192,7 +184,7 @@ def _land(
             cluster_time=token_cluster_time(token),
             snapshot_cluster_time=batch.copy_position if batch.copied else None,
             collections=batch.copied or None,
-            namespaces=tuple(sorted(groups)),
+            namespaces=tuple(sorted(batch.rows)),
             open_transaction=transactions.state(),
         ),
     )
@@ -229,6 +221,80 @@ def _is_transient(exc: PyMongoError) -> bool:
 
 def _address(address: tuple[str, int]) -> str:
     return f"{address[0]}:{address[1]}"
+
+
+@dataclass(frozen=True)
+class Idle:
+    """An empty read of the change stream, and the stream's resume token then (its post-batch token)."""
+
+    token: dict
+
+
+class EventFeed:
+    """A change stream read on a thread of its own: the next getMore runs while events are landed.
+
+    ``take`` returns the events read since the last call (in order), or ``Idle`` after an empty
+    read, or raises what reading raised. After an empty read the thread waits for ``resume``, so
+    a pull that has caught up leaves no read in flight. At most ``limit`` events wait at a time.
+    """
+
+    def __init__(self, stream: Any, limit: int) -> None:
+        self._stream = stream
+        self._limit = limit
+        self._changed = threading.Condition()
+        self._events: list[dict] = []
+        self._idle: Idle | None = None
+        self._error: BaseException | None = None
+        self._stopped = False
+        self._thread = threading.Thread(target=self._read, name="change-stream", daemon=True)
+
+    def __enter__(self) -> EventFeed:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with self._changed:
+            self._stopped = True
+            self._changed.notify_all()
+        self._thread.join()  # before the stream closes: it is not to be used by two threads at once
+
+    def _read(self) -> None:
+        stream, changed = self._stream, self._changed
+        try:
+            while True:
+                change = stream.try_next()
+                with changed:
+                    if change is None:
+                        self._idle = Idle(stream.resume_token)
+                    else:
+                        self._events.append(change)
+                    changed.notify_all()
+                    while not self._stopped and (self._idle is not None or len(self._events) >= self._limit):
+                        changed.wait()
+                    if self._stopped:
+                        return
+        except BaseException as exc:  # raised by take(), in the pull's thread
+            with changed:
+                self._error = exc
+                changed.notify_all()
+
+    def take(self) -> list[dict] | Idle:
+        with self._changed:
+            while not self._events and self._idle is None and self._error is None:
+                self._changed.wait()
+            if self._events:
+                events, self._events = self._events, []
+                self._changed.notify_all()
+                return events
+            if self._idle is not None:
+                return self._idle
+            raise self._error  # type: ignore[misc]
+
+    def resume(self) -> None:
+        """Read on after an empty read."""
+        with self._changed:
+            self._idle = None
+            self._changed.notify_all()
 
 
 class _ChangeReader:
@@ -272,48 +338,57 @@ class _ChangeReader:
         if self.start_after is not None:
             del options["resume_after"]
             options["start_after"] = self.start_after
-        with self.client.watch(**options) as stream:
+        with (
+            self.client.watch(**options) as stream,
+            EventFeed(stream, 2 * self.config.max_batch_size) as feed,
+        ):
             opened_with_primary = self.client.primary
-            # the primary is checked at every getMore's worth of events and whenever the stream idles
-            unchecked = 0
             while True:
-                change = stream.try_next()
+                read = feed.take()
                 self.failures = 0
-                self.progress.read(change, self.offset)
-                unchecked += 1
-                if change is None or unchecked >= self.config.max_batch_size:
-                    unchecked = 0
-                    if self._primary_moved_since(opened_with_primary):
-                        return False
-                if change is not None:
-                    change = fragments.add(change)
-                    if change is None:
-                        continue
-                    if change["operationType"] == "invalidate":
-                        log.warning("replica set %s: change stream invalidated; reopening after it", self.rs)
-                        self._land_read(batch)
-                        self.start_after = change["_id"]
-                        return False
-                    if change["operationType"] == RENAME:
-                        self._land_read(batch)
-                        batch = self._rename_batch(change)
+                self.progress.read(read, self.offset)
+                # once per getMore's worth of events (or an empty read), not per event
+                if self._primary_moved_since(opened_with_primary):
+                    return False
+                if isinstance(read, Idle):
+                    token = read.token
+                else:
+                    for change in read:
+                        change = fragments.add(change)
+                        if change is None:
+                            continue
+                        if change["operationType"] == "invalidate":
+                            log.warning(
+                                "replica set %s: change stream invalidated; reopening after it", self.rs
+                            )
+                            self._land_read(batch)
+                            self.start_after = change["_id"]
+                            return False
+                        if change["operationType"] == RENAME:
+                            self._land_read(batch)
+                            batch = self._rename_batch(change)
+                        else:
+                            collect_change(change, self.config, self.source, batch, self.transactions)
+                        batch.last_token = change["_id"]
+                        # strictly past the target: more events of one transaction share its cluster
+                        # time (and an open transaction's END has to land with it)
+                        caught_up = (
+                            token_cluster_time(change["_id"]) > self.target
+                            and not self.transactions.in_transaction
+                        )
+                        if batch.events >= self.config.max_batch_size or (
+                            caught_up and self._has_news(batch)
+                        ):
+                            self._land(batch, change["_id"])
+                            batch = MicroBatch()
+                        if caught_up:
+                            break
                     else:
-                        collect_change(change, self.config, self.source, batch, self.transactions)
-                    batch.last_token = change["_id"]
-                    # strictly past the target: more events of one transaction share its cluster time
-                    # (and an open transaction's END has to land with it)
-                    caught_up = (
-                        token_cluster_time(change["_id"]) > self.target
-                        and not self.transactions.in_transaction
-                    )
-                    if batch.events >= self.config.max_batch_size or (caught_up and self._has_news(batch)):
-                        self._land(batch, change["_id"])
-                        batch = MicroBatch()
-                    if not caught_up:
-                        continue
+                        continue  # every event read is below the target: read on
+                    token = change["_id"]
                 if fragments.pending:  # the rest of a split event is on its way
+                    feed.resume()
                     continue
-                token = stream.resume_token
                 # The stream has shown everything up to here, and a transaction shows whole: any
                 # transaction still open is over.
                 self.transactions.finish()
@@ -340,6 +415,7 @@ class _ChangeReader:
                         )
                     self.heartbeats.beat(self.offset)
                     return True
+                feed.resume()
 
     def _has_news(self, batch: MicroBatch) -> bool:
         """Whether there is anything to land: events, or transaction records (an END alone)."""
