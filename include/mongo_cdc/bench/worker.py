@@ -15,6 +15,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+# imported before any clock starts, like everything else a path needs: deltalake imports it on
+# first use, and a task's import time is not landing speed
+import pyarrow.dataset  # noqa: F401
 from bson import CodecOptions
 from bson.raw_bson import RawBSONDocument
 from pymongo import MongoClient
