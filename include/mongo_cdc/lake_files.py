@@ -138,7 +138,10 @@ class _TableFiles:
     def abandon(self) -> None:
         """Close the open files after a failure; uncommitted, they are never part of the table."""
         for data_file in self.open.values():
-            data_file.sink.close()
+            try:
+                data_file.writer.close()
+            finally:
+                data_file.sink.close()
         self.open = {}
 
 
