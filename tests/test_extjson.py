@@ -312,3 +312,15 @@ def test_snapshot_rows_equal_documents_encoded_one_by_one(replica_set, db_name, 
     assert all(v is None for name in ("before", "updateDescription") for v in table.column(name).to_pylist())
     nan_row = bson.decode(expected[extjson.document_key(OID)])
     assert math.isnan(nan_row["nan"])
+
+
+def test_raw_batch_replies_are_cut_without_decoding_their_batch():
+    batch = [{"_id": i, "v": "x" * i} for i in range(3)]
+    reply = {"cursor": {"nextBatch": batch, "id": Int64(7), "ns": "db.c"}, "ok": 1.0}
+    small, array, key = snapshot._without_batch(memoryview(bson.encode(reply)))
+    assert key == "nextBatch"
+    assert bson.decode(small) == {"cursor": {"nextBatch": [], "id": 7, "ns": "db.c"}, "ok": 1.0}
+    assert bson._array_of_documents_to_buffer(array) == b"".join(bson.encode(d) for d in batch)
+    # a type the walk does not know (a regex): pymongo's own unpacking takes the reply
+    odd = {"note": Regex("^x"), **reply}
+    assert snapshot._without_batch(memoryview(bson.encode(odd))) is None
