@@ -24,7 +24,6 @@ pull's result (Debezium's ``NumberOfDisconnects`` / ``NumberOfPrimaryElections``
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -223,78 +222,21 @@ def _address(address: tuple[str, int]) -> str:
     return f"{address[0]}:{address[1]}"
 
 
-@dataclass(frozen=True)
-class Idle:
-    """An empty read of the change stream, and the stream's resume token then (its post-batch token)."""
+def read_events(stream: Any, limit: int) -> tuple[list[dict], dict | None]:
+    """The next events of ``stream``, up to ``limit`` (a getMore's worth: the stream's batch size),
+    and, when the stream ran out of events, its resume token then (its post-batch token).
 
-    token: dict
-
-
-class EventFeed:
-    """A change stream read on a thread of its own: the next getMore runs while events are landed.
-
-    ``take`` returns the events read since the last call (in order), or ``Idle`` after an empty
-    read, or raises what reading raised. After an empty read the thread waits for ``resume``, so
-    a pull that has caught up leaves no read in flight. At most ``limit`` events wait at a time.
+    The pull's per-read work (progress, the primary check) is done once per call, not per event.
+    (Reading on a second thread, to overlap the server's next batch with landing this one, was
+    slower: the two threads mostly waited for each other's GIL.)
     """
-
-    def __init__(self, stream: Any, limit: int) -> None:
-        self._stream = stream
-        self._limit = limit
-        self._changed = threading.Condition()
-        self._events: list[dict] = []
-        self._idle: Idle | None = None
-        self._error: BaseException | None = None
-        self._stopped = False
-        self._thread = threading.Thread(target=self._read, name="change-stream", daemon=True)
-
-    def __enter__(self) -> EventFeed:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        with self._changed:
-            self._stopped = True
-            self._changed.notify_all()
-        self._thread.join()  # before the stream closes: it is not to be used by two threads at once
-
-    def _read(self) -> None:
-        stream, changed = self._stream, self._changed
-        try:
-            while True:
-                change = stream.try_next()
-                with changed:
-                    if change is None:
-                        self._idle = Idle(stream.resume_token)
-                    else:
-                        self._events.append(change)
-                    changed.notify_all()
-                    while not self._stopped and (self._idle is not None or len(self._events) >= self._limit):
-                        changed.wait()
-                    if self._stopped:
-                        return
-        except BaseException as exc:  # raised by take(), in the pull's thread
-            with changed:
-                self._error = exc
-                changed.notify_all()
-
-    def take(self) -> list[dict] | Idle:
-        with self._changed:
-            while not self._events and self._idle is None and self._error is None:
-                self._changed.wait()
-            if self._events:
-                events, self._events = self._events, []
-                self._changed.notify_all()
-                return events
-            if self._idle is not None:
-                return self._idle
-            raise self._error  # type: ignore[misc]
-
-    def resume(self) -> None:
-        """Read on after an empty read."""
-        with self._changed:
-            self._idle = None
-            self._changed.notify_all()
+    events: list[dict] = []
+    while len(events) < limit:
+        change = stream.try_next()
+        if change is None:
+            return events, stream.resume_token
+        events.append(change)
+    return events, None
 
 
 class _ChangeReader:
@@ -338,56 +280,43 @@ class _ChangeReader:
         if self.start_after is not None:
             del options["resume_after"]
             options["start_after"] = self.start_after
-        with (
-            self.client.watch(**options) as stream,
-            EventFeed(stream, 2 * self.config.max_batch_size) as feed,
-        ):
+        with self.client.watch(**options) as stream:
             opened_with_primary = self.client.primary
             while True:
-                read = feed.take()
+                events, idle_token = read_events(stream, self.config.max_batch_size)
                 self.failures = 0
-                self.progress.read(read, self.offset)
-                # once per getMore's worth of events (or an empty read), not per event
+                self.progress.read(events, self.offset)
                 if self._primary_moved_since(opened_with_primary):
                     return False
-                if isinstance(read, Idle):
-                    token = read.token
-                else:
-                    for change in read:
-                        change = fragments.add(change)
-                        if change is None:
-                            continue
-                        if change["operationType"] == "invalidate":
-                            log.warning(
-                                "replica set %s: change stream invalidated; reopening after it", self.rs
-                            )
-                            self._land_read(batch)
-                            self.start_after = change["_id"]
-                            return False
-                        if change["operationType"] == RENAME:
-                            self._land_read(batch)
-                            batch = self._rename_batch(change)
-                        else:
-                            collect_change(change, self.config, self.source, batch, self.transactions)
-                        batch.last_token = change["_id"]
-                        # strictly past the target: more events of one transaction share its cluster
-                        # time (and an open transaction's END has to land with it)
-                        caught_up = (
-                            token_cluster_time(change["_id"]) > self.target
-                            and not self.transactions.in_transaction
-                        )
-                        if batch.events >= self.config.max_batch_size or (
-                            caught_up and self._has_news(batch)
-                        ):
-                            self._land(batch, change["_id"])
-                            batch = MicroBatch()
-                        if caught_up:
-                            break
+                token = idle_token
+                for change in events:
+                    change = fragments.add(change)
+                    if change is None:
+                        continue
+                    if change["operationType"] == "invalidate":
+                        log.warning("replica set %s: change stream invalidated; reopening after it", self.rs)
+                        self._land_read(batch)
+                        self.start_after = change["_id"]
+                        return False
+                    if change["operationType"] == RENAME:
+                        self._land_read(batch)
+                        batch = self._rename_batch(change)
                     else:
-                        continue  # every event read is below the target: read on
-                    token = change["_id"]
-                if fragments.pending:  # the rest of a split event is on its way
-                    feed.resume()
+                        collect_change(change, self.config, self.source, batch, self.transactions)
+                    batch.last_token = change["_id"]
+                    # strictly past the target: more events of one transaction share its cluster
+                    # time (and an open transaction's END has to land with it)
+                    caught_up = (
+                        token_cluster_time(change["_id"]) > self.target
+                        and not self.transactions.in_transaction
+                    )
+                    if batch.events >= self.config.max_batch_size or (caught_up and self._has_news(batch)):
+                        self._land(batch, change["_id"])
+                        batch = MicroBatch()
+                    if caught_up:
+                        token = change["_id"]
+                        break
+                if token is None or fragments.pending:  # more to read, or the rest of a split event
                     continue
                 # The stream has shown everything up to here, and a transaction shows whole: any
                 # transaction still open is over.
@@ -415,7 +344,6 @@ class _ChangeReader:
                         )
                     self.heartbeats.beat(self.offset)
                     return True
-                feed.resume()
 
     def _has_news(self, batch: MicroBatch) -> bool:
         """Whether there is anything to land: events, or transaction records (an END alone)."""
