@@ -126,7 +126,12 @@ class _TableFiles:
         directory = (f"{self.partition}={value}",) if self.partition else ()
         name = f"part-{uuid.uuid4()}.snappy.parquet"
         sink = self.location.open_output(*self.table_path, *directory, name)
-        writer = pq.ParquetWriter(sink, self.file_schema, compression="snappy", use_dictionary=False)
+        # Parquet statistics only where Delta gets them too: computing them over 4 KB documents
+        # costs time and says nothing a reader filters on
+        statistics = [field.name for field in self.file_schema if _has_min_max(field.type)]
+        writer = pq.ParquetWriter(
+            sink, self.file_schema, compression="snappy", use_dictionary=False, write_statistics=statistics
+        )
         partition = {self.partition: value} if self.partition else {}
         return _File("/".join((*directory, name)), partition, sink, writer)
 
