@@ -196,11 +196,12 @@ def test_snapshot_columns_build_the_rows_of_the_documents_one_by_one():
     block = SourceInfo("p", "rs0").block("db", "coll", cluster_time, 5000, snapshot=True)
     raw = [bson.encode(document) for document in _snapshot_documents()]
     documents = [bson.decode(data, extjson.DECODE_OPTIONS) for data in raw]
-    buffer = SnapshotColumns(block, cluster_time, 9)
-    buffer.extend(documents[:100], raw[:100])
-    buffer.extend(documents[100:], raw[100:])
-    assert len(buffer) == len(documents)
-    batched = buffer.take_table()
+    buffer = SnapshotColumns(block, cluster_time, 9, max_rows=1_000)
+    # _ids of every type (keys decoded one by one), then ObjectIds only (keys built in bulk)
+    first = list(buffer.record_batches(b"".join(raw[:100])))
+    rest = list(buffer.record_batches(b"".join(raw[100:])))
+    assert [batch.num_rows for batch in first + rest] == [100, 1_000, 1_000, 444]
+    batched = pa.Table.from_batches(first + rest)
     one_by_one = rows_to_table(
         [
             {
@@ -218,7 +219,14 @@ def test_snapshot_columns_build_the_rows_of_the_documents_one_by_one():
     assert batched.schema == one_by_one.schema == RAW_SCHEMA
     assert batched.drop_columns(["ts_ms"]).equals(one_by_one.drop_columns(["ts_ms"]))
     assert batched.column("after").to_pylist() == raw  # the server's own bytes, not re-encoded
-    assert len(buffer) == 0 and buffer.take_table().num_rows == 0
+
+
+def test_snapshot_columns_refuse_a_batch_with_a_bad_document_length():
+    block = SourceInfo("p", "rs0").block("db", "coll", 5 << 32 | 1, 5000, snapshot=True)
+    data = bson.encode({"_id": OID})
+    for damaged in (data + data[:3], data + b"\x00\x00\x00\x00" + data, data[:-1]):
+        with pytest.raises(bson.errors.InvalidBSON, match="bad document length"):
+            list(SnapshotColumns(block, 5 << 32 | 1, 1).record_batches(damaged))
 
 
 def test_snapshot_columns_re_encode_only_documents_of_collections_with_field_rules():
@@ -226,9 +234,9 @@ def test_snapshot_columns_re_encode_only_documents_of_collections_with_field_rul
     block = SourceInfo("p", "rs0").block("db", "coll", 5 << 32 | 1, 5000, snapshot=True)
     document = {"_id": 1, "secret": "x", "kept": {"$numberLong": "5"}}
     buffer = SnapshotColumns(block, 5 << 32 | 1, 1, rules)
-    buffer.extend([decoded(document)], [bson.encode(document)])
-    [after] = buffer.take_table().column("after").to_pylist()
-    assert bson.decode(after) == {"_id": 1, "kept": {"$numberLong": "5"}}
+    [rows] = buffer.record_batches(bson.encode(document))
+    assert rows.column("after").to_pylist() == [bson.encode({"_id": 1, "kept": {"$numberLong": "5"}})]
+    assert rows.column("key").to_pylist() == ['{"id":"1"}']
 
 
 class BatchSizes:
@@ -252,10 +260,8 @@ class BatchSizes:
 
 
 def test_snapshot_rows_equal_documents_encoded_one_by_one(replica_set, db_name, tmp_path, monkeypatch):
-    # small groups, chunks and batches so every boundary of the hot loop is crossed
-    monkeypatch.setattr(snapshot, "ROW_GROUP_ROWS", 1_000)
-    monkeypatch.setattr(snapshot, "ROW_GROUP_BYTES", 250_000)
-    monkeypatch.setattr(snapshot, "DECODE_CHUNK", 7)
+    # small record batches and server batches so every boundary of the hot loop is crossed
+    monkeypatch.setattr(snapshot, "ROW_GROUP_ROWS", 100)
     handed_over = BatchSizes(monkeypatch)
     documents = _snapshot_documents()
     with replica_set.client(datetime_conversion=DatetimeConversion.DATETIME_MS) as client:
@@ -283,10 +289,9 @@ def test_snapshot_rows_equal_documents_encoded_one_by_one(replica_set, db_name, 
     assert table_if_exists(source_lake.raw_uri(f"{db_name}.nothing"), {}) is None
     [manifest] = [batch.manifest for batch in source_lake.batches() if batch.manifest is not None]
     assert set(manifest.collections) == {f"{db_name}.nothing", f"{db_name}.things"}
-    # the Arrow batches handed to delta-rs: memory stays bounded by rows and by bytes
-    assert max(handed_over.sizes) <= 1_000 and sum(handed_over.sizes) == len(documents)
-    assert handed_over.sizes[0] < 1_000  # the big document closed the first batch early (byte cap)
-    assert all(rows == 1_000 for rows in handed_over.sizes[1:-1])
+    # the Arrow batches handed to delta-rs: at most ROW_GROUP_ROWS rows of one server batch (333 rows)
+    assert max(handed_over.sizes) <= 100 and sum(handed_over.sizes) == len(documents)
+    assert handed_over.sizes[:5] == [100, 100, 100, 33, 100]  # replies of snapshot.fetch.size (333)
     things = DeltaTable(source_lake.raw_uri(f"{db_name}.things"))
     assert things.version() == 0  # the whole copy is one commit
     for uri in things.file_uris():
@@ -307,3 +312,15 @@ def test_snapshot_rows_equal_documents_encoded_one_by_one(replica_set, db_name, 
     assert all(v is None for name in ("before", "updateDescription") for v in table.column(name).to_pylist())
     nan_row = bson.decode(expected[extjson.document_key(OID)])
     assert math.isnan(nan_row["nan"])
+
+
+def test_raw_batch_replies_are_cut_without_decoding_their_batch():
+    batch = [{"_id": i, "v": "x" * i} for i in range(3)]
+    reply = {"cursor": {"nextBatch": batch, "id": Int64(7), "ns": "db.c"}, "ok": 1.0}
+    small, array, key = snapshot._without_batch(memoryview(bson.encode(reply)))
+    assert key == "nextBatch"
+    assert bson.decode(small) == {"cursor": {"nextBatch": [], "id": 7, "ns": "db.c"}, "ok": 1.0}
+    assert bson._array_of_documents_to_buffer(array) == b"".join(bson.encode(d) for d in batch)
+    # a type the walk does not know (a regex): pymongo's own unpacking takes the reply
+    odd = {"note": Regex("^x"), **reply}
+    assert snapshot._without_batch(memoryview(bson.encode(odd))) is None

@@ -165,14 +165,18 @@ def test_a_server_that_stays_down_fails_the_pull_and_leaves_the_offset(tmp_path,
         make_client(replica_set.uri, {"serverSelectionTimeoutMS": 500}) as client,
     ):
         keeper, _ = _snapshot_then_write(client, config)
-        stored_before_crash: list[str] = []
-
-        def crash() -> None:
-            stored_before_crash.append(keeper.store.get(keeper.key))
-            replica_set.kill(0)
-
-        _fault_after_batches(monkeypatch, {1}, crash)
         sleeps: list[float] = []
+        # (reconnection attempts so far, offset) at every commit of the pull
+        commits: list[tuple[int, str]] = []
+        commit = OffsetKeeper.commit
+
+        def recording_commit(self, offset, **changes):
+            committed = commit(self, offset, **changes)
+            commits.append((len(sleeps), keeper.store.get(keeper.key)))
+            return committed
+
+        monkeypatch.setattr(OffsetKeeper, "commit", recording_commit)
+        _fault_after_batches(monkeypatch, {1}, lambda: replica_set.kill(0))
         with pytest.raises(SourceUnreachableError) as failure:
             pull_changes(client, config, RS, keeper, sleep=sleeps.append)
 
@@ -180,4 +184,6 @@ def test_a_server_that_stays_down_fails_the_pull_and_leaves_the_offset(tmp_path,
         assert "\n" not in message
         assert f"on {replica_set.hosts[0]} in 3 reconnection attempts" in message
         assert sleeps == [0.05, 0.1, 0.15]  # doubling, capped at connect.backoff.max.delay.ms
-        assert keeper.store.get(keeper.key) == stored_before_crash[0]
+        # events read before the crash may still land; once reconnecting, nothing is committed
+        assert all(attempts == 0 for attempts, _ in commits)
+        assert keeper.store.get(keeper.key) == commits[-1][1]

@@ -31,7 +31,7 @@ from mongo_cdc.events import SourceInfo, rows_to_table, token_cluster_time
 from mongo_cdc.lake import HISTORY_SEQ, hour_partition, pack_cluster_time
 from mongo_cdc.landing import SourceLake
 from mongo_cdc.offsets import Offset
-from mongo_cdc.streaming import MicroBatch, collect_change, rows_by_collection, stream_options
+from mongo_cdc.streaming import MicroBatch, collect_change, stream_options
 from mongo_cdc.transactions import TransactionTracker
 
 log = logging.getLogger(__name__)
@@ -191,7 +191,7 @@ def _pull_history(
 def _write_history(
     source_lake: SourceLake, rs: str, hour: str, batch: MicroBatch, counts: dict[str, dict[str, int]]
 ) -> None:
-    for namespace, rows in rows_by_collection(batch.rows).items():
+    for namespace, rows in batch.rows.items():
         source_lake.write_history(rs, namespace, hour, rows_to_table(rows, HISTORY_SEQ))
     for namespace, ops in batch.events_by_op.items():
         for op, count in ops.items():

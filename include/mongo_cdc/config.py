@@ -10,7 +10,7 @@ import difflib
 import os
 import re
 from dataclasses import dataclass, field, replace
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from typing import Any
 
 import yaml
@@ -158,6 +158,17 @@ class SourceConfig:
         return not any(p.fullmatch(db) for p in self.database_exclude)
 
     def captures_collection(self, db: str, collection: str) -> bool:
+        captured = self._captured_namespaces.get((db, collection))
+        if captured is None:
+            captured = self._captured_namespaces[(db, collection)] = self._matches_collection(db, collection)
+        return captured
+
+    @cached_property
+    def _captured_namespaces(self) -> dict[tuple[str, str], bool]:
+        """``captures_collection``'s answers so far: a pull asks for every event it reads."""
+        return {}
+
+    def _matches_collection(self, db: str, collection: str) -> bool:
         if not self.captures_database(db) or collection.startswith("system."):
             return False
         namespace = f"{db}.{collection}"

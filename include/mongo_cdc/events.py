@@ -8,15 +8,21 @@ exactly, whatever its field names; the transform renders JSON and typed columns 
 
 from __future__ import annotations
 
+import binascii
+import struct
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import bson
 import pyarrow as pa
+import pyarrow.compute as pc
+from bson.errors import InvalidBSON
 from bson.raw_bson import RawBSONDocument
 
 from mongo_cdc import __version__, extjson
+from mongo_cdc.extjson import DECODE_OPTIONS
 from mongo_cdc.field_filters import CollectionFieldRules
 from mongo_cdc.lake import RAW_SCHEMA, hour_partition, pack_cluster_time
 
@@ -168,12 +174,57 @@ def rows_to_table(rows: list[dict[str, Any]], seq: int) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=RAW_SCHEMA)
 
 
-class SnapshotColumns:
-    """Columnar buffer of one collection's snapshot reads: the hot path of a snapshot.
+# A document whose first element is an ObjectId named _id (as MongoDB stores nearly every one): its
+# key is built from the 12 bytes after this head, in bulk, with no decoding.
+_OBJECT_ID_HEAD = b"\x07_id\x00"
+_OBJECT_ID_AT = (4 + len(_OBJECT_ID_HEAD), 4 + len(_OBJECT_ID_HEAD) + 12)
+# extjson.document_key of an ObjectId, around its hex digits
+_OBJECT_ID_KEY = (b'{"id":"{\\"$oid\\":\\"', b'\\"}"}')
+_document_size = struct.Struct("<i").unpack_from
 
-    Only ``key`` and ``after`` differ per document, and ``after`` is the document's own BSON as the
-    server sent it (re-encoded only where field rules changed it); the constant columns are built
-    once per flush by repeating a one-row array.
+
+def raw_documents(batch: bytes) -> pa.BinaryArray:
+    """The BSON documents concatenated in ``batch`` as a binary array over the same bytes (no copy)."""
+    offsets, pos, end = [0], 0, len(batch)
+    add = offsets.append
+    while pos + 4 <= end:
+        size = _document_size(batch, pos)[0]
+        if size < 5:
+            break
+        pos += size
+        add(pos)
+    if pos != end:
+        raise InvalidBSON(f"bad document length at byte {offsets[-1]} of a batch of {end} bytes")
+    return pa.BinaryArray.from_buffers(
+        pa.binary(), len(offsets) - 1, [None, pa.array(offsets, pa.int32()).buffers()[1], pa.py_buffer(batch)]
+    )
+
+
+def document_keys(documents: pa.BinaryArray) -> pa.StringArray:
+    """``extjson.document_key`` of each raw document's ``_id``: ObjectIds in bulk, others decoded."""
+    heads = pc.binary_slice(documents, 4, _OBJECT_ID_AT[0])
+    fast = pc.equal(heads, pa.scalar(_OBJECT_ID_HEAD, pa.binary()))
+    if not pc.all(fast).as_py():
+        key = extjson.document_key
+        return pa.array(
+            [key(bson.decode(document, DECODE_OPTIONS)["_id"]) for document in documents.to_pylist()],
+            pa.string(),
+        )
+    object_ids = pc.binary_slice(documents, *_OBJECT_ID_AT)  # 12 bytes each, contiguous
+    digits = binascii.hexlify(object_ids.buffers()[2].to_pybytes()[: 12 * len(object_ids)])
+    hex_ids = pa.FixedSizeBinaryArray.from_buffers(
+        pa.binary(24), len(object_ids), [None, pa.py_buffer(digits)]
+    )
+    head, tail = _OBJECT_ID_KEY
+    return pc.binary_join_element_wise(head, hex_ids.cast(pa.binary()), tail, b"").cast(pa.string())
+
+
+class SnapshotColumns:
+    """Snapshot reads of one collection as Arrow record batches: the hot path of a snapshot.
+
+    Only ``key`` and ``after`` differ per document. ``after`` is the server's batch itself, cut
+    into documents without copying (re-encoded only where field rules change documents); keys of
+    ObjectId ``_id``s are built in bulk. The constant columns are built once and sliced.
     """
 
     def __init__(
@@ -182,9 +233,11 @@ class SnapshotColumns:
         cluster_time: int,
         seq: int,
         fields: CollectionFieldRules | None = None,
+        max_rows: int = 50_000,
     ) -> None:
         self._fields = fields
-        self._constant = pa.Table.from_pylist(
+        self.max_rows = max_rows
+        constant = pa.Table.from_pylist(
             [
                 {
                     "key": "",
@@ -203,30 +256,26 @@ class SnapshotColumns:
             ],
             schema=RAW_SCHEMA,
         )
-        self._repeated = self._constant.slice(0, 0)
-        self.keys: list[str] = []
-        self.afters: list[bytes] = []
+        self._constant = constant.take(pa.array([0] * max_rows, pa.int32())).combine_chunks().to_batches()[0]
 
-    def extend(self, documents: list[dict], raw: list[bytes]) -> None:
-        """Buffer documents decoded with ``extjson.DECODE_OPTIONS`` and their BSON bytes."""
-        key = extjson.document_key
-        self.keys += [key(document["_id"]) for document in documents]
+    def record_batches(self, batch: bytes) -> Iterator[pa.RecordBatch]:
+        """The rows of one batch of raw documents (concatenated BSON), ``max_rows`` at most a record batch."""
+        documents = raw_documents(batch)
+        for start in range(0, len(documents), self.max_rows):
+            yield self._rows(documents.slice(start, self.max_rows))
+
+    def _rows(self, documents: pa.BinaryArray) -> pa.RecordBatch:
+        count = len(documents)
         if self._fields is None:
-            self.afters += raw
+            keys, afters = document_keys(documents), documents
         else:  # per-document work only when this collection has rules
-            self.afters += [bson_bytes(self._fields.document(document)) for document in documents]
-
-    def __len__(self) -> int:
-        return len(self.keys)
-
-    def take_table(self) -> pa.Table:
-        """The buffered rows as a table; the buffer is emptied."""
-        count = len(self.keys)
-        if self._repeated.num_rows != count:  # full row groups all have the same size: built once
-            self._repeated = self._constant.take(pa.array([0] * count, type=pa.int32()))
-        columns = {name: self._repeated.column(name) for name in RAW_SCHEMA.names}
-        columns["key"] = pa.array(self.keys, type=pa.string())
-        columns["after"] = pa.array(self.afters, type=pa.binary())
-        columns["ts_ms"] = pa.repeat(pa.scalar(now_ms(), pa.int64()), count)
-        self.keys, self.afters = [], []
-        return pa.table([columns[name] for name in RAW_SCHEMA.names], schema=RAW_SCHEMA)
+            decoded = [bson.decode(document, DECODE_OPTIONS) for document in documents.to_pylist()]
+            keys = pa.array([extjson.document_key(document["_id"]) for document in decoded], pa.string())
+            afters = pa.array(
+                [bson_bytes(self._fields.document(document)) for document in decoded], pa.binary()
+            )
+        columns = self._constant.slice(0, count).columns
+        columns[RAW_SCHEMA.get_field_index("key")] = keys
+        columns[RAW_SCHEMA.get_field_index("after")] = afters
+        columns[RAW_SCHEMA.get_field_index("ts_ms")] = pa.repeat(pa.scalar(now_ms(), pa.int64()), count)
+        return pa.RecordBatch.from_arrays(columns, schema=RAW_SCHEMA)

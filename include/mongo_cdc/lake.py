@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
+from functools import lru_cache
 
 import pyarrow as pa
 
@@ -157,8 +158,13 @@ def source_table_uri(lake: LakeLocation, prefix: str, name: str) -> str:
 
 def hour_partition(cluster_time: int) -> str:
     """The UTC hour (``YYYY-MM-DDTHH``) of a packed cluster time: the ``hour`` partition value."""
-    seconds = cluster_time >> 32
-    return dt.datetime.fromtimestamp(seconds, tz=dt.timezone.utc).strftime("%Y-%m-%dT%H")
+    return _hour_text((cluster_time >> 32) // 3600)
+
+
+@lru_cache(maxsize=256)
+def _hour_text(hours: int) -> str:
+    # every row of a pull gets one: formatted once per hour, not once per row
+    return dt.datetime.fromtimestamp(hours * 3600, tz=dt.timezone.utc).strftime("%Y-%m-%dT%H")
 
 
 def pack_cluster_time(t: int, i: int) -> int:

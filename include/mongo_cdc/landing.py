@@ -46,9 +46,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from bson import json_util
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake import Schema as DeltaSchema
+from deltalake.exceptions import DeltaError
+from deltalake.transaction import create_table_with_add_actions
 
 from mongo_cdc import extjson, lake
 from mongo_cdc.lake import SnapshotManifest
+from mongo_cdc.lake_files import write_files
 from mongo_cdc.storage import LakeLocation, table_if_exists
 from mongo_cdc.transform.raw_events import BatchWindow
 
@@ -319,31 +323,50 @@ class SourceLake:
         transaction = CommitProperties(
             app_transactions=[Transaction(self.app_id(rs), seq)], max_commit_retries=COMMIT_RETRIES
         )
-        if table is None:
-            write_deltalake(
-                uri,
-                data,
-                partition_by=[lake.HOUR_COLUMN] if lake.HOUR_COLUMN in schema.names else None,
-                mode="append",
-                storage_options=self.options,
-                commit_properties=transaction,
-            )
+        landed = table.transaction_version(self.app_id(rs)) if table is not None else None
+        if table is None or landed is None or landed < seq:
+            self._append(uri, table, data, schema, transaction)
             return
-        landed = table.transaction_version(self.app_id(rs))
-        if landed is not None and landed >= seq:
-            # rows of this batch from a landing that was cut short: replaced, never doubled
-            log.info(
-                "replacing rows of batch %d of %s in %s (an earlier landing was cut short)", seq, rs, uri
-            )
-            write_deltalake(
-                table,
-                data,
-                mode="overwrite",
-                predicate=f"{rs_column} = '{_sql_string(rs)}' AND batch_seq >= {seq}",
-                commit_properties=transaction,
-            )
-        else:
-            write_deltalake(table, data, mode="append", commit_properties=transaction)
+        # rows of this batch from a landing that was cut short: replaced, never doubled
+        log.info("replacing rows of batch %d of %s in %s (an earlier landing was cut short)", seq, rs, uri)
+        write_deltalake(
+            table,
+            data,
+            mode="overwrite",
+            predicate=f"{rs_column} = '{_sql_string(rs)}' AND batch_seq >= {seq}",
+            commit_properties=transaction,
+        )
+
+    def _append(
+        self,
+        uri: str,
+        table: DeltaTable | None,
+        data: pa.Table | pa.RecordBatchReader,
+        schema: pa.Schema,
+        transaction: CommitProperties,
+    ) -> None:
+        """Append ``data`` as new files (``lake_files``) in one commit, creating the table if need be."""
+        partition_by = [lake.HOUR_COLUMN] if lake.HOUR_COLUMN in schema.names else []
+        actions = write_files(self.location, uri, data, partition_by[0] if partition_by else None)
+        if table is None:
+            try:
+                create_table_with_add_actions(
+                    uri,
+                    DeltaSchema.from_arrow(schema),
+                    actions,
+                    mode="error",
+                    partition_by=partition_by,
+                    storage_options=self.options,
+                    commit_properties=transaction,
+                )
+                return
+            except DeltaError:
+                table = table_if_exists(uri, self.options)
+                if table is None:
+                    raise
+                # another writer (a shard landing the same collection) created it first
+                self._tables[uri] = table
+        table.create_write_transaction(actions, "append", schema, partition_by, commit_properties=transaction)
 
     def write_raw(self, rs: str, seq: int, namespace: str, data: pa.Table | pa.RecordBatchReader) -> None:
         self.write(self.raw_uri(namespace), rs, seq, data)
@@ -526,18 +549,13 @@ class SourceLake:
 
     def write_chunk(self, rs: str, seq: int, chunk: Chunk, data: pa.Table | pa.RecordBatchReader) -> None:
         """One commit of ``chunk``'s rows into its raw table, with the chunk's app transaction."""
-        write_deltalake(
-            self.raw_uri(chunk.namespace),
-            data,
-            partition_by=[lake.HOUR_COLUMN],
-            mode="append",
-            storage_options=self.options,
-            commit_properties=CommitProperties(
-                # not app_id(rs) too: concurrent commits naming one app id conflict
-                app_transactions=[Transaction(self._chunk_app_id(rs, chunk), seq)],
-                max_commit_retries=COMMIT_RETRIES,
-            ),
+        uri = self.raw_uri(chunk.namespace)
+        # not app_id(rs) too: concurrent commits naming one app id conflict
+        transaction = CommitProperties(
+            app_transactions=[Transaction(self._chunk_app_id(rs, chunk), seq)],
+            max_commit_retries=COMMIT_RETRIES,
         )
+        self._append(uri, self._table(uri), data, lake.RAW_SCHEMA, transaction)
 
     def record_copied(self, rs: str, seq: int, chunks: Iterable[tuple[Chunk, int | None]]) -> None:
         """The snapshot log's ``copied`` rows of chunks whose rows are committed (or that had none)."""

@@ -35,12 +35,11 @@ class PullProgress:
         self.next_line = self.started + PROGRESS_INTERVAL_S
         self.read_by_type: Counter[str] = Counter()
 
-    def read(self, change: dict | None, offset: Offset) -> None:
-        """Count one ``try_next`` of the stream (None: nothing new) and log a line when one is due."""
-        if change is not None:
-            self.result.events_received += 1
-            # a split event's later fragments carry no operationType
-            self.read_by_type[change.get("operationType", "fragment")] += 1
+    def read(self, changes: list[dict], offset: Offset) -> None:
+        """Count the events of one read of the stream (none: nothing new) and log a line when one is due."""
+        self.result.events_received += len(changes)
+        # a split event's later fragments carry no operationType
+        self.read_by_type.update(change.get("operationType", "fragment") for change in changes)
         now = time.monotonic()
         if now >= self.next_line:
             self.next_line = now + PROGRESS_INTERVAL_S

@@ -34,11 +34,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import bson
 import pyarrow as pa
 from bson import _array_of_documents_to_buffer
 from bson.codec_options import CodecOptions
-from bson.errors import InvalidBSON
 from bson.raw_bson import _RAW_ARRAY_BSON_OPTIONS, RawBSONDocument
 from pymongo import MongoClient
 from pymongo.collection import Collection
@@ -49,7 +47,6 @@ from mongo_cdc.capture_modes import captured_collection_options, require_images
 from mongo_cdc.chunking import max_key_filter, plan_chunks
 from mongo_cdc.config import SourceConfig
 from mongo_cdc.events import SnapshotColumns, SourceInfo, token_cluster_time
-from mongo_cdc.extjson import DECODE_OPTIONS
 from mongo_cdc.lake import RAW_SCHEMA
 from mongo_cdc.landing import Batch, Chunk, SnapshotPlan, SourceLake
 from mongo_cdc.offsets import Offset, OffsetKeeper
@@ -58,14 +55,9 @@ from mongo_cdc.topology import owned_ranges
 
 log = logging.getLogger(__name__)
 
-# Rows per Arrow batch handed to delta-rs: memory stays flat whatever the collection's size...
+# Rows per Arrow batch handed to delta-rs at most; a batch never spans two server batches, so the
+# BSON behind it is at most one reply (16 MiB).
 ROW_GROUP_ROWS = 50_000
-# ...and, for large documents, a cap on the BSON bytes behind one batch (cut early at this size).
-ROW_GROUP_BYTES = 64 * 1024 * 1024
-# Documents decoded at a time: few enough that they are freed before the cyclic GC looks at them.
-# (Decoding a whole 16 MB batch keeps ~100k dicts alive and the GC passes over them cost ~3x the decode.)
-DECODE_CHUNK = 64
-_document_size = struct.Struct("<i").unpack_from
 PROGRESS_INTERVAL_S = 10.0
 
 
@@ -179,13 +171,59 @@ class _Progress:
                 )  # fmt: skip
 
 
+# Sizes of the BSON values a cursor reply's top level and cursor document hold (by type byte):
+# fixed sizes, or -1 for an int32 length prefix counting itself (documents, arrays) and -4 for one
+# that does not (strings: + terminator; binaries: + subtype byte).
+_VALUE_SIZES = {0x01: 8, 0x02: -4, 0x03: -1, 0x04: -1, 0x05: -5, 0x07: 12, 0x08: 1, 0x09: 8, 0x0A: 0,
+                0x10: 4, 0x11: 8, 0x12: 8, 0x13: 16}  # fmt: skip
+_EMPTY_ARRAY = b"\x05\x00\x00\x00\x00"
+_int32 = struct.Struct("<i")
+
+
+def _elements(data: memoryview, start: int, end: int) -> Iterator[tuple[bytes, int, int]]:
+    """(name, value start, value end) of the elements of the BSON document at ``data[start:end]``;
+    stops early (the caller falls back) at a type this walk does not know."""
+    pos = start + 4
+    while pos < end - 1:
+        kind = data[pos]
+        name_end = data[pos + 1 : min(end, pos + 1025)].tobytes().index(b"\x00") + pos + 1
+        value = name_end + 1
+        size = _VALUE_SIZES.get(kind)
+        if size is None:
+            return
+        if size == -1:
+            size = _int32.unpack_from(data, value)[0]
+        elif size < -1:
+            size = _int32.unpack_from(data, value)[0] + 4 + (size == -5)
+        yield bytes(data[pos + 1 : name_end]), value, value + size
+        pos = value + size
+
+
+def _without_batch(payload: memoryview) -> tuple[bytes, memoryview, str] | None:
+    """The reply with its cursor's batch array emptied, the array's bytes and the batch's name."""
+    for name, start, end in _elements(payload, 0, len(payload)):
+        if name != b"cursor":
+            continue
+        for key, array_start, array_end in _elements(payload, start, end):
+            if key in (b"firstBatch", b"nextBatch"):
+                removed = (array_end - array_start) - len(_EMPTY_ARRAY)
+                small = bytearray(payload[:array_start])
+                small += _EMPTY_ARRAY
+                small += payload[array_end:]
+                _int32.pack_into(small, 0, len(payload) - removed)
+                _int32.pack_into(small, start, end - start - removed)
+                return bytes(small), payload[array_start:array_end], key.decode()
+    return None
+
+
 class _RawBatchCursor(RawBatchCursor):
     """``find_raw_batches`` without pymongo's per-document cost; the batches are the same bytes.
 
     pymongo 4 unpacks every reply by decoding the batch array into one ``RawBSONDocument`` per
     document and joining their bytes again: ~1.7 µs of GIL-holding work per document, a quarter of
-    a snapshot's budget. Here the array's bytes are taken whole (the cursor/array documents are
-    inflated with raw arrays) and turned into the document stream in C.
+    a snapshot's budget. Here the reply is decoded with its batch array cut out (walking its few
+    top-level elements), and the array's bytes are turned into the document stream in C: one copy
+    of the batch, where inflating the reply with raw arrays made three.
     """
 
     def _unpack_response(  # type: ignore[override]
@@ -197,15 +235,14 @@ class _RawBatchCursor(RawBatchCursor):
         legacy_response: bool = False,
     ) -> list[Any]:
         payload = getattr(response, "payload_document", None)
-        if legacy_response or payload is None:  # not an OP_MSG reply: pymongo's own way
+        cut = None if legacy_response or payload is None else _without_batch(memoryview(payload))
+        if cut is None:  # not an OP_MSG cursor reply this walk reads: pymongo's own way
             return super()._unpack_response(response, cursor_id, codec_options, user_fields, legacy_response)
-        reply = dict(RawBSONDocument(payload, _RAW_ARRAY_BSON_OPTIONS).items())
-        if isinstance(reply.get("cursor"), RawBSONDocument):
-            cursor = reply["cursor"] = dict(reply["cursor"].items())
-            for key in ("firstBatch", "nextBatch"):
-                if key in cursor:  # the raw bytes of the BSON array of documents
-                    stream = _array_of_documents_to_buffer(cursor[key])
-                    cursor[key] = [stream] if stream else []
+        small, array, key = cut
+        reply = dict(RawBSONDocument(small, _RAW_ARRAY_BSON_OPTIONS).items())
+        cursor = reply["cursor"] = dict(reply["cursor"].items())
+        stream = _array_of_documents_to_buffer(array)
+        cursor[key] = [stream] if stream else []
         return [reply]
 
 
@@ -248,42 +285,23 @@ def _copy_chunk(
 ) -> int:
     """Copy one chunk into its raw table as one commit of batch ``seq``: the snapshot's hot loop.
 
-    Batches arrive as raw BSON (no per-document cursor objects); each document's bytes land as they
-    are, and only its ``_id`` is needed decoded (``DECODE_CHUNK`` documents at a time). delta-rs
-    writes the Parquet files while the next Arrow batch is built; a batch holds ``ROW_GROUP_ROWS``
-    rows, fewer when its documents reach ``ROW_GROUP_BYTES``.
+    Batches arrive as raw BSON (no per-document cursor objects) and become Arrow batches of at most
+    ``ROW_GROUP_ROWS`` rows without decoding a document (``events.SnapshotColumns``).
     """
     db, _, collection = chunk.namespace.partition(".")
     block = source.block(db, collection, cluster_time, (cluster_time >> 32) * 1000, snapshot=True)
-    buffer = SnapshotColumns(block, cluster_time, seq, config.field_filters.for_collection(db, collection))
+    fields = config.field_filters.for_collection(db, collection)
+    columns = SnapshotColumns(block, cluster_time, seq, fields, max_rows=ROW_GROUP_ROWS)
     batches = _raw_batches(client[db].get_collection(collection), config.snapshot_fetch_size, chunk)
     copied = 0
 
     def tables(prefetched: Iterator[bytes]) -> Generator[pa.RecordBatch, None, None]:
         nonlocal copied
-        group_bytes = 0
         for batch in prefetched:
-            view, pos, end = memoryview(batch), 0, len(batch)
-            while pos < end:
-                start, room, raw = pos, min(DECODE_CHUNK, ROW_GROUP_ROWS - len(buffer)), []
-                while room and pos < end:
-                    size = _document_size(batch, pos)[0]
-                    raw.append(batch[pos : pos + size])
-                    pos += size
-                    room -= 1
-                if not start < pos <= end:
-                    raise InvalidBSON(f"bad document length in a batch of {db}.{collection}")
-                buffer.extend(bson.decode_all(view[start:pos], DECODE_OPTIONS), raw)
-                group_bytes += pos - start
-                if len(buffer) >= ROW_GROUP_ROWS or group_bytes >= ROW_GROUP_BYTES:
-                    copied += len(buffer)
-                    progress.add(len(buffer))
-                    yield from buffer.take_table().to_batches()
-                    group_bytes = 0
-        if len(buffer):
-            copied += len(buffer)
-            progress.add(len(buffer))
-            yield from buffer.take_table().to_batches()
+            for rows in columns.record_batches(batch):
+                copied += rows.num_rows
+                progress.add(rows.num_rows)
+                yield rows
 
     try:
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"snapshot-{db}.{collection}") as fetcher:

@@ -125,7 +125,8 @@ class MicroBatch:
     """Events read but not landed yet, with their counts: a reopened stream reads them again."""
 
     def __init__(self) -> None:
-        self.rows: list[dict[str, Any]] = []
+        # raw rows by the raw table they land in: <db>.<collection>
+        self.rows: dict[str, list[dict[str, Any]]] = defaultdict(list)
         self.events = 0
         self.events_by_op: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         self.ignored_operations: dict[str, int] = defaultdict(int)
@@ -138,7 +139,7 @@ class MicroBatch:
         self.copy_position = 0
 
     def add(self, namespace: str, op: str, rows: list[dict[str, Any]], events: int = 1) -> None:
-        self.rows.extend(rows)
+        self.rows[namespace].extend(rows)
         self.events += events
         self.events_by_op[namespace][op] += events
         ts_ms = rows[0]["source"]["ts_ms"]
@@ -156,15 +157,6 @@ def last_applied(client: MongoClient) -> int:
     return pack_cluster_time(applied.time, applied.inc)
 
 
-def rows_by_collection(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    """Raw rows grouped by the raw table they land in: ``<db>.<collection>``."""
-    groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for row in rows:
-        source = row["source"]
-        groups[f"{source['db']}.{source['collection']}"].append(row)
-    return groups
-
-
 def _land(
     keeper: OffsetKeeper,
     offset: Offset,
@@ -176,8 +168,7 @@ def _land(
     """Land one micro-batch (a commit per raw table, plus its transaction records), then commit it with
     its resume token (``landing``)."""
     seq = offset.batch_seq + 1
-    groups = rows_by_collection(batch.rows)
-    for namespace, rows in groups.items():
+    for namespace, rows in batch.rows.items():
         keeper.lake.write_raw(rs, seq, namespace, rows_to_table(rows, seq))
     records = transactions.batch_table(seq)
     if records is not None:
@@ -192,7 +183,7 @@ def _land(
             cluster_time=token_cluster_time(token),
             snapshot_cluster_time=batch.copy_position if batch.copied else None,
             collections=batch.copied or None,
-            namespaces=tuple(sorted(groups)),
+            namespaces=tuple(sorted(batch.rows)),
             open_transaction=transactions.state(),
         ),
     )
@@ -229,6 +220,23 @@ def _is_transient(exc: PyMongoError) -> bool:
 
 def _address(address: tuple[str, int]) -> str:
     return f"{address[0]}:{address[1]}"
+
+
+def read_events(stream: Any, limit: int) -> tuple[list[dict], dict | None]:
+    """The next events of ``stream``, up to ``limit`` (a getMore's worth: the stream's batch size),
+    and, when the stream ran out of events, its resume token then (its post-batch token).
+
+    The pull's per-read work (progress, the primary check) is done once per call, not per event.
+    (Reading on a second thread, to overlap the server's next batch with landing this one, was
+    slower: the two threads mostly waited for each other's GIL.)
+    """
+    events: list[dict] = []
+    while len(events) < limit:
+        change = stream.try_next()
+        if change is None:
+            return events, stream.resume_token
+        events.append(change)
+    return events, None
 
 
 class _ChangeReader:
@@ -275,12 +283,13 @@ class _ChangeReader:
         with self.client.watch(**options) as stream:
             opened_with_primary = self.client.primary
             while True:
-                change = stream.try_next()
+                events, idle_token = read_events(stream, self.config.max_batch_size)
                 self.failures = 0
-                self.progress.read(change, self.offset)
+                self.progress.read(events, self.offset)
                 if self._primary_moved_since(opened_with_primary):
                     return False
-                if change is not None:
+                token = idle_token
+                for change in events:
                     change = fragments.add(change)
                     if change is None:
                         continue
@@ -295,8 +304,8 @@ class _ChangeReader:
                     else:
                         collect_change(change, self.config, self.source, batch, self.transactions)
                     batch.last_token = change["_id"]
-                    # strictly past the target: more events of one transaction share its cluster time
-                    # (and an open transaction's END has to land with it)
+                    # strictly past the target: more events of one transaction share its cluster
+                    # time (and an open transaction's END has to land with it)
                     caught_up = (
                         token_cluster_time(change["_id"]) > self.target
                         and not self.transactions.in_transaction
@@ -304,11 +313,11 @@ class _ChangeReader:
                     if batch.events >= self.config.max_batch_size or (caught_up and self._has_news(batch)):
                         self._land(batch, change["_id"])
                         batch = MicroBatch()
-                    if not caught_up:
-                        continue
-                if fragments.pending:  # the rest of a split event is on its way
+                    if caught_up:
+                        token = change["_id"]
+                        break
+                if token is None or fragments.pending:  # more to read, or the rest of a split event
                     continue
-                token = stream.resume_token
                 # The stream has shown everything up to here, and a transaction shows whole: any
                 # transaction still open is over.
                 self.transactions.finish()

@@ -1,0 +1,283 @@
+"""``make bench``: mongo-cdc's landing paths next to their baselines, measured in one run, one table.
+
+Starts its own single-member replica set in a temporary directory and, section by section:
+
+* snapshot of ``--small`` ~170-byte documents and of ``--nested`` ~4 KB nested documents: a bare
+  ``RawBSONDocument`` cursor (before and after, the better one counts), ``run_snapshot`` into a
+  temporary lake (its rows checked byte for byte against the documents), and dlt's MongoDB
+  pipeline with arrow items into Parquet (``peers``);
+* pull of a ``--events`` backlog (inserts, updates with ``updateLookup``, deletes): the same
+  change stream iterated bare as ``RawBSONDocument``s, and ``pull_changes`` landing it;
+* peak RSS of the snapshot and pull processes.
+
+Each path runs in a process of its own (``worker``). Other processes may share the machine, so
+only rates from one run are compared; the load average is printed with the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import bson
+from pymongo import MongoClient
+
+import mongo_cdc
+from mongo_cdc.bench import data, peers
+from mongo_cdc.bench.table import Row, render
+from mongo_cdc.bench.worker import RAW, bench_config
+from mongo_cdc.landing import SourceLake
+from mongo_cdc.snapshot import start_without_snapshot
+from mongo_cdc.storage import LakeLocation
+from mongo_cdc.testing import ReplicaSet
+from mongo_cdc.testing.lake import memory_keeper
+
+DB, RS = "bench", "benchrs"
+CHECKED_ROWS = 2_000  # landed rows compared byte for byte with the documents they came from
+# budgets (issue 11)
+SNAPSHOT_SMALL_MIN = 0.7
+SNAPSHOT_NESTED_MIN = 0.5
+SNAPSHOT_VS_DLT_MIN = 3.0
+PULL_MIN = 0.8
+PEAK_RSS_MAX_MIB = 500.0
+SIZES = {"small": 1_000_000, "nested": 100_000, "events": 300_000}
+SMOKE_SIZES = {"small": 3_000, "nested": 300, "events": 2_000}
+
+
+@dataclass
+class Measured:
+    """A worker's result: ``count`` items in ``seconds``; memory of its process."""
+
+    count: int
+    seconds: float
+    peak_mib: float = 0.0
+    base_mib: float = 0.0
+
+    def rate(self, amount: float | None = None) -> float:
+        return (self.count if amount is None else amount) / max(self.seconds, 1e-9)
+
+
+@dataclass
+class Bench:
+    """What every section shares: the options, the replica set and a scratch directory."""
+
+    args: argparse.Namespace
+    rs: ReplicaSet
+    client: MongoClient
+    tmp: str
+    peak_rows: list[Row]
+
+    def worker(self, path: str, collection: str, **task: Any) -> Measured:
+        """Run one measured path in a fresh process (``worker``)."""
+        task = {"path": path, "uri": self.rs.uri, "rs": RS, "db": DB, "collection": collection, **task}
+        package_root = str(Path(mongo_cdc.__file__).parent.parent)
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])),
+        }
+        done = subprocess.run(
+            [sys.executable, "-m", "mongo_cdc.bench.worker", json.dumps(task)],
+            capture_output=True,
+            text=True,
+            env=env,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"bench worker {path} on {collection} failed:\n{done.stderr[-3000:]}")
+        result = json.loads(done.stdout.strip().splitlines()[-1])
+        return Measured(result["count"], result["seconds"], result["peak_mib"], result["base_mib"])
+
+    def lake(self, name: str) -> str:
+        return os.path.join(self.tmp, "lakes", name)
+
+
+def _best(first: Measured, second: Measured) -> Measured:
+    """The faster of two runs of a baseline: the machine may be shared, and it favours the baseline."""
+    return first if first.rate() >= second.rate() else second
+
+
+def check_snapshot_lake(bench: Bench, lake: str, collection: str, expected: int) -> None:
+    """The snapshot landed every document once, its BSON byte for byte (on a sample)."""
+    landed = SourceLake(LakeLocation(lake), bench_config({"db": DB, "collection": collection}).topic_prefix)
+    rows = landed.committed_raw(f"{DB}.{collection}", columns=["after"])
+    if rows.num_rows != expected:
+        raise AssertionError(f"the snapshot of {collection} landed {rows.num_rows} rows, not {expected}")
+    raw = bench.client[DB].get_collection(collection, codec_options=RAW)
+    for after in rows.column("after").slice(0, CHECKED_ROWS).to_pylist():
+        document = raw.find_one({"_id": bson.decode(after)["_id"]})
+        if document is None or after != document.raw:
+            raise AssertionError(f"a snapshot row of {collection} differs from its document")
+
+
+def snapshot_section(
+    bench: Bench, collection: str, count: int, make: Callable[[int, int], list[dict]], by_bytes: bool
+) -> list[Row]:
+    """Bare cursor, ``run_snapshot`` and dlt over one collection; rates in docs/s or MB/s."""
+    seconds = data.load(bench.client[DB][collection], count, make)
+    stats = bench.client[DB].command("collStats", collection)
+    megabytes = stats["size"] / 1e6
+    print(f"loaded {count:,} x {stats['avgObjSize']:,.0f} B into {collection} in {seconds:.0f} s", flush=True)
+    unit, amount = ("MB/s", megabytes) if by_bytes else ("docs/s", None)
+    section = f"snapshot {count:,} x {stats['avgObjSize']:,.0f} B"
+    first = bench.worker("bare_cursor", collection)
+    lake = bench.lake(collection)
+    ours = bench.worker("snapshot", collection, lake=lake)
+    bare = _best(first, bench.worker("bare_cursor", collection))
+    if not first.count == bare.count == ours.count == count:
+        raise AssertionError(f"{collection}: read {first.count}/{bare.count}/{ours.count}, loaded {count}")
+    check_snapshot_lake(bench, lake, collection, count)
+    bare_rate, our_rate = bare.rate(amount), ours.rate(amount)
+    rows = [
+        Row(section, "bare RawBSONDocument cursor", bare_rate, unit),
+        Row(
+            section,
+            "mongo-cdc run_snapshot -> Delta",
+            our_rate,
+            unit,
+            our_rate / bare_rate,
+            "bare",
+            SNAPSHOT_NESTED_MIN if by_bytes else SNAPSHOT_SMALL_MIN,
+        ),
+    ]
+    if bench.args.no_dlt:
+        rows.append(Row(section, "dlt", None, unit, note="skipped (--no-dlt)"))
+    else:
+        peer = peers.run_dlt(
+            bench.args.peer_venv, bench.rs.uri, DB, collection, os.path.join(bench.tmp, "dlt", collection)
+        )
+        name = f"dlt {peers.DLT_VERSION} arrow -> Parquet"
+        if peer.error or peer.count != count:
+            reason = peer.error or f"loaded {peer.count} of {count} documents"
+            rows.append(Row(section, name, None, unit, note=reason))
+        else:
+            dlt_rate = Measured(peer.count, peer.seconds).rate(amount)
+            rows.append(Row(section, name, dlt_rate, unit, dlt_rate / bare_rate, "bare"))
+            if not by_bytes:
+                rows.append(
+                    Row(
+                        section, "mongo-cdc vs dlt", None, "", our_rate / dlt_rate, "dlt", SNAPSHOT_VS_DLT_MIN
+                    )
+                )
+    bench.peak_rows.append(_peak_row(f"run_snapshot, {collection} documents", ours))
+    return rows
+
+
+def snapshot_small(bench: Bench) -> list[Row]:
+    return snapshot_section(bench, "small", bench.args.small, data.small_documents, by_bytes=False)
+
+
+def snapshot_nested(bench: Bench) -> list[Row]:
+    return snapshot_section(bench, "nested", bench.args.nested, data.nested_documents, by_bytes=True)
+
+
+def pull(bench: Bench) -> list[Row]:
+    """A bare change stream and ``pull_changes`` over the same backlog, from the same position."""
+    collection = "events"
+    lake = bench.lake(collection)
+    config = bench_config({"db": DB, "collection": collection, "lake": lake})
+    keeper = memory_keeper(config, RS)
+    offset = start_without_snapshot(bench.client, RS, keeper)
+    written = data.change_backlog(bench.client[DB][collection], bench.args.events)
+    print(f"wrote a backlog of {written:,} change events", flush=True)
+    token = offset.resume_token
+    first = bench.worker("bare_stream", collection, lake=lake, resume_token=token)
+    ours = bench.worker("pull", collection, lake=lake, offsets=keeper.store.values)  # type: ignore[attr-defined]
+    bare = _best(first, bench.worker("bare_stream", collection, lake=lake, resume_token=token))
+    if not first.count == bare.count == ours.count >= written:
+        raise AssertionError(
+            f"events read: bare {first.count}/{bare.count}, pull {ours.count}; written {written}"
+        )
+    section = f"pull {written:,}-event backlog"
+    bench.peak_rows.append(_peak_row("pull_changes", ours))
+    return [
+        Row(section, "bare change stream, RawBSONDocument", bare.rate(), "events/s"),
+        Row(
+            section,
+            "mongo-cdc pull_changes -> Delta",
+            ours.rate(),
+            "events/s",
+            ours.rate() / bare.rate(),
+            "bare",
+            PULL_MIN,
+        ),
+    ]
+
+
+def _peak_row(path: str, measured: Measured) -> Row:
+    path = f"{path} ({measured.base_mib:.0f} MiB after imports)"
+    return Row("peak RSS of the process", path, measured.peak_mib, "MiB", max_value=PEAK_RSS_MAX_MIB)
+
+
+# The sections, in order; each returns its rows of the table. Slots for the sections others add:
+# the transform's first build and an incremental run (bench_transform), and a snapshot in chunks
+# vs in one piece.
+SECTIONS: dict[str, Callable[[Bench], list[Row]]] = {
+    "snapshot-small": snapshot_small,
+    "snapshot-nested": snapshot_nested,
+    "pull": pull,
+}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m mongo_cdc.bench", description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--smoke", action="store_true", help=f"tiny sizes, a check that the bench runs: {SMOKE_SIZES}"
+    )
+    for name, default in SIZES.items():
+        parser.add_argument(f"--{name}", type=int, help=f"size of the {name} data (default {default:,})")
+    parser.add_argument("--only", help=f"comma-separated sections to run, of {', '.join(SECTIONS)}")
+    parser.add_argument("--no-dlt", action="store_true", help="leave dlt out")
+    parser.add_argument(
+        "--peer-venv",
+        type=Path,
+        default=peers.DEFAULT_VENV,
+        help=f"dlt's venv (default {peers.DEFAULT_VENV})",
+    )
+    args = parser.parse_args(argv)
+    for name, default in (SMOKE_SIZES if args.smoke else SIZES).items():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be positive")
+    args.sections = args.only.split(",") if args.only else list(SECTIONS)
+    unknown = set(args.sections) - set(SECTIONS)
+    if unknown:
+        parser.error(f"unknown sections {sorted(unknown)}; known: {', '.join(SECTIONS)}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    load_before = os.getloadavg()[0]
+    with (
+        tempfile.TemporaryDirectory(prefix="mongo-cdc-bench-") as tmp,
+        ReplicaSet(RS, os.path.join(tmp, "mongod")) as rs,
+    ):
+        client: MongoClient = rs.client()
+        try:
+            version = client.server_info()["version"]
+            print(f"mongod {version} on {os.cpu_count()} cores", flush=True)
+            bench = Bench(args, rs, client, tmp, [])
+            rows: list[Row] = []
+            for name in args.sections:
+                started = time.monotonic()
+                rows += SECTIONS[name](bench)
+                print(f"{name}: done in {time.monotonic() - started:.0f} s", flush=True)
+            rows += bench.peak_rows
+        finally:
+            client.close()
+    print()
+    print(
+        f"mongo-cdc bench (mongod {version}, {os.cpu_count()} cores, load average {load_before:.1f} "
+        f"at the start, {os.getloadavg()[0]:.1f} at the end)"
+    )
+    print(render(rows))
+    return 0

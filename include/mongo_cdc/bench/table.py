@@ -1,0 +1,81 @@
+"""The one table ``make bench`` prints: a row per measured path, its ratio to its baseline, its budget."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Row:
+    """One measured path. ``value`` None: not measured, ``note`` (printed under the table) says why.
+
+    ``ratio`` compares the path with the baseline measured in the same run (``against`` names
+    it); ``min_ratio`` / ``max_value`` are the performance budget, if it has one.
+    """
+
+    section: str
+    path: str
+    value: float | None
+    unit: str
+    ratio: float | None = None
+    against: str = ""
+    min_ratio: float | None = None
+    max_value: float | None = None
+    note: str = ""
+
+    @property
+    def budget(self) -> str:
+        if self.min_ratio is not None:
+            return f">= {self.min_ratio:.2f}x"
+        if self.max_value is not None:
+            return f"< {self.max_value:,.0f} {self.unit}"
+        return ""
+
+    @property
+    def met(self) -> bool | None:
+        """Whether the budget is met (None: no budget, or nothing measured)."""
+        if self.min_ratio is not None:
+            return None if self.ratio is None else self.ratio >= self.min_ratio
+        if self.max_value is not None:
+            return None if self.value is None else self.value < self.max_value
+        return None
+
+
+def _measured(row: Row) -> str:
+    if row.value is None:
+        return "unavailable" if row.unit else ""  # no unit: a ratio of two other rows
+    digits = 1 if row.value < 100 else 0
+    return f"{row.value:,.{digits}f} {row.unit}"
+
+
+def render(rows: Sequence[Row]) -> str:
+    """The table as text; a section's name is printed on its first row only."""
+    header = ("section", "path", "measured", "ratio", "vs", "budget", "")
+    lines = []
+    previous = None
+    for row in rows:
+        met = {True: "ok", False: "MISSED", None: ""}[row.met]
+        lines.append(
+            (
+                row.section if row.section != previous else "",
+                row.path,
+                _measured(row),
+                f"{row.ratio:.2f}x" if row.ratio is not None else "",
+                row.against,
+                row.budget,
+                met,
+            )
+        )
+        previous = row.section
+    widths = [max(len(line[i]) for line in [header, *lines]) for i in range(len(header))]
+    right = {2, 3}  # numbers align right
+    out = []
+    for line in [header, *lines]:
+        cells = [
+            cell.rjust(widths[i]) if i in right else cell.ljust(widths[i]) for i, cell in enumerate(line)
+        ]
+        out.append("  ".join(cells).rstrip())
+    out.insert(1, "  ".join("-" * width for width in widths))
+    notes = [f"{row.path}: {row.note}" for row in rows if row.note]
+    return "\n".join(out + notes)

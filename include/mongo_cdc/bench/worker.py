@@ -1,0 +1,126 @@
+"""One measurement in a process of its own: ``python -m mongo_cdc.bench.worker '<json task>'``.
+
+A fresh process per measurement gives each path the same start (no warm caches or heap left by
+another path) and makes its peak RSS (``VmHWM``) that of one task, as an Airflow worker's task
+process would see it. The last line printed is the JSON result: ``count``, ``seconds`` (the timed
+part only), ``base_mib`` (RSS after imports, before the run) and ``peak_mib`` (``VmHWM``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+# imported before any clock starts, like everything else a path needs: deltalake imports it on
+# first use, and a task's import time is not landing speed
+import pyarrow.dataset  # noqa: F401
+from bson import CodecOptions
+from bson.raw_bson import RawBSONDocument
+from pymongo import MongoClient
+
+from mongo_cdc.config import SourceConfig
+from mongo_cdc.events import token_cluster_time
+from mongo_cdc.offsets import MemoryOffsetStore, Offset
+from mongo_cdc.snapshot import run_snapshot
+from mongo_cdc.streaming import last_applied, pull_changes, stream_options
+from mongo_cdc.testing.lake import memory_keeper
+from mongo_cdc.topology import make_client
+
+RAW = CodecOptions(document_class=RawBSONDocument)
+
+
+def status_mib(field: str) -> float:
+    """A ``/proc/self/status`` memory line (``VmRSS``, ``VmHWM``) in MiB; 0 where there is no /proc."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def bench_config(task: dict[str, Any]) -> SourceConfig:
+    """The source every measured path shares: one database, the lake under the task's directory."""
+    return SourceConfig(
+        name="bench",
+        path="<mongo_cdc.bench>",
+        topic_prefix="bench",
+        lake_root=task.get("lake", ""),
+        database_include=(re.compile(re.escape(task["db"])),),
+        collection_include=(re.compile(re.escape(f"{task['db']}.{task['collection']}")),),
+    )
+
+
+def bare_cursor(client: MongoClient, task: dict[str, Any]) -> int:
+    """Every document through a plain ``find`` of ``RawBSONDocument``s: the ceiling of any reader."""
+    collection = client[task["db"]].get_collection(task["collection"], codec_options=RAW)
+    count = 0
+    for _ in collection.find({}):
+        count += 1
+    return count
+
+
+def snapshot(client: MongoClient, task: dict[str, Any]) -> int:
+    config = bench_config(task)
+    return run_snapshot(client, config, task["rs"], memory_keeper(config, task["rs"])).total
+
+
+def bare_stream(client: MongoClient, task: dict[str, Any]) -> int:
+    """The change stream a pull opens (same pipeline, options and batch size), iterated as
+    ``RawBSONDocument``s from the offset up to the last write, doing nothing with the events."""
+    config = bench_config(task)
+    offset = Offset(resume_token=task["resume_token"])
+    target = last_applied(client)
+    count = 0
+    with client.watch(**stream_options(config, offset)) as stream:
+        while True:
+            change = stream.try_next()
+            if change is not None:
+                count += 1
+            elif token_cluster_time(stream.resume_token) >= target:
+                return count
+
+
+def pull(client: MongoClient, task: dict[str, Any]) -> int:
+    """``pull_changes`` from the offset the bench committed before writing the backlog."""
+    config = bench_config(task)
+    store = MemoryOffsetStore()
+    store.values.update(task["offsets"])
+    result = pull_changes(client, config, task["rs"], memory_keeper(config, task["rs"], store))
+    return result.events_received
+
+
+PATHS: dict[str, Callable[[MongoClient, dict[str, Any]], int]] = {
+    "bare_cursor": bare_cursor,
+    "snapshot": snapshot,
+    "bare_stream": bare_stream,
+    "pull": pull,
+}
+
+
+def main(argv: list[str]) -> int:
+    task = json.loads(argv[0])
+    run = PATHS[task["path"]]
+    # the bare paths read RawBSONDocuments; ours get the client the DAG's tasks make
+    bare = task["path"].startswith("bare_")
+    client = MongoClient(task["uri"], document_class=RawBSONDocument) if bare else make_client(task["uri"])
+    try:
+        client.admin.command("ping")
+        base = status_mib("VmRSS")
+        started = time.perf_counter()
+        count = run(client, task)
+        seconds = time.perf_counter() - started
+    finally:
+        client.close()
+    print(json.dumps({"count": count, "seconds": seconds, "base_mib": base, "peak_mib": status_mib("VmHWM")}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
