@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 from bson import json_util
-from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake import CommitProperties, DeltaTable, Transaction, WriterProperties, write_deltalake
 
 from mongo_cdc import extjson, lake
 from mongo_cdc.lake import SnapshotManifest
@@ -56,6 +56,9 @@ BATCH_LOG_SCHEMA = pa.schema(
 )
 # delta-rs retries a commit that lost a race with another writer (shards land concurrently)
 COMMIT_RETRIES = 20
+# Rows per Parquet row group of a batch's data files (delta-rs' default is a million): the transform
+# splits a large file (a snapshot's) across its tasks at row groups.
+ROW_GROUP_ROWS = 50_000
 
 
 @dataclass(frozen=True)
@@ -154,6 +157,7 @@ class SourceLake:
         transaction = CommitProperties(
             app_transactions=[Transaction(self.app_id(rs), seq)], max_commit_retries=COMMIT_RETRIES
         )
+        properties = WriterProperties(max_row_group_size=ROW_GROUP_ROWS)
         if table is None:
             write_deltalake(
                 uri,
@@ -161,6 +165,7 @@ class SourceLake:
                 partition_by=[lake.HOUR_COLUMN] if lake.HOUR_COLUMN in schema.names else None,
                 mode="append",
                 storage_options=self.options,
+                writer_properties=properties,
                 commit_properties=transaction,
             )
             return
@@ -175,10 +180,13 @@ class SourceLake:
                 data,
                 mode="overwrite",
                 predicate=f"{rs_column} = '{_sql_string(rs)}' AND batch_seq >= {seq}",
+                writer_properties=properties,
                 commit_properties=transaction,
             )
         else:
-            write_deltalake(table, data, mode="append", commit_properties=transaction)
+            write_deltalake(
+                table, data, mode="append", writer_properties=properties, commit_properties=transaction
+            )
 
     def write_raw(self, rs: str, seq: int, namespace: str, data: pa.Table | pa.RecordBatchReader) -> None:
         self.write(self.raw_uri(namespace), rs, seq, data)

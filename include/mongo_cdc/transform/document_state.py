@@ -67,7 +67,7 @@ def fold_events(
             data, parsed = None, None
         elif event.after_bson is not None:
             data, parsed = event.after_bson, None
-            document_id_json = _id_json(event)
+            document_id_json = current_id_json(event.after, event.document_id_json)
         elif event.op == "u" and event.update_description is not None:
             if parsed is None:
                 parsed = _document_to_update(event, version)
@@ -83,11 +83,11 @@ def fold_events(
     return version
 
 
-def _id_json(event: ChangeEvent) -> str:
-    """The Extended JSON of the document's own _id (a replace may change its type, not its value)."""
-    after = event.after
+def current_id_json(document: dict | None, event_id_json: str) -> str:
+    """The Extended JSON of ``document``'s own _id (a replace may change its type, not its value),
+    else the event's (``ChangeEvent.document_id_json``)."""
     return (
-        extjson.encode_str(after["_id"]) if after is not None and "_id" in after else event.document_id_json
+        extjson.encode_str(document["_id"]) if document is not None and "_id" in document else event_id_json
     )
 
 
