@@ -79,6 +79,7 @@ from mongo_cdc.transform.raw_events import (
     BatchWindow,
     ChangeEvent,
     applied_app_id,
+    decode_documents,
     event_from_row,
     event_keys,
 )
@@ -404,7 +405,8 @@ def transform_slice(
         [("cluster_time", "ascending"), ("event_order", "ascending")]  # files in oplog order
     )
     ops = rows.column("op").to_pylist()
-    afters = rows.column("after").to_pylist()
+    after_column = rows.column("after").combine_chunks()
+    afters = after_column.to_pylist()
     none = pc.fill_null(pa.nulls(rows.num_rows, pa.bool_()), False)
     in_changes = changes.window.mask(rows) if changes is not None else none
     single = none
@@ -415,14 +417,26 @@ def transform_slice(
             pc.and_(state.window.mask(rows), pc.invert(_collection_operations(rows))),
             pc.invert(pc.is_in(keys, pa.array(sorted(folded_keys), pa.string()))),
         )
-    needed = pc.or_(in_changes, single).to_pylist()
-    documents = [
-        bson.decode(after, DECODE_OPTIONS) if after is not None and wanted and op != "d" else None
-        for after, wanted, op in zip(afters, needed, ops, strict=True)
-    ]
-    state_output, marker_rows = None, []
+    documents: list[dict | None] = [None] * rows.num_rows
+    decoded = pc.indices_nonzero(
+        pc.and_(
+            pc.and_(pc.or_(in_changes, single), pc.is_valid(after_column)),
+            pc.fill_null(pc.not_equal(rows.column("op"), "d"), True),
+        )
+    )
+    for index, document in zip(
+        decoded.to_pylist(), decode_documents(after_column.take(decoded)), strict=True
+    ):
+        documents[index] = document
+    state_output, marker_rows, state_values = None, [], None
     if state is not None:
         versions, version_documents = [], []
+        # the latest position (per replica set) a manifest or drop of the run deletes documents before
+        deleting: dict[str, int] = {}
+        for rs, cluster_time in [(m.rs, m.cluster_time) for m in state.manifests] + [
+            (rs, position[0]) for position, rs in state.drops
+        ]:
+            deleting[rs] = max(cluster_time, deleting.get(rs, cluster_time))
         key_list, id_list = keys.to_pylist(), ids.to_pylist()
         cluster_times = rows.column("cluster_time").to_pylist()
         orders = rows.column("event_order").to_pylist()
@@ -443,15 +457,21 @@ def transform_slice(
             marker = markers.get(version.key)
             if marker is not None and version.position <= marker.position:
                 continue  # an older event landed after the delete: it does not bring the document back
-            version = drop_with_collection(reconcile_with_snapshots(version, state.manifests), state.drops)
+            if deleting.get(version.rs, -1) >= version.cluster_time:
+                version = drop_with_collection(
+                    reconcile_with_snapshots(version, state.manifests), state.drops
+                )
             versions.append(version)
             version_documents.append(document if version.document is not None else None)
-        state_output, marker_rows = write_state(location, state, versions, version_documents, markers)
+        state_output, marker_rows, state_values = write_state(
+            location, state, versions, version_documents, markers
+        )
     change_output = None
     if changes is not None:
         selected = pc.indices_nonzero(in_changes)
+        events = rows if len(selected) == rows.num_rows else rows.take(selected)
         change_output = write_changes(
-            location, changes, rows.take(selected), [documents[index] for index in selected.to_pylist()]
+            location, changes, events, [documents[index] for index in selected.to_pylist()], state_values
         )
     return state_output, marker_rows, change_output
 
@@ -462,10 +482,10 @@ def write_state(
     versions: list[DocumentVersion],
     documents: list[dict | None],
     markers: dict[str, DocumentVersion],
-) -> tuple[Output | None, list[tuple]]:
-    """Write ``versions`` as state rows (``documents``: theirs, decoded); returns the output and the
+) -> tuple[Output | None, list[tuple], columns.FieldValues | None]:
+    """Write ``versions`` as state rows (``documents``: theirs, decoded); returns the output, the
     deletion marker rows (``DELETION_COLUMNS`` and whether it is a deletion) of the deleted versions
-    and of those of documents with a marker."""
+    and of those of documents with a marker, and the documents' field values (for ``write_changes``)."""
     marker_rows = [
         (v.key, v.cluster_time, v.event_order, v.rs, v.document is None)
         for v in versions
@@ -475,7 +495,7 @@ def write_state(
         live = [index for index, version in enumerate(versions) if version.document is not None]
         versions, documents = [versions[i] for i in live], [documents[i] for i in live]
     if not versions:
-        return None, marker_rows
+        return None, marker_rows, None
     values = columns.FieldValues([document if document is not None else {} for document in documents])
     survey = columns.NO_CHANGES if spec.forced else spec.layout.survey(values)
     layout = spec.layout if spec.forced else spec.layout.evolved(survey)
@@ -497,17 +517,26 @@ def write_state(
         rows = rows.append_column(DELETED_FLAG, pa.array([d is None for d in documents], pa.bool_()))
     # sorted by key, so that the files of a table hold narrow key ranges a MERGE can skip
     file = write_data_file(location, spec.directory, rows.sort_by("__key"), STATE_STATS_COLUMNS)
-    return Output((file,), survey), marker_rows
+    return Output((file,), survey), marker_rows, values
 
 
 def write_changes(
-    location: LakeLocation, spec: ChangesSpec, events: pa.Table, after: list[dict | None]
+    location: LakeLocation,
+    spec: ChangesSpec,
+    events: pa.Table,
+    after: list[dict | None],
+    state_values: columns.FieldValues | None = None,
 ) -> Output | None:
-    """Write the change rows of raw ``events`` (``after``: theirs, decoded), a file per hour."""
+    """Write the change rows of raw ``events`` (``after``: theirs, decoded), a file per hour.
+    ``state_values``: the state rows' field values, shared when they are of the same documents."""
     _, metadata, documents = change_rows(events, after, spec.options)
     if not documents:
         return None
-    values = columns.FieldValues(documents)
+    same = state_values is not None and len(state_values.documents) == len(documents)
+    if same and all(a is b for a, b in zip(state_values.documents, documents, strict=True)):
+        values = state_values  # a snapshot's: each field's values are extracted once
+    else:
+        values = columns.FieldValues(documents)
     survey = columns.NO_CHANGES if spec.forced else spec.layout.survey(values)
     layout = spec.layout if spec.forced else spec.layout.evolved(survey)
     rows = pa.Table.from_batches([layout.record_batch(metadata, values)])
@@ -797,7 +826,7 @@ class StateRun:
             documents = [
                 bson.decode(v.document, DECODE_OPTIONS) if v.document is not None else None for v in folded
             ]
-            return [write_state(location, spec, folded, documents, markers.value)]
+            return [write_state(location, spec, folded, documents, markers.value)[:2]]
 
         return versions.mapPartitions(write).collect()
 

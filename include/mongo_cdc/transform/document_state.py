@@ -30,6 +30,7 @@ from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 import bson
+from bson import ObjectId
 
 from mongo_cdc import extjson
 from mongo_cdc.extjson import DECODE_OPTIONS
@@ -86,9 +87,12 @@ def fold_events(
 def current_id_json(document: dict | None, event_id_json: str) -> str:
     """The Extended JSON of ``document``'s own _id (a replace may change its type, not its value),
     else the event's (``ChangeEvent.document_id_json``)."""
-    return (
-        extjson.encode_str(document["_id"]) if document is not None and "_id" in document else event_id_json
-    )
+    if document is None or "_id" not in document:
+        return event_id_json
+    document_id = document["_id"]
+    if type(document_id) is ObjectId:  # the common case: extjson's text, ~4x cheaper
+        return '{"$oid":"%s"}' % document_id
+    return extjson.encode_str(document_id)
 
 
 def reconcile_with_snapshots(
