@@ -35,15 +35,19 @@ import json
 import logging
 import re
 import sys
-from collections.abc import Iterator
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from functools import reduce
 from typing import Any, NamedTuple
 
 import bson
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
-from pyspark import RDD, StorageLevel
+from deltalake import CommitProperties, DeltaTable, Schema, Transaction, write_deltalake
+from deltalake.transaction import create_table_with_add_actions
 from pyspark.sql import SparkSession
 
 from mongo_cdc import extjson, lake
@@ -54,23 +58,32 @@ from mongo_cdc.landing import COMMIT_RETRIES, Batch, SourceLake
 from mongo_cdc.maintenance import maintain_table
 from mongo_cdc.storage import LakeLocation, row_count, table_if_exists
 from mongo_cdc.transform import columns
+from mongo_cdc.transform.data_files import (
+    DataFile,
+    add_actions,
+    delete_data_files,
+    delete_directory,
+    write_data_file,
+)
 from mongo_cdc.transform.document_state import (
     DocumentVersion,
+    current_id_json,
     drop_with_collection,
     fold_events,
     reconcile_with_snapshots,
 )
-from mongo_cdc.transform.flatten import change_row
+from mongo_cdc.transform.flatten import change_rows
 from mongo_cdc.transform.flatten_options import FlatteningOptions
-from mongo_cdc.transform.keys import document_key
 from mongo_cdc.transform.raw_events import (
     RAW_COLUMNS,
     BatchWindow,
     ChangeEvent,
     applied_app_id,
+    decode_documents,
     event_from_row,
+    event_keys,
 )
-from mongo_cdc.transform.table_layout import TableLayout
+from mongo_cdc.transform.table_layout import TableLayout, widened
 
 log = logging.getLogger("cdc_transform")
 
@@ -91,6 +104,18 @@ DELETION_COLUMNS = ("__key", "__cluster_time", "__event_order", "__rs")
 DELETED_FLAG = "__merge_deleted"
 # Where the changes table records the flattening options it was written with.
 FLATTENING_METADATA = "mongo_cdc.flattening"
+# Raw rows per Spark task (a slice): each task writes a state file and a change file per hour of
+# them. Fewer when that keeps every core busy, but not below MIN_SLICE_ROWS (tiny files).
+SLICE_ROWS = 50_000
+MIN_SLICE_ROWS = 5_000
+# A MERGE source of at most this many rows is handed to delta-rs whole, which lets it read and
+# rewrite only the state files whose key range may hold a source key; a larger one is streamed.
+MERGE_IN_MEMORY_ROWS = 200_000
+# Columns with file statistics (min/max/null count) in the data files the job writes.
+STATE_STATS_COLUMNS = ("__key", "__cluster_time", "__event_order", "__rs")
+CHANGES_STATS_COLUMNS = ("__cluster_time", "__event_order")
+# Under a state table: MERGE sources and rebuilt change rows, written before their commit.
+STAGING_DIR = "_mongo_cdc_staging"
 
 
 class _ArgumentParser(argparse.ArgumentParser):
@@ -177,12 +202,24 @@ def build_session() -> SparkSession:
 
 
 class RawFile(NamedTuple):
-    """A data file of a raw table: its path under the lake root, partition and batch range."""
+    """A data file of a raw table: its path under the lake root, partition, batch range and rows."""
 
     path: str
     hour: str
     min_seq: int | None
     max_seq: int | None
+    rows: int
+
+
+class RawPiece(NamedTuple):
+    """Rows of one raw file: some of its row groups, or all of it (``row_groups`` None)."""
+
+    path: str
+    row_groups: tuple[int, ...] | None
+
+
+# A slice of the raw events: the pieces one Spark task reads, about SLICE_ROWS rows in all.
+RawSlice = tuple[RawPiece, ...]
 
 
 def raw_files(table: DeltaTable, table_path: str) -> list[RawFile]:
@@ -194,34 +231,80 @@ def raw_files(table: DeltaTable, table_path: str) -> list[RawFile]:
             row["partition.hour"],
             row["min.batch_seq"] if "min.batch_seq" in names else None,
             row["max.batch_seq"] if "max.batch_seq" in names else None,
+            row["num_records"] or 0,
         )
         for row in actions.to_pylist()
     ]
 
 
-def read_raw_events(location: LakeLocation, path: str, row_filter: pc.Expression) -> list[ChangeEvent]:
-    """The events of one raw data file that pass ``row_filter``."""
+def raw_slices(location: LakeLocation, files: list[RawFile], parallelism: int) -> list[RawSlice]:
+    """``files`` in slices of about SLICE_ROWS rows (fewer when that keeps every core busy), in batch
+    order, so each slice's change files cover few hours and its state file a narrow range of keys.
+
+    Small files (a pull's batches) are grouped; a large one (a snapshot's) is split at its row groups.
+    """
+    total = sum(file.rows for file in files)
+    target = max(MIN_SLICE_ROWS, min(SLICE_ROWS, -(-total // max(1, parallelism))))
+    pieces: list[tuple[RawPiece, int]] = []
     filesystem, base = location.filesystem()
-    full_path = f"{base}/{path}" if base else path
-    table = pq.read_table(full_path, columns=RAW_COLUMNS, filesystem=filesystem, filters=row_filter)
-    return [event_from_row(row) for row in table.to_pylist()]
+    for file in sorted(files, key=lambda file: (file.min_seq or 0, file.path)):
+        groups = []
+        if file.rows > target:
+            metadata = pq.ParquetFile(_lake_path(base, file.path), filesystem=filesystem).metadata
+            groups = [metadata.row_group(index).num_rows for index in range(metadata.num_row_groups)]
+        if len(groups) < 2:
+            pieces.append((RawPiece(file.path, None), file.rows))
+            continue
+        start, rows = 0, 0
+        for index, count in enumerate(groups):
+            rows += count
+            if rows >= target or index == len(groups) - 1:
+                pieces.append((RawPiece(file.path, tuple(range(start, index + 1))), rows))
+                start, rows = index + 1, 0
+    slices: list[RawSlice] = []
+    current: list[RawPiece] = []
+    rows = 0
+    for piece, count in pieces:
+        current.append(piece)
+        rows += count
+        if rows >= target:
+            slices.append(tuple(current))
+            current, rows = [], 0
+    if current:
+        slices.append(tuple(current))
+    return slices
 
 
-def arrow_chunks(rdd: RDD, schema: pa.Schema) -> pa.RecordBatchReader:
-    """A reader over an RDD of Arrow IPC streams, one partition at a time (memory stays bounded)."""
-
-    def batches() -> Iterator[pa.RecordBatch]:
-        for chunk in rdd.toLocalIterator():
-            yield from pa.ipc.open_stream(chunk)
-
-    return pa.RecordBatchReader.from_batches(schema, batches())
+def _lake_path(base: str, path: str) -> str:
+    return f"{base}/{path}" if base else path
 
 
-def ipc_bytes(batch: pa.RecordBatch) -> bytes:
+def read_slice(
+    location: LakeLocation, raw_slice: RawSlice, row_filter: pc.Expression, columns: list[str] = RAW_COLUMNS
+) -> pa.Table:
+    """The rows of ``raw_slice`` that pass ``row_filter``."""
+    filesystem, base = location.filesystem()
+    parts = []
+    for piece in raw_slice:
+        file = pq.ParquetFile(_lake_path(base, piece.path), filesystem=filesystem)
+        rows = (
+            file.read(columns)
+            if piece.row_groups is None
+            else file.read_row_groups(piece.row_groups, columns)
+        )
+        parts.append(rows.filter(row_filter))
+    return pa.concat_tables(parts, promote_options="permissive")
+
+
+def ipc_bytes(rows: pa.Table) -> bytes:
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, batch.schema) as writer:
-        writer.write_batch(batch)
+    with pa.ipc.new_stream(sink, rows.schema) as writer:
+        writer.write_table(rows)
     return sink.getvalue().to_pybytes()
+
+
+def from_ipc(data: bytes) -> pa.Table:
+    return pa.ipc.open_stream(data).read_all()
 
 
 def stored_layout(
@@ -237,12 +320,6 @@ def stored_layout(
     return TableLayout.from_arrow(schema, metadata_columns, reserved_names, sanitize_field_names)
 
 
-def evolved_layout(layout: TableLayout, documents: RDD) -> TableLayout:
-    """``layout`` with what ``documents`` (an RDD of decoded documents) need: new columns, siblings."""
-    surveys = documents.mapPartitions(lambda part: [layout.survey(list(part))])
-    return layout.evolved(surveys.fold(columns.NO_CHANGES, lambda a, b: a.merge(b)))
-
-
 def _position_after(left: str, right: str) -> str:
     """SQL: ``left``'s position is after ``right``'s."""
     return (
@@ -253,6 +330,259 @@ def _position_after(left: str, right: str) -> str:
 
 def _sql(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
+
+
+def _collection_operations(rows: pa.Table) -> pa.ChunkedArray:
+    """Which raw rows are a drop or rename of the collection (no document)."""
+    return pc.fill_null(pc.is_in(rows.column("op"), pa.array(sorted(lake.COLLECTION_OPERATIONS))), False)
+
+
+# -- per slice, in Spark's executors ------------------------------------------------------------
+
+
+class Output(NamedTuple):
+    """What a task wrote for one table: its files, and what its rows needed of the table's layout."""
+
+    files: tuple[DataFile, ...]
+    survey: columns.BatchTypes
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """How a task writes rows of one table."""
+
+    layout: TableLayout  # the stored layout: a task's rows evolve it (survey), or ...
+    forced: bool  # ... are written in it as it is (a second try whose rows must fit it)
+    directory: str  # where the files go, under the lake root (the table's, or a staging directory)
+
+
+@dataclass(frozen=True)
+class StateSpec(TableSpec):
+    window: BatchWindow = BatchWindow({})
+    with_flag: bool = False  # MERGE source rows (deletions flagged), or live rows only (a new table)
+    manifests: tuple[SnapshotManifest, ...] = ()
+    drops: tuple[tuple[tuple[int, str], str], ...] = ()
+
+
+@dataclass(frozen=True)
+class ChangesSpec(TableSpec):
+    window: BatchWindow = BatchWindow({})
+    options: FlatteningOptions = FlatteningOptions()
+
+
+def plan_slice(location: LakeLocation, raw_slice: RawSlice, window: BatchWindow) -> tuple[bytes, list, int]:
+    """A slice's state events in brief: (Arrow IPC of each document event's ``__key`` and whether it
+    is an update without ``after``, the drops and renames as (position, rs), its rows in all)."""
+    rows = read_slice(location, raw_slice, window.filter())
+    collection = _collection_operations(rows)
+    drops = [
+        ((row["cluster_time"], row["event_order"]), row["source"]["rs"])
+        for row in rows.filter(collection).select(["cluster_time", "event_order", "source"]).to_pylist()
+    ]
+    keyed = rows.filter(pc.and_(pc.invert(collection), pc.is_valid(rows.column("op"))))
+    keys, _ = event_keys(keyed.column("key"))
+    partial = pc.and_(
+        pc.and_(pc.equal(keyed.column("op"), "u"), pc.is_null(keyed.column("after"))),
+        pc.is_valid(keyed.column("updateDescription")),
+    )
+    return ipc_bytes(pa.table({"__key": keys, "partial": partial})), drops, rows.num_rows
+
+
+def transform_slice(
+    location: LakeLocation,
+    raw_slice: RawSlice,
+    state: StateSpec | None,
+    changes: ChangesSpec | None,
+    folded_keys: frozenset[str],
+    markers: dict[str, DocumentVersion],
+) -> tuple[Output | None, list[tuple], Output | None]:
+    """One slice's state rows (documents with one event in the window; the others are folded apart,
+    ``folded_keys``), deletion marker rows and change rows, each table's written to files: every
+    document is decoded once for both tables."""
+    windows = [spec.window.filter() for spec in (state, changes) if spec is not None]
+    row_filter = windows[0] if len(windows) == 1 else windows[0] | windows[1]
+    rows = read_slice(location, raw_slice, row_filter).sort_by(
+        [("cluster_time", "ascending"), ("event_order", "ascending")]  # files in oplog order
+    )
+    ops = rows.column("op").to_pylist()
+    after_column = rows.column("after").combine_chunks()
+    afters = after_column.to_pylist()
+    none = pc.fill_null(pa.nulls(rows.num_rows, pa.bool_()), False)
+    in_changes = changes.window.mask(rows) if changes is not None else none
+    single = none
+    keys = ids = None
+    if state is not None:
+        keys, ids = event_keys(rows.column("key"))
+        single = pc.and_(
+            pc.and_(state.window.mask(rows), pc.invert(_collection_operations(rows))),
+            pc.invert(pc.is_in(keys, pa.array(sorted(folded_keys), pa.string()))),
+        )
+    documents: list[dict | None] = [None] * rows.num_rows
+    decoded = pc.indices_nonzero(
+        pc.and_(
+            pc.and_(pc.or_(in_changes, single), pc.is_valid(after_column)),
+            pc.fill_null(pc.not_equal(rows.column("op"), "d"), True),
+        )
+    )
+    for index, document in zip(
+        decoded.to_pylist(), decode_documents(after_column.take(decoded)), strict=True
+    ):
+        documents[index] = document
+    state_output, marker_rows, state_values = None, [], None
+    if state is not None:
+        versions, version_documents = [], []
+        # the latest position (per replica set) a manifest or drop of the run deletes documents before
+        deleting: dict[str, int] = {}
+        for rs, cluster_time in [(m.rs, m.cluster_time) for m in state.manifests] + [
+            (rs, position[0]) for position, rs in state.drops
+        ]:
+            deleting[rs] = max(cluster_time, deleting.get(rs, cluster_time))
+        key_list, id_list = keys.to_pylist(), ids.to_pylist()
+        cluster_times = rows.column("cluster_time").to_pylist()
+        orders = rows.column("event_order").to_pylist()
+        replica_sets = pc.struct_field(rows.column("source").combine_chunks(), "rs").to_pylist()
+        for index in pc.indices_nonzero(single).to_pylist():
+            # fold_events of a document's only event: a delete, or a full document
+            op, document = ops[index], documents[index]
+            if op != "d" and document is None:
+                continue  # a tombstone, or an update whose lookup found nothing
+            version = DocumentVersion(
+                key_list[index],
+                id_list[index] if op == "d" else current_id_json(document, id_list[index]),
+                None if op == "d" else afters[index],
+                cluster_times[index],
+                orders[index],
+                replica_sets[index],
+            )
+            marker = markers.get(version.key)
+            if marker is not None and version.position <= marker.position:
+                continue  # an older event landed after the delete: it does not bring the document back
+            if deleting.get(version.rs, -1) >= version.cluster_time:
+                version = drop_with_collection(
+                    reconcile_with_snapshots(version, state.manifests), state.drops
+                )
+            versions.append(version)
+            version_documents.append(document if version.document is not None else None)
+        state_output, marker_rows, state_values = write_state(
+            location, state, versions, version_documents, markers
+        )
+    change_output = None
+    if changes is not None:
+        selected = pc.indices_nonzero(in_changes)
+        events = rows if len(selected) == rows.num_rows else rows.take(selected)
+        change_output = write_changes(
+            location, changes, events, [documents[index] for index in selected.to_pylist()], state_values
+        )
+    return state_output, marker_rows, change_output
+
+
+def write_state(
+    location: LakeLocation,
+    spec: StateSpec,
+    versions: list[DocumentVersion],
+    documents: list[dict | None],
+    markers: dict[str, DocumentVersion],
+) -> tuple[Output | None, list[tuple], columns.FieldValues | None]:
+    """Write ``versions`` as state rows (``documents``: theirs, decoded); returns the output, the
+    deletion marker rows (``DELETION_COLUMNS`` and whether it is a deletion) of the deleted versions
+    and of those of documents with a marker, and the documents' field values (for ``write_changes``)."""
+    marker_rows = [
+        (v.key, v.cluster_time, v.event_order, v.rs, v.document is None)
+        for v in versions
+        if v.document is None or v.key in markers
+    ]
+    if not spec.with_flag:
+        live = [index for index, version in enumerate(versions) if version.document is not None]
+        versions, documents = [versions[i] for i in live], [documents[i] for i in live]
+    if not versions:
+        return None, marker_rows, None
+    values = columns.FieldValues([document if document is not None else {} for document in documents])
+    survey = columns.NO_CHANGES if spec.forced else spec.layout.survey(values)
+    layout = spec.layout if spec.forced else spec.layout.evolved(survey)
+    metadata = {
+        "__key": pa.array([v.key for v in versions], pa.string()),
+        "__id": pa.array([v.document_id_json for v in versions], pa.string()),
+        "__doc": pa.array(
+            [extjson.encode_str(document) if document is not None else None for document in documents],
+            pa.string(),
+        ),
+        "__doc_bson": pa.array([v.document for v in versions], pa.binary()),
+        "__cluster_time": pa.array([v.cluster_time for v in versions], pa.int64()),
+        "__event_order": pa.array([v.event_order for v in versions], pa.string()),
+        "__rs": pa.array([v.rs for v in versions], pa.string()),
+    }
+    batch = layout.record_batch(metadata, values)
+    rows = pa.Table.from_batches([batch])
+    if spec.with_flag:
+        rows = rows.append_column(DELETED_FLAG, pa.array([d is None for d in documents], pa.bool_()))
+    # sorted by key, so that the files of a table hold narrow key ranges a MERGE can skip
+    file = write_data_file(location, spec.directory, rows.sort_by("__key"), STATE_STATS_COLUMNS)
+    return Output((file,), survey), marker_rows, values
+
+
+def write_changes(
+    location: LakeLocation,
+    spec: ChangesSpec,
+    events: pa.Table,
+    after: list[dict | None],
+    state_values: columns.FieldValues | None = None,
+) -> Output | None:
+    """Write the change rows of raw ``events`` (``after``: theirs, decoded), a file per hour.
+    ``state_values``: the state rows' field values, shared when they are of the same documents."""
+    _, metadata, documents = change_rows(events, after, spec.options)
+    if not documents:
+        return None
+    same = state_values is not None and len(state_values.documents) == len(documents)
+    if same and all(a is b for a, b in zip(state_values.documents, documents, strict=True)):
+        values = state_values  # a snapshot's: each field's values are extracted once
+    else:
+        values = columns.FieldValues(documents)
+    survey = columns.NO_CHANGES if spec.forced else spec.layout.survey(values)
+    layout = spec.layout if spec.forced else spec.layout.evolved(survey)
+    rows = pa.Table.from_batches([layout.record_batch(metadata, values)])
+    hours = _hour_partitions(metadata["__cluster_time"])
+    files = []
+    for hour in pc.unique(hours).to_pylist():
+        part = rows.filter(pc.equal(hours, hour))
+        files.append(
+            write_data_file(
+                location, spec.directory, part, CHANGES_STATS_COLUMNS, ((lake.HOUR_COLUMN, hour),)
+            )
+        )
+    return Output(tuple(files), survey)
+
+
+def _hour_partitions(cluster_times: pa.Array) -> pa.Array:
+    """``lake.hour_partition`` of each cluster time (computed once per hour)."""
+    hour_numbers = pc.divide(pc.shift_right(cluster_times, 32), 3600)
+    distinct = pc.unique(hour_numbers)
+    names = pa.array(
+        [lake.hour_partition((number * 3600) << 32) for number in distinct.to_pylist()], pa.string()
+    )
+    return pc.take(names, pc.index_in(hour_numbers, distinct))
+
+
+def fold_inputs(
+    location: LakeLocation, raw_slice: RawSlice, window: BatchWindow, folded_keys: frozenset[str]
+) -> list[tuple[str, ChangeEvent]]:
+    """The events of a slice's documents whose events are folded apart, keyed by document."""
+    rows = read_slice(location, raw_slice, window.filter())
+    keys, _ = event_keys(rows.column("key"))
+    selected = pc.and_(
+        pc.and_(pc.invert(_collection_operations(rows)), pc.is_valid(rows.column("op"))),
+        pc.is_in(keys, pa.array(sorted(folded_keys), pa.string())),
+    )
+    indices = pc.indices_nonzero(pc.fill_null(selected, False))
+    events = [event_from_row(row) for row in rows.take(indices).to_pylist()]
+    return list(zip(keys.take(indices).to_pylist(), events, strict=True))
+
+
+# -- per collection, in the driver ------------------------------------------------------------
+
+
+def settled_layout(stored: TableLayout, outputs: list[Output]) -> TableLayout:
+    """The table's layout after this run: ``stored`` with what every task's rows needed."""
+    return stored.evolved(reduce(lambda a, b: a.merge(b), (o.survey for o in outputs), columns.NO_CHANGES))
 
 
 class CollectionTransform:
@@ -268,6 +598,7 @@ class CollectionTransform:
         rebuild_hours: tuple[str, ...],
     ) -> None:
         self.spark = spark
+        self.context = spark.sparkContext
         self.source_lake = source_lake
         self.location = source_lake.location
         self.options = source_lake.options
@@ -282,6 +613,8 @@ class CollectionTransform:
         self.flattening = flattening
         self.rebuild_hours = rebuild_hours
         self.raw_path = "/".join(("raw", source_lake.prefix, db, collection))
+        self.state_path = "/".join(("state", source_lake.prefix, db, collection))
+        self.changes_path = "/".join(("changes", source_lake.prefix, db, collection))
         self.state_uri = lake.table_uri(self.location, "state", source_lake.prefix, db, collection)
         self.deletions_uri = lake.deletions_uri(self.location, source_lake.prefix, db, collection)
         self.changes_uri = lake.table_uri(self.location, "changes", source_lake.prefix, db, collection)
@@ -289,10 +622,14 @@ class CollectionTransform:
             self.location.table_uri("raw", source_lake.prefix, db, collection), self.options
         )
         self.files = raw_files(raw, self.raw_path) if raw is not None else []
+        # MERGE sources and rebuilt tables are written here first (never read as the tables' data)
+        self.staging = f"{self.state_path}/{STAGING_DIR}/{uuid.uuid4()}"
 
     def run(self, maintenance: dict[str, int] | None) -> dict[str, Any]:
-        summary = self.update_state()
-        summary.update(self.update_changes())
+        try:
+            summary = self.update()
+        finally:
+            delete_directory(self.location, self.staging)
         if maintenance is not None:
             summary["maintenance"] = self.maintain(maintenance)
         return summary
@@ -313,13 +650,6 @@ class CollectionTransform:
                 )
         return done
 
-    def events(self, files: list[RawFile], row_filter: pc.Expression) -> RDD:
-        location = self.location
-        slices = max(1, min(len(files), self.spark.sparkContext.defaultParallelism * 4))
-        return self.spark.sparkContext.parallelize([f.path for f in files], slices).flatMap(
-            lambda path: read_raw_events(location, path, row_filter)
-        )
-
     def applied(self, table: DeltaTable | None, name: str) -> dict[str, int]:
         if table is None:
             return {}
@@ -334,38 +664,149 @@ class CollectionTransform:
             max_commit_retries=COMMIT_RETRIES,
         )
 
-    # -- state ---------------------------------------------------------------------------
+    def slices(self, windows: list[BatchWindow], files: list[RawFile] | None = None) -> list[RawSlice]:
+        chosen = [
+            file
+            for file in (self.files if files is None else files)
+            if any(window.may_hold(file.min_seq, file.max_seq) for window in windows)
+        ]
+        return raw_slices(self.location, chosen, self.context.defaultParallelism)
 
-    def update_state(self) -> dict[str, Any]:
-        table = table_if_exists(self.state_uri, self.options)
-        applied = self.applied(table, "state")
-        window = BatchWindow.of(self.batches, self.namespace, applied)
-        manifests = [m for m in self.manifests if applied.get(m.rs, 0) < m.seq <= self.committed.get(m.rs, 0)]
-        if window.is_empty:
-            return {"new_events": 0, "state_rows": row_count(table)}
-        files = [f for f in self.files if window.may_hold(f.min_seq, f.max_seq)]
-        events = self.events(files, window.filter()).persist(StorageLevel.MEMORY_AND_DISK)
-        drops = (
-            events.filter(lambda event: event.op in lake.COLLECTION_OPERATIONS)
-            .map(lambda event: (event.position, event.rs))
-            .collect()
+    def run_slices(self, slices: list[RawSlice], task: Callable[[RawSlice], Any]) -> list[Any]:
+        """``task`` of each slice, one Spark task each; the results in slice order."""
+        if not slices:
+            return []
+        return self.context.parallelize(slices, len(slices)).map(task).collect()
+
+    # -- both tables ---------------------------------------------------------------------
+
+    def update(self) -> dict[str, Any]:
+        state_table = table_if_exists(self.state_uri, self.options)
+        state_window = BatchWindow.of(self.batches, self.namespace, self.applied(state_table, "state"))
+        changes_table = table_if_exists(self.changes_uri, self.options)
+        rebuilt = (
+            changes_table is not None and _recorded_flattening(changes_table) != self.flattening.to_json()
         )
-        keyed = events.filter(lambda event: event.op not in lake.COLLECTION_OPERATIONS).map(
-            lambda event: (document_key(event.document_id), event)
+        if rebuilt:
+            log.warning(
+                "%s: other flattening options than the changes table's: rebuilding it", self.namespace
+            )
+        changes_window = BatchWindow.of(
+            self.batches, self.namespace, {} if rebuilt else self.applied(changes_table, "changes")
         )
-        # an update without the full document applies to the stored version: load just those
-        needs_stored = (
-            keyed.filter(lambda item: item[1].op == "u" and item[1].after_bson is None)
-            .keys()
-            .distinct()
-            .collect()
+        state = None if state_window.is_empty else StateRun(self, state_table, state_window)
+        changes = (
+            None
+            if changes_window.is_empty
+            else ChangesRun(self, None if rebuilt else changes_table, rebuilt, changes_window)
         )
+        windows = [run.window for run in (state, changes) if run is not None]
+        slices = self.slices(windows) if windows else []
+        if state is not None:
+            state.plan(slices)
+        state_spec = state.spec() if state is not None else None
+        changes_spec = changes.spec() if changes is not None else None
+        location = self.location
+        folded = self.context.broadcast(state.folded_keys if state is not None else frozenset())
+        markers = self.context.broadcast(state.markers if state is not None else {})
+        started = time.monotonic()
+        outputs = self.run_slices(
+            slices,
+            lambda raw_slice: transform_slice(
+                location, raw_slice, state_spec, changes_spec, folded.value, markers.value
+            ),
+        )
+        log.info(
+            "%s: %d slices transformed in %.1fs", self.namespace, len(slices), time.monotonic() - started
+        )
+        summary: dict[str, Any] = {}
+        if state is not None:
+            summary.update(state.finish(slices, [(s, m) for s, m, _ in outputs]))
+        else:
+            summary.update(new_events=0, state_rows=row_count(state_table))
+        written = 0
+        if changes is not None:
+            written = changes.finish(slices, [c for _, _, c in outputs])
+            changes_table = table_if_exists(self.changes_uri, self.options)
+        if self.rebuild_hours and changes_table is not None:
+            every = BatchWindow.of(self.batches, self.namespace, include_history=True)
+            written += ChangesRun(self, changes_table, False, every).rebuild(set(self.rebuild_hours))
+            changes_table = table_if_exists(self.changes_uri, self.options)
+        summary.update(
+            change_rows=row_count(changes_table), change_rows_written=written, changes_rebuilt=rebuilt
+        )
+        return summary
+
+
+class StateRun:
+    """One run's update of a collection's state table (and its deletion markers)."""
+
+    def __init__(self, transform: CollectionTransform, table: DeltaTable | None, window: BatchWindow) -> None:
+        self.transform = transform
+        self.table = table
+        self.window = window
+        applied = transform.applied(table, "state")
+        self.manifests = tuple(
+            m for m in transform.manifests if applied.get(m.rs, 0) < m.seq <= transform.committed.get(m.rs, 0)
+        )
+        self.layout = stored_layout(table, STATE_METADATA_COLUMNS, transform.flattening.sanitize_field_names)
+        self.deletions = table_if_exists(transform.deletions_uri, transform.options)
+        # a new table is written where it lives; a MERGE's source is staged first
+        self.directory = transform.state_path if table is None else f"{transform.staging}/state"
+        self.new_events = 0
+        self.drops: tuple[tuple[tuple[int, str], str], ...] = ()
+        self.folded_keys: frozenset[str] = frozenset()
+        self.markers: dict[str, DocumentVersion] = {}
+        self.stored: dict[str, DocumentVersion] = {}
+
+    def spec(self, layout: TableLayout | None = None) -> StateSpec:
+        return StateSpec(
+            layout or self.layout,
+            layout is not None,
+            self.directory,
+            self.window,
+            self.table is not None,
+            self.manifests,
+            self.drops,
+        )
+
+    def plan(self, slices: list[RawSlice]) -> None:
+        """Which documents' events are folded apart (more than one event, or an update without
+        ``after``), the run's drops, the deletion markers and stored versions the run needs."""
+        location, window, started = self.transform.location, self.window, time.monotonic()
+        planned = self.transform.run_slices(slices, lambda raw_slice: plan_slice(location, raw_slice, window))
+        self.new_events = sum(count for _, _, count in planned)
+        self.drops = tuple(sorted(drop for _, drops, _ in planned for drop in drops))
+        events = pa.concat_tables([from_ipc(data) for data, _, _ in planned]) if planned else None
+        if events is None or events.num_rows == 0:
+            return
+        counts = pc.value_counts(events.column("__key"))
+        repeated = pc.filter(counts.field("values"), pc.greater(counts.field("counts"), 1))
+        partial = pc.unique(pc.filter(events.column("__key"), events.column("partial")))
+        self.folded_keys = frozenset(repeated.to_pylist()) | frozenset(partial.to_pylist())
         # a deleted document's position stops an older event, landed later (by another shard, say),
         # from bringing it back: its deletion marker is its previous version
-        deletions = table_if_exists(self.deletions_uri, self.options)
-        in_run = keyed.keys().distinct().collect() if deletions is not None else []
-        deleted = _deletion_markers(deletions, in_run)
-        stored = self.spark.sparkContext.broadcast({**deleted, **_stored_versions(table, needs_stored)})
+        self.markers = _deletion_markers(self.deletions, counts.field("values"))
+        # an update without the full document applies to the stored version: load just those
+        self.stored = _stored_versions(self.table, partial.to_pylist())
+        log.info(
+            "%s: %d new events, %d documents folded apart, %d markers (%.1fs)",
+            self.transform.namespace, self.new_events, len(self.folded_keys), len(self.markers),
+            time.monotonic() - started,
+        )  # fmt: skip
+
+    def fold(
+        self, slices: list[RawSlice], layout: TableLayout | None = None
+    ) -> list[tuple[Output | None, list]]:
+        """The documents folded apart: their events grouped by document (Spark's shuffle), folded
+        with their stored version or marker, and written."""
+        if not self.folded_keys:
+            return []
+        context, location, window = self.transform.context, self.transform.location, self.window
+        keys = context.broadcast(self.folded_keys)
+        stored = context.broadcast({**self.markers, **self.stored})
+        markers = context.broadcast(self.markers)
+        manifests, drops, spec = self.manifests, self.drops, self.spec(layout)
 
         def fold(item: tuple[str, Any]) -> DocumentVersion | None:
             key, document_events = item
@@ -374,83 +815,110 @@ class CollectionTransform:
                 return None
             return drop_with_collection(reconcile_with_snapshots(version, manifests), drops)
 
-        versions = keyed.groupByKey().map(fold).filter(lambda v: v is not None)
-        versions = versions.persist(StorageLevel.MEMORY_AND_DISK)
-        layout = evolved_layout(
-            stored_layout(table, STATE_METADATA_COLUMNS, self.flattening.sanitize_field_names),
-            versions.filter(lambda version: version.document is not None).map(
-                lambda version: bson.decode(version.document, DECODE_OPTIONS)
-            ),
+        partitions = max(1, min(context.defaultParallelism, -(-len(self.folded_keys) // SLICE_ROWS)))
+        events = context.parallelize(slices, len(slices)).flatMap(
+            lambda raw_slice: fold_inputs(location, raw_slice, window, keys.value)
         )
-        new_events = events.count()
+        versions = events.groupByKey(partitions).map(fold).filter(lambda version: version is not None)
+
+        def write(part: Iterator[DocumentVersion]) -> list[tuple[Output | None, list]]:
+            folded = list(part)
+            documents = [
+                bson.decode(v.document, DECODE_OPTIONS) if v.document is not None else None for v in folded
+            ]
+            return [write_state(location, spec, folded, documents, markers.value)[:2]]
+
+        return versions.mapPartitions(write).collect()
+
+    def finish(self, slices: list[RawSlice], outputs: list[tuple[Output | None, list]]) -> dict[str, Any]:
+        outputs = outputs + self.fold(slices)
+        written = [output for output, _ in outputs if output is not None]
+        layout = settled_layout(self.layout, written)
+        misfits = [
+            i for i, (output, _) in enumerate(outputs) if output is not None and not self.fits(output, layout)
+        ]
+        if misfits:
+            # tasks' rows took other types for a new field: write them again, in the settled layout
+            log.info("%s: writing the state rows of %d tasks again", self.transform.namespace, len(misfits))
+            for output, _ in outputs:
+                if output is not None:
+                    delete_data_files(self.transform.location, self.directory, output.files)
+            outputs = self.rewritten(slices, layout)
+            written = [output for output, _ in outputs if output is not None]
+        files = [file for output in written for file in output.files]
         # markers first: applying the same versions again after a crash gives the same markers
-        self.update_deletion_markers(deletions, versions, set(deleted))
-        if table is None:
-            live = versions.filter(lambda version: version.document is not None)
-            reader = arrow_chunks(
-                live.mapPartitions(lambda part: _state_chunks(part, layout, False)), layout.schema
-            )
-            write_deltalake(
-                self.state_uri,
-                reader,
-                mode="append",
-                storage_options=self.options,
-                commit_properties=self.commit_properties("state"),
+        self.update_deletion_markers([row for _, rows in outputs for row in rows])
+        if self.table is None:
+            create_table_with_add_actions(
+                self.transform.state_uri,
+                Schema.from_arrow(layout.schema),
+                add_actions(files),
+                mode="error",
+                storage_options=self.transform.options,
+                commit_properties=self.transform.commit_properties("state"),
             )
         else:
-            self.merge_state(table, versions, layout, manifests, drops)
-        versions.unpersist()
-        events.unpersist()
+            self.merge(layout, files)
         return {
-            "new_events": new_events,
-            "state_rows": row_count(table_if_exists(self.state_uri, self.options)),
+            "new_events": self.new_events,
+            "state_rows": row_count(table_if_exists(self.transform.state_uri, self.transform.options)),
         }
 
-    def update_deletion_markers(self, markers: DeltaTable | None, versions: RDD, marked: set[str]) -> None:
-        """Record the run's deletions; drop the markers of documents that live again."""
-        changed = versions.filter(lambda v: v.document is None or v.key in marked).map(
-            lambda v: (v.key, v.cluster_time, v.event_order, v.rs, v.document is None)
+    def fits(self, output: Output, layout: TableLayout) -> bool:
+        return self.layout.reads_as(output.survey, layout)
+
+    def rewritten(self, slices: list[RawSlice], layout: TableLayout) -> list[tuple[Output | None, list]]:
+        """Every state row of the run written again, in ``layout``."""
+        location, spec = self.transform.location, self.spec(layout)
+        folded, markers = self.folded_keys, self.markers
+        outputs = self.transform.run_slices(
+            slices, lambda raw_slice: transform_slice(location, raw_slice, spec, None, folded, markers)
         )
-        rows = changed.collect()
+        return [(output, rows) for output, rows, _ in outputs] + self.fold(slices, layout)
+
+    def update_deletion_markers(self, rows: list[tuple]) -> None:
+        """Record the run's deletions; drop the markers of documents that live again."""
         if not rows:
             return
-        columns = list(zip(*rows, strict=True))
         source = pa.table(
             {
                 name: pa.array(values)
-                for name, values in zip([*DELETION_COLUMNS, DELETED_FLAG], columns, strict=True)
+                for name, values in zip(
+                    [*DELETION_COLUMNS, DELETED_FLAG], zip(*rows, strict=True), strict=True
+                )
             }
         )
-        if markers is None:
+        if self.deletions is None:
             deletions = source.filter(pc.field(DELETED_FLAG)).drop_columns([DELETED_FLAG])
-            write_deltalake(self.deletions_uri, deletions, mode="append", storage_options=self.options)
+            write_deltalake(
+                self.transform.deletions_uri, deletions, mode="append", storage_options=self.transform.options
+            )
             return
         newer = _position_after("s", "t")
         (
-            markers.merge(source, predicate="t.__key = s.__key", source_alias="s", target_alias="t")
+            self.deletions.merge(source, predicate="t.__key = s.__key", source_alias="s", target_alias="t")
             .when_matched_delete(predicate=f"NOT s.{DELETED_FLAG} AND {newer}")
             .when_matched_update_all(predicate=f"s.{DELETED_FLAG} AND {newer}", except_cols=[DELETED_FLAG])
             .when_not_matched_insert_all(predicate=f"s.{DELETED_FLAG}", except_cols=[DELETED_FLAG])
             .execute()
         )
 
-    def merge_state(
-        self,
-        table: DeltaTable,
-        versions: RDD,
-        layout: TableLayout,
-        manifests: list[SnapshotManifest],
-        drops: list[tuple[tuple[int, str], str]],
-    ) -> None:
+    def merge(self, layout: TableLayout, files: list[DataFile]) -> None:
+        """MERGE the staged rows into the table in one commit."""
+        assert self.table is not None
         schema = layout.schema.append(pa.field(DELETED_FLAG, pa.bool_()))
-        reader = arrow_chunks(versions.mapPartitions(lambda part: _state_chunks(part, layout, True)), schema)
-        merger = table.merge(
-            reader,
+        source = staged_rows(self.transform.location, self.directory, files, schema)
+        in_memory = sum(file.rows for file in files) <= MERGE_IN_MEMORY_ROWS
+        if in_memory:  # delta-rs then reads only the files whose key range may hold a source key
+            source = source.read_all()
+        merger = self.table.merge(
+            source,
             predicate="t.__key = s.__key",
             source_alias="s",
             target_alias="t",
             merge_schema=True,
-            commit_properties=self.commit_properties("state"),
+            streamed_exec=not in_memory,
+            commit_properties=self.transform.commit_properties("state"),
         )
         newer = _position_after("s", "t")
         merger = merger.when_matched_delete(predicate=f"s.{DELETED_FLAG} AND {newer}")
@@ -461,95 +929,149 @@ class CollectionTransform:
             predicate=f"NOT s.{DELETED_FLAG}", except_cols=[DELETED_FLAG]
         )
         # documents the new batches did not touch: gone if a snapshot missed them or a drop came after
-        gone = [f"(t.__rs = {_sql(m.rs)} AND t.__cluster_time < {m.cluster_time})" for m in manifests]
+        gone = [f"(t.__rs = {_sql(m.rs)} AND t.__cluster_time < {m.cluster_time})" for m in self.manifests]
         gone += [
             f"(t.__rs = {_sql(rs)} AND (t.__cluster_time < {ct} OR (t.__cluster_time = {ct} "
             f"AND t.__event_order < {_sql(order)})))"
-            for (ct, order), rs in drops
+            for (ct, order), rs in self.drops
         ]
         if gone:
             merger = merger.when_not_matched_by_source_delete(predicate=" OR ".join(gone))
         metrics = merger.execute()
-        log.info("%s state merge: %s", self.namespace, metrics)
+        log.info("%s state merge: %s", self.transform.namespace, metrics)
 
-    # -- changes -------------------------------------------------------------------------
 
-    def update_changes(self) -> dict[str, Any]:
-        table = table_if_exists(self.changes_uri, self.options)
-        rebuilt = table is not None and _recorded_flattening(table) != self.flattening.to_json()
-        if rebuilt:
-            log.warning(
-                "%s: other flattening options than the changes table's: rebuilding it", self.namespace
-            )
-            table = None
-        applied = self.applied(table, "changes")
-        window = BatchWindow.of(self.batches, self.namespace, applied)
-        written = 0
-        if not window.is_empty:
-            files = [f for f in self.files if window.may_hold(f.min_seq, f.max_seq)]
-            written += self.write_changes(table, files, window.filter(), overwrite=rebuilt)
-            table = table_if_exists(self.changes_uri, self.options)
-        if self.rebuild_hours and table is not None:
-            hours = set(self.rebuild_hours)
-            files = [f for f in self.files if f.hour in hours]
-            every = BatchWindow.of(self.batches, self.namespace, include_history=True)
-            written += self.write_changes(table, files, every.filter(), hours=hours)
-            table = table_if_exists(self.changes_uri, self.options)
-        return {
-            "change_rows": row_count(table),
-            "change_rows_written": written,
-            "changes_rebuilt": rebuilt,
-        }
+def staged_rows(
+    location: LakeLocation, directory: str, files: list[DataFile], schema: pa.Schema
+) -> pa.RecordBatchReader:
+    """The rows of staged ``files``, one file at a time, as rows of ``schema`` (``widened``)."""
+    filesystem, base = location.filesystem()
 
-    def write_changes(
-        self,
-        table: DeltaTable | None,
-        files: list[RawFile],
-        row_filter: pc.Expression,
-        overwrite: bool = False,
-        hours: set[str] | None = None,
-    ) -> int:
-        """Append the change rows of ``files`` (or replace the table, or the given hours, with them)."""
-        options = self.flattening
-        rows = self.events(files, row_filter).flatMap(lambda event: _change_rows(event, options))
-        rows = rows.persist(StorageLevel.MEMORY_AND_DISK)
-        layout = evolved_layout(
-            stored_layout(
-                None if overwrite else table,
-                options.metadata_columns,
-                options.sanitize_field_names,
-                (lake.HOUR_COLUMN,),
-            ),
-            rows.map(lambda row: row[1]),
+    def batches() -> Iterator[pa.RecordBatch]:
+        for file in files:
+            path = _lake_path(base, f"{directory}/{file.path}")
+            rows = pq.read_table(path, filesystem=filesystem)
+            for column, value in file.partition:
+                rows = rows.append_column(column, pa.array([value] * rows.num_rows, pa.string()))
+            yield from widened(rows, schema).to_batches()
+
+    return pa.RecordBatchReader.from_batches(schema, batches())
+
+
+class ChangesRun:
+    """One run's appends to a collection's changes table (of the raw rows ``window`` selects), or
+    its rebuild."""
+
+    def __init__(
+        self, transform: CollectionTransform, table: DeltaTable | None, rebuilt: bool, window: BatchWindow
+    ) -> None:
+        self.transform = transform
+        self.table = table
+        self.rebuilt = rebuilt
+        self.window = window
+        options = transform.flattening
+        self.layout = stored_layout(
+            table, options.metadata_columns, options.sanitize_field_names, (lake.HOUR_COLUMN,)
         )
-        schema = _with_flattening(layout.schema.append(pa.field(lake.HOUR_COLUMN, pa.string())), options)
-        reader = arrow_chunks(rows.mapPartitions(lambda part: _change_chunks(part, layout, schema)), schema)
-        count = rows.count()
-        properties = self.commit_properties("changes")
-        if table is None or overwrite:
+
+    def spec(self, layout: TableLayout | None = None, staged: bool = False) -> ChangesSpec:
+        """How tasks write the rows (``layout``: in it as it is; ``staged``: before a rewrite)."""
+        transform = self.transform
+        directory = f"{transform.staging}/changes" if staged or self.rebuilt else transform.changes_path
+        return ChangesSpec(
+            layout or self.layout, layout is not None, directory, self.window, transform.flattening
+        )
+
+    def schema(self, layout: TableLayout) -> pa.Schema:
+        return _with_flattening(
+            layout.schema.append(pa.field(lake.HOUR_COLUMN, pa.string())), self.transform.flattening
+        )
+
+    def settle(
+        self, slices: list[RawSlice], outputs: list[Output | None], staged: bool
+    ) -> tuple[TableLayout, list[DataFile]]:
+        """The table's layout after the run, and the files of its rows in it (some written again)."""
+        written = [output for output in outputs if output is not None]
+        layout = settled_layout(self.layout, written)
+        spec = self.spec(staged=staged)
+        misfits = [
+            index
+            for index, output in enumerate(outputs)
+            if output is not None and not self.layout.reads_as(output.survey, layout)
+        ]
+        if misfits:
+            log.info("%s: writing the change rows of %d tasks again", self.transform.namespace, len(misfits))
+            location, forced = self.transform.location, self.spec(layout, staged)
+            again = self.transform.run_slices(
+                [slices[index] for index in misfits],
+                lambda raw_slice: transform_slice(location, raw_slice, None, forced, frozenset(), {})[2],
+            )
+            for index, output in zip(misfits, again, strict=True):
+                delete_data_files(location, spec.directory, outputs[index].files)
+                outputs[index] = output
+        return layout, [file for output in outputs if output is not None for file in output.files]
+
+    def finish(self, slices: list[RawSlice], outputs: list[Output | None]) -> int:
+        """Commit the run's change rows: appended, or replacing the whole table (a rebuild)."""
+        layout, files = self.settle(slices, outputs, staged=False)
+        schema = self.schema(layout)
+        properties = self.transform.commit_properties("changes")
+        if self.rebuilt:
             write_deltalake(
-                self.changes_uri,
-                reader,
-                mode="overwrite" if overwrite else "append",
-                schema_mode="overwrite" if overwrite else None,
+                self.transform.changes_uri,
+                staged_rows(self.transform.location, f"{self.transform.staging}/changes", files, schema),
+                mode="overwrite",
+                schema_mode="overwrite",
                 partition_by=[lake.HOUR_COLUMN],
-                storage_options=self.options,
+                storage_options=self.transform.options,
                 commit_properties=properties,
             )
-        elif hours is not None:
-            listed = ", ".join(_sql(hour) for hour in sorted(hours))
-            write_deltalake(
-                table,
-                reader,
-                mode="overwrite",
-                predicate=f"{lake.HOUR_COLUMN} IN ({listed})",
-                schema_mode="merge",
+        elif self.table is None:
+            create_table_with_add_actions(
+                self.transform.changes_uri,
+                Schema.from_arrow(schema),
+                add_actions(files),
+                mode="error",
+                partition_by=[lake.HOUR_COLUMN],
+                storage_options=self.transform.options,
                 commit_properties=properties,
             )
         else:
-            write_deltalake(table, reader, mode="append", schema_mode="merge", commit_properties=properties)
-        rows.unpersist()
-        return count
+            if layout is not self.layout:
+                # new columns first (a commit of its own: Delta's add actions cannot change the schema);
+                # a crash before the next commit leaves only unused columns, which the retry keeps
+                write_deltalake(self.table, schema.empty_table(), mode="append", schema_mode="merge")
+            self.table.create_write_transaction(
+                add_actions(files),
+                mode="append",
+                schema=schema,
+                partition_by=[lake.HOUR_COLUMN],
+                commit_properties=properties,
+            )
+        return sum(file.rows for file in files)
+
+    def rebuild(self, hours: set[str]) -> int:
+        """Replace the rows of ``hours`` with the change rows of their raw rows and history (a backfill)."""
+        assert self.table is not None
+        transform = self.transform
+        files = [file for file in transform.files if file.hour in hours]
+        slices = transform.slices([self.window], files)
+        spec, location = self.spec(staged=True), transform.location
+        outputs = transform.run_slices(
+            slices, lambda raw_slice: transform_slice(location, raw_slice, None, spec, frozenset(), {})[2]
+        )
+        layout, written = self.settle(slices, outputs, staged=True)
+        schema = self.schema(layout)
+        listed = ", ".join(_sql(hour) for hour in sorted(hours))
+        write_deltalake(
+            self.table,
+            staged_rows(location, spec.directory, written, schema),
+            mode="overwrite",
+            predicate=f"{lake.HOUR_COLUMN} IN ({listed})",
+            schema_mode="merge",
+            commit_properties=transform.commit_properties("changes"),
+        )
+        return sum(file.rows for file in written)
 
 
 def _stored_versions(table: DeltaTable | None, keys: list[str]) -> dict[str, DocumentVersion]:
@@ -563,86 +1085,17 @@ def _stored_versions(table: DeltaTable | None, keys: list[str]) -> dict[str, Doc
     return {row["__key"]: DocumentVersion(*(row[name] for name in wanted)) for row in rows.to_pylist()}
 
 
-def _deletion_markers(table: DeltaTable | None, keys: list[str]) -> dict[str, DocumentVersion]:
+def _deletion_markers(table: DeltaTable | None, keys: pa.Array) -> dict[str, DocumentVersion]:
     """The deletion markers of ``keys``, as versions without a document."""
-    if table is None or not keys:
+    if table is None or not len(keys):
         return {}
-    rows = table.to_pyarrow_dataset().to_table(filter=pc.field("__key").isin(pa.array(keys, pa.string())))
+    rows = table.to_pyarrow_dataset().to_table(filter=pc.field("__key").isin(keys))
     return {
         row["__key"]: DocumentVersion(
             row["__key"], "", None, row["__cluster_time"], row["__event_order"], row["__rs"]
         )
         for row in rows.to_pylist()
     }
-
-
-def _state_chunks(
-    versions: Iterator[DocumentVersion], layout: TableLayout, with_flag: bool
-) -> Iterator[bytes]:
-    """Arrow IPC chunks of state rows (with the MERGE's deletion flag when ``with_flag``)."""
-    chunk: list[DocumentVersion] = []
-    for version in versions:
-        chunk.append(version)
-        if len(chunk) == 50_000:
-            yield ipc_bytes(_state_batch(chunk, layout, with_flag))
-            chunk = []
-    if chunk:
-        yield ipc_bytes(_state_batch(chunk, layout, with_flag))
-
-
-def _state_batch(versions: list[DocumentVersion], layout: TableLayout, with_flag: bool) -> pa.RecordBatch:
-    documents = [
-        bson.decode(v.document, DECODE_OPTIONS) if v.document is not None else None for v in versions
-    ]
-    metadata = {
-        "__key": pa.array([v.key for v in versions], pa.string()),
-        "__id": pa.array([v.document_id_json for v in versions], pa.string()),
-        "__doc": pa.array(
-            [extjson.encode_str(document) if document is not None else None for document in documents],
-            pa.string(),
-        ),
-        "__doc_bson": pa.array([v.document for v in versions], pa.binary()),
-        "__cluster_time": pa.array([v.cluster_time for v in versions], pa.int64()),
-        "__event_order": pa.array([v.event_order for v in versions], pa.string()),
-        "__rs": pa.array([v.rs for v in versions], pa.string()),
-    }
-    batch = layout.record_batch(metadata, [document or {} for document in documents])
-    if not with_flag:
-        return batch
-    flags = pa.array([document is None for document in documents], pa.bool_())
-    return pa.RecordBatch.from_arrays(
-        [*batch.columns, flags], schema=batch.schema.append(pa.field(DELETED_FLAG, pa.bool_()))
-    )
-
-
-def _change_rows(event: ChangeEvent, options: FlatteningOptions) -> list[tuple[tuple, dict]]:
-    row = change_row(event, options)
-    return [] if row is None else [row]
-
-
-def _change_chunks(
-    rows: Iterator[tuple[tuple, dict]], layout: TableLayout, schema: pa.Schema
-) -> Iterator[bytes]:
-    chunk: list[tuple[tuple, dict]] = []
-
-    names = [name for name, _ in layout.metadata_columns]
-
-    def batch_of(part: list[tuple[tuple, dict]]) -> bytes:
-        part.sort(key=lambda row: row[0][-2:])  # (cluster_time, event_order): files in oplog order
-        values = list(zip(*(row[0] for row in part), strict=True))
-        metadata = {name: pa.array(column) for name, column in zip(names, values, strict=True)}
-        batch = layout.record_batch(metadata, [row[1] for row in part])
-        cluster_times = values[names.index("__cluster_time")]
-        hours = pa.array([lake.hour_partition(ct) for ct in cluster_times], pa.string())
-        return ipc_bytes(pa.RecordBatch.from_arrays([*batch.columns, hours], schema=schema))
-
-    for row in rows:
-        chunk.append(row)
-        if len(chunk) == 50_000:
-            yield batch_of(chunk)
-            chunk = []
-    if chunk:
-        yield batch_of(chunk)
 
 
 def _with_flattening(schema: pa.Schema, options: FlatteningOptions) -> pa.Schema:

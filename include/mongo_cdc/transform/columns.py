@@ -253,6 +253,48 @@ def fits(column: ColumnType, value: Any) -> bool:
     return not survey_values(column, [value])[1]
 
 
+def embeds(
+    inner: ColumnType, inner_columns: ColumnType, outer: ColumnType, outer_columns: ColumnType
+) -> bool:
+    """Whether values stored in a column of type ``inner`` read as values of type ``outer`` (each
+    also given under column names): the same type, or ``outer`` with struct fields ``inner`` lacks,
+    at any depth (Delta readers read a file's missing nested fields as null). A nested field must
+    keep its column name."""
+    if inner == outer and inner_columns == outer_columns:
+        return True
+    if not (isinstance(inner, tuple) and isinstance(outer, tuple)) or inner[0] != outer[0]:
+        return False
+    if inner[0] == ARRAY:
+        return embeds(inner[1], inner_columns[1], outer[1], outer_columns[1])
+    fields = {
+        name: (column, field, column_type)
+        for (name, field), (column, column_type) in zip(outer[1], outer_columns[1], strict=True)
+    }
+    for (name, field), (column, column_type) in zip(inner[1], inner_columns[1], strict=True):
+        if name not in fields or fields[name][0] != column:
+            return False
+        if not embeds(field, column_type, fields[name][1], fields[name][2]):
+            return False
+    return True
+
+
+def lost_in(surveyed: ColumnType, target: ColumnType | None) -> bool:
+    """Whether values surveyed as ``surveyed`` (null-typed parts included, as ``survey`` gives them)
+    hold a non-null value that has no column without ``target`` but would have one in it: an empty
+    array, or a document of nulls, where ``target`` types the field. A layout that leaves out the
+    null-typed parts writes such values as null; ``target`` would keep them."""
+    if surveyed == NULL or target is None:
+        return False
+    if without_nulls(surveyed) == NULL:
+        return True
+    if not (isinstance(surveyed, tuple) and isinstance(target, tuple)) or surveyed[0] != target[0]:
+        return False
+    if surveyed[0] == ARRAY:
+        return lost_in(surveyed[1], target[1])
+    fields = dict(target[1])
+    return any(lost_in(field, fields.get(name)) for name, field in surveyed[1])
+
+
 def without_nulls(column: ColumnType) -> ColumnType:
     """``column`` without its null-typed parts (see "Null-typed fields"); NULL if nothing is left."""
     if not isinstance(column, tuple):

@@ -30,6 +30,7 @@ from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 import bson
+from bson import ObjectId
 
 from mongo_cdc import extjson
 from mongo_cdc.extjson import DECODE_OPTIONS
@@ -67,7 +68,7 @@ def fold_events(
             data, parsed = None, None
         elif event.after_bson is not None:
             data, parsed = event.after_bson, None
-            document_id_json = _id_json(event)
+            document_id_json = current_id_json(event.after, event.document_id_json)
         elif event.op == "u" and event.update_description is not None:
             if parsed is None:
                 parsed = _document_to_update(event, version)
@@ -83,12 +84,15 @@ def fold_events(
     return version
 
 
-def _id_json(event: ChangeEvent) -> str:
-    """The Extended JSON of the document's own _id (a replace may change its type, not its value)."""
-    after = event.after
-    return (
-        extjson.encode_str(after["_id"]) if after is not None and "_id" in after else event.document_id_json
-    )
+def current_id_json(document: dict | None, event_id_json: str) -> str:
+    """The Extended JSON of ``document``'s own _id (a replace may change its type, not its value),
+    else the event's (``ChangeEvent.document_id_json``)."""
+    if document is None or "_id" not in document:
+        return event_id_json
+    document_id = document["_id"]
+    if type(document_id) is ObjectId:  # the common case: extjson's text, ~4x cheaper
+        return '{"$oid":"%s"}' % document_id
+    return extjson.encode_str(document_id)
 
 
 def reconcile_with_snapshots(

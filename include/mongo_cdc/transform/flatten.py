@@ -41,12 +41,16 @@ ObjectId, dates or DBRefs are values, never documents.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from mongo_cdc.lake import COLLECTION_OPERATIONS
 from mongo_cdc.transform.document_state import set_path
 from mongo_cdc.transform.flatten_options import FlatteningOptions
-from mongo_cdc.transform.raw_events import ChangeEvent
+from mongo_cdc.transform.raw_events import ChangeEvent, event_from_row
 
 
 def change_document(event: ChangeEvent) -> dict[str, Any] | None:
@@ -68,21 +72,36 @@ def change_document(event: ChangeEvent) -> dict[str, Any] | None:
     return document
 
 
-def change_row(event: ChangeEvent, options: FlatteningOptions) -> tuple[tuple, dict[str, Any]] | None:
-    """(values of ``options.metadata_columns``, encoded document) of the event's row; None for no row."""
-    if event.op in COLLECTION_OPERATIONS:  # a drop or rename has no document: the raw zone records it
+# How an event becomes a change row (``row_shape``): none, a key without a value, or the event's row.
+TOMBSTONE_ROW = "tombstone"
+EVENT_ROW = "event"
+
+
+def row_shape(op: str | None, options: FlatteningOptions) -> str | None:
+    """The change row of an event of operation ``op``: None (no row), ``TOMBSTONE_ROW`` (``_id``
+    only, every added field null) or ``EVENT_ROW`` (``change_document``, added fields set)."""
+    if op in COLLECTION_OPERATIONS:  # a drop or rename has no document: the raw zone records it
         return None
     mode = options.delete_tombstone_handling_mode
-    is_tombstone = event.op is None
-    if (is_tombstone and mode != "rewrite-with-tombstone") or (event.op == "d" and mode == "drop"):
+    if op is None:
+        return TOMBSTONE_ROW if mode == "rewrite-with-tombstone" else None
+    if op == "d":
+        return {"drop": None, "tombstone": TOMBSTONE_ROW}.get(mode, EVENT_ROW)
+    return EVENT_ROW
+
+
+def change_row(event: ChangeEvent, options: FlatteningOptions) -> tuple[tuple, dict[str, Any]] | None:
+    """(values of ``options.metadata_columns``, encoded document) of the event's row; None for no row."""
+    shape = row_shape(event.op, options)
+    if shape is None:
         return None
-    if is_tombstone or (event.op == "d" and mode == "tombstone"):
+    if shape == TOMBSTONE_ROW:
         added = (None,) * len(options.added_fields)
         document = {"_id": event.document_id}
     else:
         added = tuple(_event_value(event, field.path) for field in options.added_fields)
         document = change_document(event)
-    deleted = is_tombstone or event.op == "d"
+    deleted = event.op is None or event.op == "d"
     return added + (deleted, event.cluster_time, event.event_order), encode_document(document, options)
 
 
@@ -92,6 +111,44 @@ def _event_value(event: ChangeEvent, path: tuple[str, ...]) -> Any:
     if path == ("ts_ms",):
         return event.ts_ms
     return (event.source or {}).get(path[1])
+
+
+def change_rows(
+    events: pa.Table, after: Sequence[dict | None], options: FlatteningOptions
+) -> tuple[pa.Array, dict[str, pa.Array], list[dict[str, Any]]]:
+    """``change_row`` of each raw row of ``events``, column-wise: (indices of the rows that have a
+    change row, values of each of ``options.metadata_columns``, encoded documents).
+
+    ``after``: each row's ``after``, decoded already (None where it has none). A row of
+    ``EVENT_ROW`` shape with ``after`` (not a delete) takes it as its document; the other rows
+    (deletes, tombstones, updates without ``after``) are read as ``ChangeEvent``s, one by one. An
+    added field's column is the raw column at its path (``_event_value``'s values)."""
+    ops = events.column("op").to_pylist()
+    shapes = [row_shape(op, options) for op in ops]
+    kept = [index for index, shape in enumerate(shapes) if shape is not None]
+    tombstone = pa.array([shapes[index] == TOMBSTONE_ROW for index in kept], pa.bool_())
+    documents = []
+    for index in kept:
+        document = after[index] if ops[index] != "d" else None
+        if shapes[index] == TOMBSTONE_ROW or document is None:
+            event = event_from_row(events.slice(index, 1).to_pylist()[0])
+            document = (
+                {"_id": event.document_id} if shapes[index] == TOMBSTONE_ROW else change_document(event)
+            )
+        documents.append(encode_document(document, options))
+    indices = pa.array(kept, pa.int64())
+    rows = events.take(indices)
+    metadata: dict[str, pa.Array] = {}
+    for field in options.added_fields:
+        column = rows.column(field.path[0]).combine_chunks()
+        for name in field.path[1:]:
+            column = pc.struct_field(column, name)
+        metadata[field.column] = pc.if_else(tombstone, pa.nulls(len(column), column.type), column)
+    op = rows.column("op").combine_chunks()
+    metadata["__deleted"] = pc.fill_null(pc.equal(op, "d"), True)  # a tombstone's op is null
+    metadata["__cluster_time"] = rows.column("cluster_time").combine_chunks()
+    metadata["__event_order"] = rows.column("event_order").combine_chunks()
+    return indices, metadata, documents
 
 
 def encode_document(document: dict[str, Any], options: FlatteningOptions) -> dict[str, Any]:

@@ -3,6 +3,9 @@
 A derived table records, per replica set, the last batch it applied (a Delta app transaction of
 its own: ``applied_app_id``). Its new events are the raw rows of committed batches past that
 (``BatchWindow``); backfilled history rows (``lake.HISTORY_SEQ``) belong to no batch.
+
+Rows are read column-wise where that is enough (``event_keys``: the normalised key of every row
+at once) and as ``ChangeEvent`` objects (``event_from_row``) where an event's values are needed.
 """
 
 from __future__ import annotations
@@ -15,10 +18,12 @@ import bson
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as ds
 from bson import json_util
 
 from mongo_cdc.extjson import DECODE_OPTIONS
 from mongo_cdc.lake import HISTORY_SEQ
+from mongo_cdc.transform.keys import document_key
 
 RAW_COLUMNS = [
     "key",
@@ -64,7 +69,7 @@ def event_from_row(row: dict[str, Any]) -> ChangeEvent:
     if description is not None:
         description = {**description, "updatedFields": _decoded(description["updatedFields"])}
     return ChangeEvent(
-        document_id=json_util.loads(id_json, json_options=_KEY_OPTIONS) if id_json is not None else None,
+        document_id=_document_id(id_json),
         document_id_json=id_json,
         op=row["op"],
         ts_ms=row["ts_ms"],
@@ -75,6 +80,56 @@ def event_from_row(row: dict[str, Any]) -> ChangeEvent:
         event_order=row["event_order"],
         rs=row["source"]["rs"],
     )
+
+
+# Raw keys (``extjson.document_key``) of the commonest _id types, and their normalised keys
+# (``keys.document_key``) and Extended JSON, built from the captured text alone: ObjectIds, integers
+# MongoDB stores as int32 (bare digits in the key) and strings with nothing JSON escapes.
+_KEY_FORMS = (
+    (r'^\{"id":"\{\\"\$oid\\":\\"(?P<v>[0-9a-f]{24})\\"\}"\}$', ('["oid","', '"]'), ('{"$oid":"', '"}')),
+    (r'^\{"id":"(?P<v>0|-?[1-9][0-9]*)"\}$', ('["n","', '"]'), ("", "")),
+    (r'^\{"id":"\\"(?P<v>[^"\\\x00-\x1f]*)\\""\}$', ('["s","', '"]'), ('"', '"')),
+)
+
+
+def event_keys(raw_keys: pa.Array | pa.ChunkedArray) -> tuple[pa.Array, pa.Array]:
+    """``(document_key(_id), Extended JSON of _id)`` of each raw ``key``, as ``event_from_row`` and
+    ``keys.document_key`` give them: column-wise for the common _id types, one by one for the rest."""
+    raw = raw_keys.combine_chunks() if isinstance(raw_keys, pa.ChunkedArray) else raw_keys
+    keys = pa.nulls(len(raw), pa.string())
+    ids = pa.nulls(len(raw), pa.string())
+    for pattern, (key_head, key_tail), (id_head, id_tail) in _KEY_FORMS:
+        value = pc.struct_field(pc.extract_regex(raw, pattern), "v")
+        keys = pc.coalesce(keys, pc.binary_join_element_wise(key_head, value, key_tail, ""))
+        ids = pc.coalesce(ids, pc.binary_join_element_wise(id_head, value, id_tail, ""))
+    if keys.null_count:
+        missing = pc.is_null(keys).to_pylist()
+        key_list, id_list = keys.to_pylist(), ids.to_pylist()
+        for index, (text, is_missing) in enumerate(zip(raw.to_pylist(), missing, strict=True)):
+            if is_missing:
+                id_json = orjson.loads(text)["id"]
+                id_list[index] = id_json
+                key_list[index] = document_key(_document_id(id_json))
+        keys, ids = pa.array(key_list, pa.string()), pa.array(id_list, pa.string())
+    return keys, ids
+
+
+def decode_documents(data: pa.BinaryArray) -> list[dict]:
+    """The BSON documents of ``data`` (no nulls), decoded (``DECODE_OPTIONS``) in one call: its
+    values lie end to end in one buffer, which is a BSON stream."""
+    if not len(data):
+        return []
+    _, offsets, values = data.buffers()
+    width = 8 if pa.types.is_large_binary(data.type) else 4
+    first, last = (
+        int.from_bytes(offsets[(data.offset + at) * width : (data.offset + at + 1) * width], "little")
+        for at in (0, len(data))
+    )
+    return bson.decode_all(memoryview(values)[first:last], DECODE_OPTIONS)
+
+
+def _document_id(id_json: str | None) -> Any:
+    return json_util.loads(id_json, json_options=_KEY_OPTIONS) if id_json is not None else None
 
 
 def _decoded(data: bytes | None) -> dict | None:
@@ -124,6 +179,11 @@ class BatchWindow:
                 (pc.field("source", "rs") == rs) & pc.field("batch_seq").isin(pa.array(seqs, pa.int64()))
             )
         return keep
+
+    def mask(self, rows: pa.Table) -> pa.ChunkedArray:
+        """``filter()`` as a boolean column of raw ``rows`` (which need ``source`` and ``batch_seq``)."""
+        selected = ds.dataset(rows.select(["source", "batch_seq"])).to_table(columns={"in": self.filter()})
+        return pc.fill_null(selected.column("in"), False)
 
     def may_hold(self, min_seq: int | None, max_seq: int | None) -> bool:
         """Whether a file whose ``batch_seq`` statistics are [min_seq, max_seq] may hold window rows."""

@@ -149,6 +149,26 @@ class TableLayout:
             self.metadata_columns, self.reserved_names, self.sanitize_field_names, document_columns
         )
 
+    def reads_as(self, batch: types.BatchTypes, target: TableLayout) -> bool:
+        """Whether documents surveyed as ``batch`` and written in ``evolved(batch)`` read as they
+        would written in ``target`` (this layout evolved with ``batch`` and others'): ``fits_in``,
+        and no value left null for want of a column ``target`` has (``columns.lost_in``)."""
+        targeted = (types.STRUCT, target.stored_fields)
+        return self.evolved(batch).fits_in(target) and not types.lost_in(batch.additions, targeted)
+
+    def fits_in(self, target: TableLayout) -> bool:
+        """Whether rows written in this layout read as rows of ``target``, a layout evolved from the
+        same one (``widened``): each column is ``target``'s column of the same field, under the same
+        name, with the same type or without some nested struct fields (``columns.embeds``)."""
+        columns = {(c.field, c.fallback): c for c in target.document_columns}
+        for column in self.document_columns:
+            other = columns.get((column.field, column.fallback))
+            if other is None or other.column != column.column:
+                return False
+            if not types.embeds(column.field_type, column.column_type, other.field_type, other.column_type):
+                return False
+        return self.metadata_columns == target.metadata_columns
+
     def record_batch(
         self, metadata_arrays: Mapping[str, pa.Array], documents: list[dict] | types.FieldValues
     ) -> pa.RecordBatch:
@@ -200,6 +220,18 @@ def documents_to_batch(
     values_of = types.FieldValues(documents)
     layout = layout.evolved(layout.survey(values_of))
     return layout, layout.record_batch(metadata_arrays, values_of)
+
+
+def widened(rows: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``rows``, written in a layout that ``fits_in`` the one of ``schema``, as rows of ``schema``:
+    the columns and nested fields they lack are null."""
+    arrays = [
+        rows.column(field.name).cast(field.type)
+        if field.name in rows.column_names
+        else pa.nulls(rows.num_rows, field.type)
+        for field in schema
+    ]
+    return pa.Table.from_arrays(arrays, schema=schema)
 
 
 def _split_fallbacks(field_type: types.ColumnType, values: list) -> tuple[list, list]:

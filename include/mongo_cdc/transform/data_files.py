@@ -1,0 +1,110 @@
+"""Parquet data files that Spark's executors write and the driver commits to a Delta table at once.
+
+An executor writes each file under its table directory (``write_data_file``) and hands the driver
+a ``DataFile``: its path relative to the table, size, rows, partition values and Delta
+statistics. The driver commits the files of all executors in one transaction
+(``add_actions`` gives delta-rs' add actions), so the data never travels through the driver and
+needs no second write. Files that no commit names are not part of the table: every Delta reader
+ignores them, and the transform deletes those it wrote but did not commit (``delete_data_files``).
+
+Statistics are ``numRecords`` and, for the columns named (top-level strings and integers), their
+``minValues``, ``maxValues`` and ``nullCount``: with them delta-rs skips files a predicate cannot
+match (a MERGE on ``__key`` reads and rewrites only the files that may hold a source key).
+Executors need no deltalake: only ``add_actions`` imports it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, NamedTuple
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from mongo_cdc.storage import LakeLocation
+
+if TYPE_CHECKING:
+    from deltalake.transaction import AddAction
+
+# Longer min/max strings are left out of the statistics rather than truncated: a truncated max
+# would have to be rounded up to stay a bound, and keys are rarely this long.
+MAX_STATS_STRING = 256
+
+
+class DataFile(NamedTuple):
+    path: str  # relative to the table: [<partition column>=<value>/]part-<uuid>-c000.snappy.parquet
+    size: int
+    rows: int
+    partition: tuple[tuple[str, str], ...]
+    stats: str  # Delta statistics JSON
+    modified_ms: int
+
+
+def write_data_file(
+    location: LakeLocation,
+    directory: str,
+    rows: pa.Table,
+    stats_columns: Sequence[str],
+    partition: tuple[tuple[str, str], ...] = (),
+) -> DataFile:
+    """Write ``rows`` (without the partition columns) as a new file under ``directory`` (a path
+    under the lake root, e.g. ``state/<prefix>/<db>/<collection>``)."""
+    name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
+    relative = "/".join([*(f"{column}={value}" for column, value in partition), name])
+    sink = pa.BufferOutputStream()
+    pq.write_table(rows, sink, compression="snappy")
+    data = sink.getvalue()
+    with location.open_output(*directory.split("/"), *relative.split("/")) as out:
+        out.write(data)
+    return DataFile(relative, data.size, rows.num_rows, partition, _stats(rows, stats_columns), _now_ms())
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _stats(rows: pa.Table, columns: Sequence[str]) -> str:
+    minimum, maximum, nulls = {}, {}, {}
+    for name in columns:
+        column = rows.column(name)
+        nulls[name] = column.null_count
+        bounds = pc.min_max(column)
+        low, high = bounds["min"].as_py(), bounds["max"].as_py()
+        if low is None or (isinstance(low, str) and max(len(low), len(high)) > MAX_STATS_STRING):
+            continue
+        minimum[name], maximum[name] = low, high
+    return json.dumps(
+        {"numRecords": rows.num_rows, "minValues": minimum, "maxValues": maximum, "nullCount": nulls},
+        separators=(",", ":"),
+    )
+
+
+def add_actions(files: Iterable[DataFile]) -> list[AddAction]:
+    """delta-rs add actions of ``files`` (for ``create_write_transaction`` and the like)."""
+    from deltalake.transaction import AddAction
+
+    return [
+        AddAction(file.path, file.size, dict(file.partition), file.modified_ms, True, file.stats)
+        for file in files
+    ]
+
+
+def delete_data_files(location: LakeLocation, directory: str, files: Iterable[DataFile]) -> None:
+    """Delete files written under ``directory`` that no commit will name."""
+    filesystem, base = location.filesystem()
+    for file in files:
+        filesystem.delete_file(f"{base}/{directory}/{file.path}")
+
+
+def delete_directory(location: LakeLocation, directory: str) -> None:
+    """Delete ``directory`` (under the lake root) and everything in it, if it exists."""
+    from pyarrow.fs import FileType
+
+    filesystem, base = location.filesystem()
+    path = f"{base}/{directory}"
+    if filesystem.get_file_info(path).type != FileType.NotFound:
+        filesystem.delete_dir(path)
