@@ -6,8 +6,23 @@ Object-store credentials come from the environment (``storage.LakeLocation.from_
 says what is committed (the batch log, ``landing.SourceLake``); each derived table records per
 replica set the last batch it applied (Delta app transactions, ``raw_events.applied_app_id``) in
 the same commit as its data, so a run applies exactly the batches committed since the last one,
-whatever crashed before. Spark parallelises the Python work (reading raw files through the lake's
-filesystem, folding, typing, building Arrow batches); delta-rs commits, so no Spark jar is needed.
+whatever crashed before. Spark parallelises the Python work; delta-rs commits, so no Spark jar is
+needed. How a run goes, per collection:
+
+1. the raw files that may hold new rows are cut into slices of about ``SLICE_ROWS`` rows
+   (``raw_slices``), one Spark task each, read as Arrow tables (``read_slice``);
+2. plan (``plan_slice``, column-wise): each state event's document key; documents with more than one
+   new event, or an update without ``after``, are *folded apart* (step 4), the others have one;
+3. each slice's task (``transform_slice``) decodes each document once (one ``bson.decode_all``) for
+   both tables and writes, under the tables' directories, its state rows (the documents with one
+   event, sorted by ``__key``) and its change rows (a file per hour), each in the stored layout
+   evolved by what its own rows need; it hands the driver only file names and those needs;
+4. the documents folded apart: their events grouped by document (Spark's shuffle), folded with the
+   stored version or deletion marker (``fold_events``), written like step 3;
+5. the driver settles each table's layout from every task's needs (a task whose rows took other
+   types for a new field writes them again in it), then commits: a new state table in one commit
+   of the written files, an existing one by MERGE of the (staged) rows; change files appended in
+   one commit (new columns first, in a commit of their own).
 
 * state: the new events are folded per document (its normalised ``_id``, ``transform.keys``), with
   the stored version where an update without ``after`` needs it, then MERGEd into the table in one

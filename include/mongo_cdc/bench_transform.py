@@ -284,7 +284,7 @@ def run_transform(lake: str, prefix: str) -> TransformRun:
     peak_mib, role = memory.largest()
     cpu = memory.cpu_seconds()
     run = TransformRun(seconds, cpu, json.loads(stdout.strip().splitlines()[-1]), peak_mib, role)
-    for line in stderr.splitlines():  # the job's own log: its steps' times, the MERGE's file counts
+    for line in (stdout + stderr).splitlines():  # the job's log (spark-submit may pass it to stdout)
         if " cdc_transform " in line:
             print("   ", line.partition(" cdc_transform ")[2][:300], flush=True)
     print(
