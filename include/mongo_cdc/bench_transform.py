@@ -44,7 +44,7 @@ from pymongo.collection import Collection
 
 import mongo_cdc
 from mongo_cdc import extjson
-from mongo_cdc.bench import _documents, load
+from mongo_cdc.bench.data import load, small_documents
 from mongo_cdc.config import SourceConfig
 from mongo_cdc.lake import table_uri
 from mongo_cdc.offsets import OffsetKeeper
@@ -314,7 +314,7 @@ def apply_changes(collection: Collection, count: int, first_new: int, seed: int)
             {"_id": _id}, {"$set": {"price": round(rnd.random() * 1000, 2)}, "$inc": {"n": 1}}
         )
     collection.delete_many({"_id": {"$in": chosen[updates:]}})
-    collection.insert_many(_documents(first_new, inserts, seed=seed))
+    collection.insert_many(small_documents(first_new, inserts))
     return {"u": updates, "d": deletes, "c": inserts}
 
 
@@ -416,7 +416,7 @@ def measure(docs: int, small_docs: int, changes: int) -> list[Row]:
             large, small = Source("large", client, lake, docs), Source("small", client, lake, small_docs)
             for source in (large, small):
                 with _step(f"loading {source.documents:,} documents into {source.namespace}"):
-                    load(source.collection, source.documents)
+                    load(source.collection, source.documents, small_documents)
             with _step(f"snapshot of {large.namespace}"):
                 results.landed_rate = docs / large.snapshot()
             with _step(f"snapshot of {small.namespace}"):
