@@ -131,12 +131,11 @@ def test_a_run_cut_short_re_reads_only_the_chunks_that_did_not_commit(
         record_copied = SourceLake.record_copied
         recorded = []
 
-        def dying(lake, rs, seq, chunks):
-            chunks = list(chunks)
+        def dying(lake, rs, seq, chunk, documents):
             if len(recorded) == 4:
                 raise RuntimeError("injected crash: chunk 5 committed, not recorded")
-            recorded.extend(chunks)
-            record_copied(lake, rs, seq, chunks)
+            recorded.append(chunk)
+            record_copied(lake, rs, seq, chunk, documents)
 
         monkeypatch.setattr(SourceLake, "record_copied", dying)
         run = source.run(expect="failed", skip_spark=True)

@@ -17,11 +17,15 @@ RETIRED = Offset(
 
 
 def plan(
-    offset=None, mode="initial", retiring=False, resnapshot=None, lost=False, shard_id="rs0"
+    offset=None, mode="initial", retiring=False, resnapshot=None, lost=False, shard_id="rs0", new=()
 ) -> ShardPlan:
     def position_lost(_: Offset) -> bool:
         assert mode == "when_needed", "the server is asked only when the answer matters"
         return lost
+
+    def newly_captured(asked: Offset) -> tuple[str, ...]:
+        assert asked.resume_token is not None and mode in ("initial", "when_needed")
+        return new
 
     return plan_shard(
         shard_id=shard_id,
@@ -30,6 +34,7 @@ def plan(
         snapshot_mode=mode,
         resnapshot=resnapshot,
         position_lost=position_lost,
+        newly_captured=newly_captured,
     )
 
 
@@ -56,6 +61,18 @@ def test_snapshot_modes_decide_when_to_copy(mode, without_offset, after_a_snapsh
 def test_an_unfinished_snapshot_is_taken_again():
     running = Offset(batch_seq=3, snapshot={"status": "running", "seq": 3})
     assert plan(running).snapshot == ()
+    # one of some collections (a re-snapshot, or collections added later) goes on with those
+    some = Offset(STREAMING.resume_token, 1, 3, {"status": "running", "seq": 4, "collections": ["db.b"]})
+    assert plan(some).snapshot == ("db.b",) and "resuming" in plan(some).reason
+
+
+def test_collections_the_filters_newly_match_are_copied_while_the_rest_streams():
+    assert plan(STREAMING, new=("db.b",)).snapshot == ("db.b",)
+    assert plan(STREAMING, "when_needed", new=("db.b",)).snapshot == ("db.b",)
+    request = ResnapshotRequest(collections=("db.a",))
+    assert plan(STREAMING, resnapshot=request, new=("db.b",)).snapshot == ("db.a", "db.b")
+    for mode in ("always", "initial_only", "no_data", "never"):  # copy everything, or never copy
+        assert plan(STREAMING, mode, new=("db.b",)).snapshot in ((), None)
 
 
 def test_when_needed_resnapshots_a_lost_position_only():

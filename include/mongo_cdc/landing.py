@@ -37,7 +37,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -179,22 +178,30 @@ class Chunk:
     def label(self) -> str:
         return f"{self.namespace} {self.index + 1}/{self.count}"
 
-    def bound(self, which: str) -> dict | None:
-        data = self.low if which == "low" else self.high
-        return bson.decode(data, extjson.DECODE_OPTIONS) if data is not None else None
+    def bounds(self) -> tuple[dict | None, dict | None]:
+        """The bounds decoded, for ``cursor.min``/``max``."""
+        return _decoded(self.low), _decoded(self.high)
 
     def describe(self) -> str:
         """The range as a log line shows it."""
         if self.key is None:
             return "the whole collection"
-        low, high = self.bound("low"), self.bound("high")
+        low, high = self.bounds()
         return f"[{_bound_text(low, 'start')}, {_bound_text(high, 'end')})"
+
+
+def _decoded(bound: bytes | None) -> dict | None:
+    return bson.decode(bound, extjson.DECODE_OPTIONS) if bound is not None else None
 
 
 def _bound_text(bound: dict | None, open_end: str) -> str:
     if bound is None:
         return open_end
     return ", ".join(extjson.encode_str(value) for value in bound.values())
+
+
+def _index_key(text: str | None) -> tuple[tuple[str, Any], ...] | None:
+    return tuple((field, direction) for field, direction in json.loads(text)) if text else None
 
 
 @dataclass(frozen=True)
@@ -252,9 +259,7 @@ class SnapshotPlan:
                     namespace=row["namespace"],
                     index=row["chunk"],
                     count=row["chunks"],
-                    key=tuple(tuple(pair) for pair in json.loads(row["index_key"]))
-                    if row["index_key"]
-                    else None,
+                    key=_index_key(row["index_key"]),
                     low=row["low"],
                     high=row["high"],
                     expected=row["documents"] or 0,
@@ -557,17 +562,14 @@ class SourceLake:
         )
         self._append(uri, self._table(uri), data, lake.RAW_SCHEMA, transaction)
 
-    def record_copied(self, rs: str, seq: int, chunks: Iterable[tuple[Chunk, int | None]]) -> None:
-        """The snapshot log's ``copied`` rows of chunks whose rows are committed (or that had none)."""
+    def record_copied(self, rs: str, seq: int, chunk: Chunk, documents: int | None) -> None:
+        """The snapshot log's ``copied`` row of a chunk whose rows are committed (or that had none)."""
         now = dt.datetime.now(dt.timezone.utc)
-        rows = [
-            {"rs": rs, "seq": seq, "kind": COPIED, "namespace": chunk.namespace, "chunk": chunk.index,
-             "chunks": chunk.count, "documents": documents, "recorded_at": now}
-            for chunk, documents in chunks
-        ]  # fmt: skip
+        row = {"rs": rs, "seq": seq, "kind": COPIED, "namespace": chunk.namespace, "chunk": chunk.index,
+               "chunks": chunk.count, "documents": documents, "recorded_at": now}  # fmt: skip
         write_deltalake(
             self.source_uri(lake.SNAPSHOT_LOG),
-            pa.Table.from_pylist(rows, schema=SNAPSHOT_LOG_SCHEMA),
+            pa.Table.from_pylist([row], schema=SNAPSHOT_LOG_SCHEMA),
             mode="append",
             storage_options=self.options,
             commit_properties=CommitProperties(max_commit_retries=COMMIT_RETRIES),

@@ -252,7 +252,7 @@ def _raw_batches(collection: Collection, fetch_size: int, chunk: Chunk) -> Gener
     cursor = _RawBatchCursor(collection, {}, batch_size=fetch_size)
     if chunk.key is not None:
         cursor = cursor.hint(list(chunk.key))
-        low, high = chunk.bound("low"), chunk.bound("high")
+        low, high = chunk.bounds()
         if low is not None:
             cursor = cursor.min(list(low.items()))
         if high is not None:
@@ -488,7 +488,7 @@ def copy_chunks(
                 documents = _copy_chunk(
                     client, config, source_lake, source, chunk, plan.seq, plan.cluster_time, progress
                 )
-            source_lake.record_copied(plan.rs, plan.seq, [(chunk, documents)])
+            source_lake.record_copied(plan.rs, plan.seq, chunk, documents)
         except BaseException:
             failed.set()
             raise
