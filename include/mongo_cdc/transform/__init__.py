@@ -10,4 +10,5 @@ Nothing here imports pyspark, so it unit-tests fast; ``spark_apps/cdc_transform.
 * ``columns``: column types of BSON-decoded values, their merge and evolution, their Arrow form.
 * ``table_layout``: a table's columns, batch by batch, and a batch's Arrow record batch.
 * ``keys``: one normalised key per document ``_id`` (MongoDB's ``_id`` equality).
+* ``data_files``: Parquet files Spark's executors write for a Delta commit the driver makes.
 """
