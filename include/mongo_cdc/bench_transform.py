@@ -481,8 +481,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--changes must be at most --small-docs and {HOT_DOCS:,}")
     print(f"{os.cpu_count()} cores; load average {_load_average()}", flush=True)
     # the bench's own mongod has a small oplog: its headroom warnings say nothing about the transform
-    logging.getLogger("mongo_cdc.oplog_window").setLevel(logging.ERROR)
-    rows = measure(args.docs, args.small_docs, args.changes)
+    # (restored after: the smoke test calls main() inside the test session)
+    oplog_log = logging.getLogger("mongo_cdc.oplog_window")
+    level = oplog_log.level
+    oplog_log.setLevel(logging.ERROR)
+    try:
+        rows = measure(args.docs, args.small_docs, args.changes)
+    finally:
+        oplog_log.setLevel(level)
     print()
     print(format_rows(rows))
     return 0
