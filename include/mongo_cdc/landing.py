@@ -37,6 +37,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -447,10 +448,7 @@ class SourceLake:
 
     def committed(self) -> dict[str, int]:
         """The last committed batch of each replica set."""
-        committed: dict[str, int] = {}
-        for batch in self.batches():
-            committed[batch.rs] = max(batch.seq, committed.get(batch.rs, 0))
-        return committed
+        return {rs: batch.seq for rs, batch in last_batches(self.batches()).items()}
 
     def committed_raw(self, namespace: str, columns: list[str] | None = None) -> pa.Table:
         """A collection's raw rows of committed batches (and backfilled history), in no set order."""
@@ -578,3 +576,12 @@ class SourceLake:
 
 def _sql_string(value: str) -> str:
     return value.replace("'", "''")
+
+
+def last_batches(batches: Iterable[Batch]) -> dict[str, Batch]:
+    """Each replica set's last committed batch among ``batches``, by replica set name."""
+    last: dict[str, Batch] = {}
+    for batch in batches:
+        if batch.rs not in last or batch.seq > last[batch.rs].seq:
+            last[batch.rs] = batch
+    return dict(sorted(last.items()))

@@ -20,7 +20,7 @@ from airflow.sdk import Asset, AssetAlias
 
 from mongo_cdc import lake
 from mongo_cdc.config import SourceConfig
-from mongo_cdc.landing import Batch, SourceLake
+from mongo_cdc.landing import Batch, SourceLake, last_batches
 from mongo_cdc.storage import LakeLocation, row_count, table_if_exists
 
 log = logging.getLogger(__name__)
@@ -68,11 +68,8 @@ def touched_namespaces(
 
 def committed_positions(batches: list[Batch]) -> dict[str, dict[str, int | None]]:
     """Per replica set, its last committed batch and that batch's position (packed cluster time)."""
-    last: dict[str, Batch] = {}
-    for batch in batches:
-        if batch.rs not in last or batch.seq > last[batch.rs].seq:
-            last[batch.rs] = batch
-    return {rs: {"batch_seq": b.seq, "cluster_time": b.cluster_time} for rs, b in sorted(last.items())}
+    last = last_batches(batches)
+    return {rs: {"batch_seq": batch.seq, "cluster_time": batch.cluster_time} for rs, batch in last.items()}
 
 
 def table_event_extra(
