@@ -37,7 +37,6 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(VENV)/bin/python -m mongo_cdc.bench
-	$(VENV)/bin/python -m mongo_cdc.bench_transform
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

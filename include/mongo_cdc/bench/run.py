@@ -8,7 +8,10 @@ Starts its own single-member replica set in a temporary directory and, section b
   pipeline with arrow items into Parquet (``peers``);
 * pull of a ``--events`` backlog (inserts, updates with ``updateLookup``, deletes): the same
   change stream iterated bare as ``RawBSONDocument``s, and ``pull_changes`` landing it;
-* peak RSS of the snapshot and pull processes.
+* the ``--small`` collection snapshotted in one piece, then in ``CHUNKS`` chunks by one thread and
+  by two: chunking's overhead on one worker;
+* the Spark transform (``bench.transform``): first build, incremental runs, a new field;
+* peak RSS of the snapshot, pull and transform processes.
 
 Each path runs in a process of its own (``worker``). Other processes may share the machine, so
 only rates from one run are compared; the load average is printed with the table.
@@ -34,6 +37,7 @@ from pymongo import MongoClient
 import mongo_cdc
 from mongo_cdc.bench import data, peers
 from mongo_cdc.bench.table import Row, render
+from mongo_cdc.bench.transform import HOT_DOCS, transform
 from mongo_cdc.bench.worker import RAW, bench_config
 from mongo_cdc.landing import SourceLake
 from mongo_cdc.snapshot import start_without_snapshot
@@ -48,9 +52,25 @@ SNAPSHOT_SMALL_MIN = 0.7
 SNAPSHOT_NESTED_MIN = 0.5
 SNAPSHOT_VS_DLT_MIN = 3.0
 PULL_MIN = 0.8
+CHUNKED_MIN = 0.9  # chunking overhead < 10%
 PEAK_RSS_MAX_MIB = 500.0
-SIZES = {"small": 1_000_000, "nested": 100_000, "events": 300_000}
-SMOKE_SIZES = {"small": 3_000, "nested": 300, "events": 2_000}
+CHUNKS = 10  # the chunks section splits the small collection into this many chunks
+SIZES = {
+    "small": 1_000_000,
+    "nested": 100_000,
+    "events": 300_000,
+    "state": 1_000_000,
+    "small_state": 100_000,
+    "changes": 1_000,
+}
+SMOKE_SIZES = {
+    "small": 3_000,
+    "nested": 300,
+    "events": 2_000,
+    "state": 2_000,
+    "small_state": 500,
+    "changes": 100,
+}
 
 
 @dataclass
@@ -98,6 +118,14 @@ class Bench:
     def lake(self, name: str) -> str:
         return os.path.join(self.tmp, "lakes", name)
 
+    def loaded(self, collection: str, count: int, make: Callable[[int, int], list[dict]]) -> dict:
+        """``collection`` holding ``count`` documents of ``make`` (loaded once a run); its collStats."""
+        if self.client[DB][collection].estimated_document_count() != count:
+            self.client[DB].drop_collection(collection)
+            seconds = data.load(self.client[DB][collection], count, make)
+            print(f"loaded {count:,} documents into {collection} in {seconds:.0f} s", flush=True)
+        return self.client[DB].command("collStats", collection)
+
 
 def _best(first: Measured, second: Measured) -> Measured:
     """The faster of two runs of a baseline: the machine may be shared, and it favours the baseline."""
@@ -121,10 +149,8 @@ def snapshot_section(
     bench: Bench, collection: str, count: int, make: Callable[[int, int], list[dict]], by_bytes: bool
 ) -> list[Row]:
     """Bare cursor, ``run_snapshot`` and dlt over one collection; rates in docs/s or MB/s."""
-    seconds = data.load(bench.client[DB][collection], count, make)
-    stats = bench.client[DB].command("collStats", collection)
+    stats = bench.loaded(collection, count, make)
     megabytes = stats["size"] / 1e6
-    print(f"loaded {count:,} x {stats['avgObjSize']:,.0f} B into {collection} in {seconds:.0f} s", flush=True)
     unit, amount = ("MB/s", megabytes) if by_bytes else ("docs/s", None)
     section = f"snapshot {count:,} x {stats['avgObjSize']:,.0f} B"
     first = bench.worker("bare_cursor", collection)
@@ -211,18 +237,58 @@ def pull(bench: Bench) -> list[Row]:
     ]
 
 
+def chunks(bench: Bench) -> list[Row]:
+    """The small collection snapshotted in one piece and in ``CHUNKS`` chunks, on one worker."""
+    collection, count = "small", bench.args.small
+    bench.loaded(collection, count, data.small_documents)
+    chunk_size = -(-count // CHUNKS)
+
+    def snapshot(name: str, size: int, threads: int) -> Measured:
+        lake = bench.lake(f"chunks-{name}")
+        measured = bench.worker("snapshot", collection, lake=lake, chunk_size=size, threads=threads)
+        if measured.count != count:
+            raise AssertionError(f"{collection} in {name}: copied {measured.count} of {count} documents")
+        return measured
+
+    one_piece = snapshot("one-piece", count, 1)
+    one_thread = snapshot("one-thread", chunk_size, 1)
+    two_threads = snapshot("two-threads", chunk_size, 2)
+    one_piece = _best(one_piece, snapshot("one-piece-again", count, 1))
+    section = f"snapshot {count:,} docs in chunks"
+    return [
+        Row(section, "one piece (one chunk)", one_piece.rate(), "docs/s"),
+        Row(
+            section,
+            f"{CHUNKS} chunks, one thread",
+            one_thread.rate(),
+            "docs/s",
+            one_thread.rate() / one_piece.rate(),
+            "one piece",
+            CHUNKED_MIN,
+        ),
+        Row(
+            section,
+            f"{CHUNKS} chunks, two threads",
+            two_threads.rate(),
+            "docs/s",
+            two_threads.rate() / one_piece.rate(),
+            "one piece",
+        ),
+    ]
+
+
 def _peak_row(path: str, measured: Measured) -> Row:
     path = f"{path} ({measured.base_mib:.0f} MiB after imports)"
     return Row("peak RSS of the process", path, measured.peak_mib, "MiB", max_value=PEAK_RSS_MAX_MIB)
 
 
-# The sections, in order; each returns its rows of the table. Slots for the sections others add:
-# the transform's first build and an incremental run (bench_transform), and a snapshot in chunks
-# vs in one piece.
+# The sections, in order; each returns its rows of the table.
 SECTIONS: dict[str, Callable[[Bench], list[Row]]] = {
     "snapshot-small": snapshot_small,
     "snapshot-nested": snapshot_nested,
     "pull": pull,
+    "chunks": chunks,
+    "transform": transform,
 }
 
 
@@ -232,7 +298,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--smoke", action="store_true", help=f"tiny sizes, a check that the bench runs: {SMOKE_SIZES}"
     )
     for name, default in SIZES.items():
-        parser.add_argument(f"--{name}", type=int, help=f"size of the {name} data (default {default:,})")
+        flag = "--" + name.replace("_", "-")
+        parser.add_argument(flag, dest=name, type=int, help=f"size of the {name} data (default {default:,})")
     parser.add_argument("--only", help=f"comma-separated sections to run, of {', '.join(SECTIONS)}")
     parser.add_argument("--no-dlt", action="store_true", help="leave dlt out")
     parser.add_argument(
@@ -246,7 +313,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         if getattr(args, name) is None:
             setattr(args, name, default)
         if getattr(args, name) < 1:
-            parser.error(f"--{name} must be positive")
+            parser.error(f"--{name.replace('_', '-')} must be positive")
+    if args.changes > min(HOT_DOCS, args.small_state):
+        parser.error(f"--changes must be at most --small-state and {HOT_DOCS:,}")
     args.sections = args.only.split(",") if args.only else list(SECTIONS)
     unknown = set(args.sections) - set(SECTIONS)
     if unknown:

@@ -11,7 +11,8 @@ class Row:
     """One measured path. ``value`` None: not measured, ``note`` (printed under the table) says why.
 
     ``ratio`` compares the path with the baseline measured in the same run (``against`` names
-    it); ``min_ratio`` / ``max_value`` are the performance budget, if it has one.
+    it); ``min_ratio``, ``max_ratio``, ``min_value`` and ``max_value`` are the performance budget
+    (every one given must hold).
     """
 
     section: str
@@ -21,25 +22,39 @@ class Row:
     ratio: float | None = None
     against: str = ""
     min_ratio: float | None = None
+    max_ratio: float | None = None
+    min_value: float | None = None
     max_value: float | None = None
     note: str = ""
 
+    def _limits(self) -> list[tuple[str, float | None, bool]]:
+        """Each budget given: its text, the measured figure it limits, whether that figure holds."""
+        limits = []
+        if self.min_ratio is not None:
+            held = self.ratio is not None and self.ratio >= self.min_ratio
+            limits.append((f">= {self.min_ratio:.2f}x", self.ratio, held))
+        if self.max_ratio is not None:
+            held = self.ratio is not None and self.ratio <= self.max_ratio
+            limits.append((f"<= {self.max_ratio:.2f}x", self.ratio, held))
+        if self.min_value is not None:
+            held = self.value is not None and self.value >= self.min_value
+            limits.append((f">= {self.min_value:,.0f} {self.unit}", self.value, held))
+        if self.max_value is not None:
+            held = self.value is not None and self.value < self.max_value
+            limits.append((f"< {self.max_value:,.0f} {self.unit}", self.value, held))
+        return limits
+
     @property
     def budget(self) -> str:
-        if self.min_ratio is not None:
-            return f">= {self.min_ratio:.2f}x"
-        if self.max_value is not None:
-            return f"< {self.max_value:,.0f} {self.unit}"
-        return ""
+        return " and ".join(text for text, _, _ in self._limits())
 
     @property
     def met(self) -> bool | None:
         """Whether the budget is met (None: no budget, or nothing measured)."""
-        if self.min_ratio is not None:
-            return None if self.ratio is None else self.ratio >= self.min_ratio
-        if self.max_value is not None:
-            return None if self.value is None else self.value < self.max_value
-        return None
+        limits = self._limits()
+        if not limits or any(figure is None for _, figure, _ in limits):
+            return None
+        return all(held for _, _, held in limits)
 
 
 def _measured(row: Row) -> str:

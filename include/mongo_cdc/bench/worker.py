@@ -54,6 +54,8 @@ def bench_config(task: dict[str, Any]) -> SourceConfig:
         lake_root=task.get("lake", ""),
         database_include=(re.compile(re.escape(task["db"])),),
         collection_include=(re.compile(re.escape(f"{task['db']}.{task['collection']}")),),
+        snapshot_chunk_size=task.get("chunk_size", SourceConfig.snapshot_chunk_size),
+        snapshot_max_threads=task.get("threads", SourceConfig.snapshot_max_threads),
     )
 
 

@@ -1,11 +1,11 @@
-"""``make bench``, the transform's part: what the Spark transform costs, next to the same run's snapshot.
+"""``make bench``'s transform section: what the Spark transform costs, next to the same run's snapshot.
 
-Starts its own single-member replica set in a temporary directory and loads ``mongo_cdc.bench``'s
-small documents into two databases: ``--docs`` (large) and ``--small-docs`` (small), each captured
-by a source of its own. Then, one step after the other:
+In the bench's replica set, loads its small documents into two databases: ``--state`` documents
+(large) and ``--small-state`` documents (small), each captured by a source of its own, landing in
+a lake of their own. Then, one step after the other:
 
-1. ``snapshot.run_snapshot`` of each into a temporary lake: its rows landed per second is the
-   baseline (the previous step of the pipeline, measured in the same run);
+1. ``snapshot.run_snapshot`` of each: the large one's rows landed per second is the baseline (the
+   previous step of the pipeline, measured in the same run);
 2. the first build of each state and changes table by the real job (``spark_apps/cdc_transform.py``
    through ``spark-submit --master local[*]``, as ``tests/cdc_support.py`` runs it), in events/s;
 3. ``--changes`` changes per source (updates, deletes and inserts among its ``HOT_DOCS`` most recent
@@ -14,14 +14,14 @@ by a source of its own. Then, one step after the other:
 4. the same number of updates that add a new field to the large source: how many of the changes
    table's files Delta removed (old change files are never rewritten: 0).
 
-Every transform time includes Spark's start. The memory figure is the peak RSS (``VmHWM``) of the
-largest process of each ``spark-submit`` tree (driver JVM, Python driver, Python workers), sampled
-from ``/proc``. Other processes may share the machine: compare only figures of one run.
+Each run is checked (events applied, state rows equal to the collection's documents). Every
+transform time includes Spark's start. The memory figure is the peak RSS (``VmHWM``) of the largest
+process of each ``spark-submit`` tree (driver JVM, Python driver, Python workers), sampled from
+``/proc``.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -37,7 +37,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from pymongo import MongoClient
 from pymongo.collection import Collection
@@ -45,29 +45,27 @@ from pymongo.collection import Collection
 import mongo_cdc
 from mongo_cdc import extjson
 from mongo_cdc.bench.data import load, small_documents
+from mongo_cdc.bench.table import Row
 from mongo_cdc.config import SourceConfig
 from mongo_cdc.lake import table_uri
 from mongo_cdc.offsets import OffsetKeeper
 from mongo_cdc.snapshot import run_snapshot
 from mongo_cdc.storage import LakeLocation, table_if_exists
 from mongo_cdc.streaming import pull_changes
-from mongo_cdc.testing import ReplicaSet
 from mongo_cdc.testing.lake import memory_keeper
 
-RS = "benchrs"
+if TYPE_CHECKING:
+    from mongo_cdc.bench.run import Bench
+
 COLLECTION = "docs"
 HOT_DOCS = 10_000  # the changes touch the most recent documents, as an application's writes mostly do
 APP = Path(mongo_cdc.__file__).resolve().parents[2] / "spark_apps" / "cdc_transform.py"
 RSS_INTERVAL_S = 0.2
-
-
-class Row(NamedTuple):
-    """One line of the ``make bench`` table."""
-
-    label: str
-    value: float
-    unit: str
-    ratio: str  # the value next to the same run's baseline (the snapshot's landing rate), as text
+# budgets (issue 9)
+FIRST_BUILD_MIN_EVENTS_S = 100_000
+CHANGES_MAX_SECONDS = 30
+CHANGES_LARGE_VS_SMALL_MAX = 1.5
+TRANSFORM_RSS_MAX_MIB = 2_048
 
 
 # ---------------------------------------------------------------------------------------- memory
@@ -190,6 +188,7 @@ class Source:
 
     name: str
     client: MongoClient
+    rs: str
     lake: str
     documents: int
     config: SourceConfig = field(init=False)
@@ -198,12 +197,12 @@ class Source:
     def __post_init__(self) -> None:
         self.config = SourceConfig(
             name=self.name,
-            path="<mongo_cdc.bench_transform>",
+            path="<mongo_cdc.bench.transform>",
             topic_prefix=self.name,
             lake_root=self.lake,
             database_include=(re.compile(re.escape(self.name)),),
         )
-        self.keeper = memory_keeper(self.config, RS)
+        self.keeper = memory_keeper(self.config, self.rs)
 
     @property
     def collection(self) -> Collection:
@@ -215,7 +214,7 @@ class Source:
 
     def snapshot(self) -> float:
         started = time.perf_counter()
-        result = run_snapshot(self.client, self.config, RS, self.keeper)
+        result = run_snapshot(self.client, self.config, self.rs, self.keeper)
         seconds = time.perf_counter() - started
         if result.total != self.documents:
             raise AssertionError(
@@ -225,7 +224,7 @@ class Source:
 
     def pull(self, expected: dict[str, int]) -> int:
         """Land the changes since the last pull; the raw rows they make (a delete's tombstone too)."""
-        result = pull_changes(self.client, self.config, RS, self.keeper)
+        result = pull_changes(self.client, self.config, self.rs, self.keeper)
         pulled = {op: count for op, count in result.events.get(self.namespace, {}).items() if count}
         if pulled != expected:
             raise AssertionError(f"{self.namespace}: the pull landed {pulled}, not {expected}")
@@ -343,103 +342,87 @@ class Results:
 
     def rows(self) -> list[Row]:
         landed = self.landed_rate
-
-        def vs_landing(events_per_s: float) -> str:
-            return f"{events_per_s / landed:.3f}x landing rate"
-
-        def vs_landing_time(run: TransformRun) -> str:
-            return f"{run.seconds * landed / self.changes:,.0f}x the landing time of its rows"
-
-        def rate(events: int, run: TransformRun) -> float:
-            return events / run.seconds
-
         large, small = self.runs["first large"], self.runs["first small"]
         big_changes, small_changes = self.runs["changes large"], self.runs["changes small"]
         new_field = self.runs["new field large"]
-        peak = max(self.runs.values(), key=lambda run: run.peak_mib)
+        large_rate, small_rate = self.docs / large.seconds, self.small_docs / small.seconds
+        section = f"transform of {self.docs:,} / {self.small_docs:,} docs"
         return [
-            Row(f"snapshot: rows landed ({self.docs:,} docs), baseline", landed, "rows/s",
-                "1.000x landing rate"),
-            Row(f"transform: first build, {self.docs:,} docs", rate(self.docs, large), "events/s",
-                vs_landing(rate(self.docs, large)) + "; budget >= 100,000/s"),
-            Row(f"transform: first build, {self.small_docs:,} docs", rate(self.small_docs, small),
-                "events/s", vs_landing(rate(self.small_docs, small))),
-            Row(f"transform: {self.changes:,} changes on {self.small_docs:,} docs", small_changes.seconds,
-                "s", vs_landing_time(small_changes)),
-            Row(f"transform: {self.changes:,} changes on {self.docs:,} docs", big_changes.seconds, "s",
-                vs_landing_time(big_changes) + "; budget <= 30 s"),
-            Row(f"transform: {self.changes:,} changes, {self.docs:,} / {self.small_docs:,} docs cost",
-                big_changes.seconds / small_changes.seconds, "x", "budget <= 1.5x"),
-            Row(f"transform: {self.changes:,} updates adding a field on {self.docs:,} docs",
-                new_field.seconds, "s", vs_landing_time(new_field)),
-            Row("transform: old change files Delta removed for the new field", self.removed_change_files,
-                "files", f"{self.added_change_files} added; budget 0 removed"),
-            Row("transform: largest process, peak RSS", peak.peak_mib, "MiB",
-                f"{peak.peak_role}; budget < 2,048 MiB"),
+            Row(section, "run_snapshot rows landed (the step before)", landed, "rows/s"),
+            Row(section, f"first build, {self.docs:,} docs", large_rate, "events/s", large_rate / landed,
+                "landing", min_value=FIRST_BUILD_MIN_EVENTS_S),
+            Row(section, f"first build, {self.small_docs:,} docs", small_rate, "events/s",
+                small_rate / landed, "landing"),
+            Row(section, f"{self.changes:,} changes on {self.small_docs:,} docs", small_changes.seconds, "s"),
+            Row(section, f"{self.changes:,} changes on {self.docs:,} docs", big_changes.seconds, "s",
+                big_changes.seconds / small_changes.seconds, f"{self.small_docs:,} docs",
+                max_ratio=CHANGES_LARGE_VS_SMALL_MAX, max_value=CHANGES_MAX_SECONDS),
+            Row(section, f"{self.changes:,} updates adding a field on {self.docs:,} docs", new_field.seconds,
+                "s"),
+            Row(section, f"old change files removed by the new field ({self.added_change_files} added)",
+                self.removed_change_files, "files", max_value=1),
         ]  # fmt: skip
 
-
-def format_rows(rows: list[Row]) -> str:
-    width = max(len(row.label) for row in rows)
-    lines = [f"{'step':<{width}}  {'value':>12} {'unit':<8}  vs baseline"]
-    for row in rows:
-        value = f"{row.value:,.2f}" if row.value < 100 else f"{row.value:,.0f}"
-        lines.append(f"{row.label:<{width}}  {value:>12} {row.unit:<8}  {row.ratio}")
-    return "\n".join(lines)
-
-
-def _load_average() -> str:
-    try:
-        return " ".join(f"{value:.2f}" for value in os.getloadavg())
-    except OSError:
-        return "?"
+    def peak_row(self) -> Row:
+        peak = max(self.runs.values(), key=lambda run: run.peak_mib)
+        return Row(
+            "peak RSS of the process",
+            f"cdc_transform, largest process ({peak.peak_role})",
+            peak.peak_mib,
+            "MiB",
+            max_value=TRANSFORM_RSS_MAX_MIB,
+        )
 
 
 @contextmanager
 def _step(name: str) -> Iterator[None]:
-    print(f"{name} (load average {_load_average()})", flush=True)
+    print(f"transform: {name}", flush=True)
     started = time.perf_counter()
     yield
     print(f"  {time.perf_counter() - started:.1f}s", flush=True)
 
 
-def measure(docs: int, small_docs: int, changes: int) -> list[Row]:
-    """Every step of the module docstring, in a replica set and lake of its own; the table's rows."""
-    results = Results(docs, small_docs, changes)
-    with (
-        tempfile.TemporaryDirectory(prefix="mongo-cdc-bench-transform-") as tmp,
-        ReplicaSet(RS, os.path.join(tmp, "mongod")) as rs,
-    ):
-        client = rs.client(datetime_conversion=extjson.DECODE_OPTIONS.datetime_conversion)
-        try:
-            lake = os.path.join(tmp, "lake")
-            large, small = Source("large", client, lake, docs), Source("small", client, lake, small_docs)
-            for source in (large, small):
-                with _step(f"loading {source.documents:,} documents into {source.namespace}"):
-                    load(source.collection, source.documents, small_documents)
-            with _step(f"snapshot of {large.namespace}"):
-                results.landed_rate = docs / large.snapshot()
-            with _step(f"snapshot of {small.namespace}"):
-                small.snapshot()
-            for source in (large, small):
-                with _step(f"first build of {source.namespace}"):
-                    run = results.runs[f"first {source.name}"] = source.transform()
-                _check(run, source, source.documents)
-            for seed, source in enumerate((large, small), start=1):
-                rows = source.pull(apply_changes(source.collection, changes, source.documents, seed))
-                with _step(f"{changes:,} changes on {source.namespace}"):
-                    run = results.runs[f"changes {source.name}"] = source.transform()
-                _check(run, source, rows)
-            rows = large.pull(add_a_field(large.collection, changes, seed=3))
-            before = large.change_files()
-            with _step(f"{changes:,} updates adding a field on {large.namespace}"):
-                run = results.runs["new field large"] = large.transform()
-            _check(run, large, rows)
-            after = large.change_files()
-            results.removed_change_files = len(before - after)
-            results.added_change_files = len(after - before)
-        finally:
-            client.close()
+def transform(bench: Bench) -> list[Row]:
+    """Every step of the module docstring; the section's rows (its peak RSS row goes with the others)."""
+    args = bench.args
+    results = Results(args.state, args.small_state, args.changes)
+    # the bench's mongod has a small oplog: its headroom warnings say nothing about the transform
+    oplog_log = logging.getLogger("mongo_cdc.oplog_window")
+    level = oplog_log.level
+    oplog_log.setLevel(logging.ERROR)
+    client = bench.rs.client(datetime_conversion=extjson.DECODE_OPTIONS.datetime_conversion)
+    try:
+        lake = bench.lake("transform")
+        large = Source("large", client, bench.rs.name, lake, args.state)
+        small = Source("small", client, bench.rs.name, lake, args.small_state)
+        for source in (large, small):
+            with _step(f"loading {source.documents:,} documents into {source.namespace}"):
+                load(source.collection, source.documents, small_documents)
+        with _step(f"snapshot of {large.namespace}"):
+            results.landed_rate = args.state / large.snapshot()
+        with _step(f"snapshot of {small.namespace}"):
+            small.snapshot()
+        for source in (large, small):
+            with _step(f"first build of {source.namespace}"):
+                run = results.runs[f"first {source.name}"] = source.transform()
+            _check(run, source, source.documents)
+        for seed, source in enumerate((large, small), start=1):
+            rows = source.pull(apply_changes(source.collection, args.changes, source.documents, seed))
+            with _step(f"{args.changes:,} changes on {source.namespace}"):
+                run = results.runs[f"changes {source.name}"] = source.transform()
+            _check(run, source, rows)
+        rows = large.pull(add_a_field(large.collection, args.changes, seed=3))
+        before = large.change_files()
+        with _step(f"{args.changes:,} updates adding a field on {large.namespace}"):
+            run = results.runs["new field large"] = large.transform()
+        _check(run, large, rows)
+        after = large.change_files()
+        results.removed_change_files = len(before - after)
+        results.added_change_files = len(after - before)
+    finally:
+        client.close()
+        oplog_log.setLevel(level)
+    bench.peak_rows.append(results.peak_row())
     return results.rows()
 
 
@@ -452,47 +435,3 @@ def _check(run: TransformRun, source: Source, events: int) -> None:
     live = source.collection.estimated_document_count()
     if summary["state_rows"] != live:
         raise AssertionError(f"{source.namespace}: the state holds {summary['state_rows']} rows, not {live}")
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m mongo_cdc.bench_transform", description=__doc__.splitlines()[0]
-    )
-    parser.add_argument(
-        "--docs", type=int, default=1_000_000, help="documents of the large state (default 1,000,000)"
-    )
-    parser.add_argument(
-        "--small-docs", type=int, default=100_000, help="documents of the small state (default 100,000)"
-    )
-    parser.add_argument(
-        "--changes", type=int, default=1_000, help="changes applied to each state (default 1,000)"
-    )
-    parser.add_argument(
-        "--smoke",
-        action="store_true",
-        help="tiny sizes (2,000 / 500 documents, 100 changes): checks, no figures",
-    )
-    args = parser.parse_args(argv)
-    if args.smoke:
-        args.docs, args.small_docs, args.changes = 2_000, 500, 100
-    if min(args.docs, args.small_docs, args.changes) < 1:
-        parser.error("--docs, --small-docs and --changes must be positive")
-    if args.changes > HOT_DOCS or args.changes > args.small_docs:
-        parser.error(f"--changes must be at most --small-docs and {HOT_DOCS:,}")
-    print(f"{os.cpu_count()} cores; load average {_load_average()}", flush=True)
-    # the bench's own mongod has a small oplog: its headroom warnings say nothing about the transform
-    # (restored after: the smoke test calls main() inside the test session)
-    oplog_log = logging.getLogger("mongo_cdc.oplog_window")
-    level = oplog_log.level
-    oplog_log.setLevel(logging.ERROR)
-    try:
-        rows = measure(args.docs, args.small_docs, args.changes)
-    finally:
-        oplog_log.setLevel(level)
-    print()
-    print(format_rows(rows))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
