@@ -1,8 +1,11 @@
 """A snapshot's chunks: each collection split into key ranges of about ``snapshot.chunk.size`` documents.
 
-The bounds are index keys read on the server: from one bound, ``skip(size)`` along the index
-(``returnKey``, so only keys are read) gives the next. The index is ``_id``'s, or for a sharded
-collection the shard key's, within each range the shard owns. A chunk is read with
+A collection's bounds are ``_id``s of a random sample (``$sample``, ``SAMPLES_PER_CHUNK`` per chunk,
+sorted on the server in the index's order): a few random reads, where walking the index costs a
+scan of every key (about as long as copying a tenth of the documents). So a chunk holds about
+``size`` documents, give or take a fifth. Within each range a shard owns, a sharded collection's
+bounds are its shard key's index keys: from one bound, ``skip(size)`` along the index (``returnKey``,
+so only keys are read) gives the next. A chunk is read with
 ``hint(index).min(low).max(high)``. ``min``/``max`` bound the index scan in MongoDB's order across
 BSON types (MinKey < null < numbers < strings < objects < arrays < binData < ObjectId < bool <
 date < timestamp < regex < MaxKey), so consecutive ranges hold every document exactly once
@@ -28,6 +31,11 @@ from mongo_cdc.topology import OwnedRanges
 
 log = logging.getLogger(__name__)
 
+# Sampled _ids per chunk: a chunk's share of the collection is then within about 1/sqrt(20) of its
+# size; the sample stays a small fraction of any collection big enough to chunk, which keeps
+# $sample on its random cursor (no collection scan).
+SAMPLES_PER_CHUNK = 20
+
 ID_INDEX: tuple[tuple[str, Any], ...] = (("_id", 1),)
 
 
@@ -47,7 +55,7 @@ def plan_chunks(
     estimated = collection.estimated_document_count()
     if estimated <= size or not _id_index_ordered(options or {}):
         return [Chunk(namespace, 0, 1, expected=estimated)]
-    bounds = list(_split(collection, ID_INDEX, None, None, size))
+    bounds = _sampled_bounds(collection, -(-estimated // size))
     chunks = _chunks(namespace, ID_INDEX, bounds, size)
     last = chunks[-1]
     # the rest of the estimate: for progress only
@@ -73,6 +81,25 @@ def _contiguous(ranges: Sequence[tuple[dict, dict]]) -> Iterator[tuple[dict, dic
         else:
             merged.append([low, high])
     return ((low, high) for low, high in merged)
+
+
+def _sampled_bounds(collection: Collection, count: int) -> list[tuple[dict | None, dict | None]]:
+    """About ``count`` consecutive ``_id`` ranges of even size, from MinKey to MaxKey."""
+    pipeline = [
+        {"$sample": {"size": count * SAMPLES_PER_CHUNK}},
+        {"$project": {"_id": 1}},
+        {"$sort": {"_id": 1}},
+    ]
+    sample = [document["_id"] for document in collection.aggregate(pipeline)]
+    cuts: list[dict] = []
+    for value in sample[SAMPLES_PER_CHUNK::SAMPLES_PER_CHUNK]:
+        cut = {"_id": value}
+        # $sample may return a document twice: a repeated cut would make an empty range
+        if not cuts or bson.encode(cuts[-1]) != bson.encode(cut):
+            cuts.append(cut)
+    lows: list[dict | None] = [None, *cuts]
+    highs: list[dict | None] = [*cuts, None]
+    return list(zip(lows, highs, strict=True))
 
 
 def _split(
