@@ -26,7 +26,9 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -227,8 +229,6 @@ def read_events(stream: Any, limit: int) -> tuple[list[dict], dict | None]:
     and, when the stream ran out of events, its resume token then (its post-batch token).
 
     The pull's per-read work (progress, the primary check) is done once per call, not per event.
-    (Reading on a second thread, to overlap the server's next batch with landing this one, was
-    slower: the two threads mostly waited for each other's GIL.)
     """
     events: list[dict] = []
     while len(events) < limit:
@@ -237,6 +237,41 @@ def read_events(stream: Any, limit: int) -> tuple[list[dict], dict | None]:
             return events, stream.resume_token
         events.append(change)
     return events, None
+
+
+class _ReadAhead:
+    """``read_events`` one call ahead on a thread of its own: the server prepares (and the socket
+    receives) the next getMore while this one is landed, instead of one after the other.
+
+    Only that thread touches the stream until ``close``, which waits for the read in flight (at
+    most ``POLL_INTERVAL_MS`` on an idle stream). A read that found the stream idle at ``target``
+    is not followed by another: a caught-up pull has nothing more to ask for, unless it asks.
+    """
+
+    def __init__(self, stream: Any, limit: int, target: int) -> None:
+        self._stream, self._limit, self._target = stream, limit, target
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="change-stream-read")
+        self._ahead = self._thread.submit(read_events, stream, limit)
+
+    def next(self) -> tuple[list[dict], dict | None]:
+        if self._ahead is None:
+            self._ahead = self._thread.submit(read_events, self._stream, self._limit)
+        events, idle_token = self._ahead.result()  # a read's error is raised here, in the pull
+        caught_up = idle_token is not None and token_cluster_time(idle_token) >= self._target
+        self._ahead = None if caught_up else self._thread.submit(read_events, self._stream, self._limit)
+        return events, idle_token
+
+    def close(self) -> None:
+        self._thread.shutdown(wait=True)
+
+
+@contextmanager
+def _reading_ahead(stream: Any, limit: int, target: int) -> Iterator[_ReadAhead]:
+    reads = _ReadAhead(stream, limit, target)
+    try:
+        yield reads
+    finally:
+        reads.close()
 
 
 class _ChangeReader:
@@ -280,10 +315,13 @@ class _ChangeReader:
         if self.start_after is not None:
             del options["resume_after"]
             options["start_after"] = self.start_after
-        with self.client.watch(**options) as stream:
+        with (
+            self.client.watch(**options) as stream,
+            _reading_ahead(stream, self.config.max_batch_size, self.target) as reads,
+        ):
             opened_with_primary = self.client.primary
             while True:
-                events, idle_token = read_events(stream, self.config.max_batch_size)
+                events, idle_token = reads.next()
                 self.failures = 0
                 self.progress.read(events, self.offset)
                 if self._primary_moved_since(opened_with_primary):
