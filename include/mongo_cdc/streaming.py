@@ -26,9 +26,8 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -264,14 +263,11 @@ class _ReadAhead:
     def close(self) -> None:
         self._thread.shutdown(wait=True)
 
+    def __enter__(self) -> _ReadAhead:
+        return self
 
-@contextmanager
-def _reading_ahead(stream: Any, limit: int, target: int) -> Iterator[_ReadAhead]:
-    reads = _ReadAhead(stream, limit, target)
-    try:
-        yield reads
-    finally:
-        reads.close()
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 class _ChangeReader:
@@ -317,7 +313,7 @@ class _ChangeReader:
             options["start_after"] = self.start_after
         with (
             self.client.watch(**options) as stream,
-            _reading_ahead(stream, self.config.max_batch_size, self.target) as reads,
+            _ReadAhead(stream, self.config.max_batch_size, self.target) as reads,
         ):
             opened_with_primary = self.client.primary
             while True:
