@@ -27,10 +27,12 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
+import pyarrow as pa
 from pymongo import MongoClient
 from pymongo.errors import ConnectionFailure, CursorNotFound, OperationFailure, PyMongoError
 
@@ -164,17 +166,18 @@ def _land(
     rs: str,
     batch: MicroBatch,
     token: dict,
-    transactions: TransactionTracker,
+    transaction_records: pa.Table | None,
+    open_transaction: dict[str, Any] | None,
 ) -> Offset:
     """Land one micro-batch (a commit per raw table, plus its transaction records), then commit it with
     its resume token (``landing``)."""
     seq = offset.batch_seq + 1
     for namespace, rows in batch.rows.items():
         keeper.lake.write_raw(rs, seq, namespace, rows_to_table(rows, seq))
-    records = transactions.batch_table(seq)
-    if records is not None:
-        keeper.lake.write(keeper.lake.source_uri(TRANSACTION_DIR), rs, seq, records, TRANSACTION_SCHEMA, "rs")
-    committed = keeper.commit_batch(
+    if transaction_records is not None:
+        lake = keeper.lake
+        lake.write(lake.source_uri(TRANSACTION_DIR), rs, seq, transaction_records, TRANSACTION_SCHEMA, "rs")
+    return keeper.commit_batch(
         offset,
         Batch(
             rs=rs,
@@ -185,11 +188,9 @@ def _land(
             snapshot_cluster_time=batch.copy_position if batch.copied else None,
             collections=batch.copied or None,
             namespaces=tuple(sorted(batch.rows)),
-            open_transaction=transactions.state(),
+            open_transaction=open_transaction,
         ),
     )
-    transactions.landed()
-    return committed
 
 
 def stream_options(config: SourceConfig, offset: Offset) -> dict[str, Any]:
@@ -270,6 +271,40 @@ class _ReadAhead:
         self.close()
 
 
+class _Landing:
+    """Micro-batches landed one at a time on a thread of their own: a batch's files, Delta commits
+    and offset are written while the pull reads and builds the next one, instead of one after the
+    other.
+
+    At most one batch is in flight. ``settle`` waits for it and hands its committed offset to
+    ``landed`` on the caller's thread; a landing's error is raised there, in the pull, so nothing
+    after a failed batch lands. Leaving the ``with`` settles.
+    """
+
+    def __init__(self, landed: Callable[[Offset], None]) -> None:
+        self._landed = landed
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="land")
+        self._in_flight: Future[Offset] | None = None
+
+    def start(self, land: Callable[[], Offset]) -> None:
+        self.settle()
+        self._in_flight = self._thread.submit(land)
+
+    def settle(self) -> None:
+        in_flight, self._in_flight = self._in_flight, None
+        if in_flight is not None:
+            self._landed(in_flight.result())
+
+    def __enter__(self) -> _Landing:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self.settle()
+        finally:
+            self._thread.shutdown(wait=True)
+
+
 class _ChangeReader:
     """One pull's progress, kept across reopened change streams."""
 
@@ -282,6 +317,7 @@ class _ChangeReader:
         self.keeper = keeper
         # the last landed position: every (re)opened stream starts here
         self.offset = offset
+        self.landing: _Landing | None = None  # the open stream's (``read``)
         self.source = SourceInfo(config.topic_prefix, rs)
         self.result = PullResult(rs=rs)
         self.progress = PullProgress(self.result)
@@ -314,6 +350,7 @@ class _ChangeReader:
         with (
             self.client.watch(**options) as stream,
             _ReadAhead(stream, self.config.max_batch_size, self.target) as reads,
+            _Landing(self._landed) as self.landing,
         ):
             opened_with_primary = self.client.primary
             while True:
@@ -363,6 +400,7 @@ class _ChangeReader:
                 if token_cluster_time(token) >= self.target:
                     # what is left are operations that are not captured, seen since the last batch
                     self.result.add_counts(batch)
+                    self.landing.settle()
                     if token != self.offset.resume_token:
                         # a batch with no rows: the lake records every position an offset holds
                         self.offset = self.keeper.commit_batch(
@@ -384,11 +422,31 @@ class _ChangeReader:
         return bool(batch.events or self.transactions.records)
 
     def _land(self, batch: MicroBatch, token: dict) -> None:
-        self.offset = _land(self.keeper, self.offset, self.rs, batch, token, self.transactions)
+        """Land ``batch`` up to ``token`` on the landing thread, after the batch before it."""
+        self.landing.settle()
+        records = self.transactions.batch_table(self.offset.batch_seq + 1)
+        open_transaction = self.transactions.state()
+        self.transactions.landed()
+        self.landing.start(partial(self._land_now, self.offset, batch, token, records, open_transaction))
         self.start_after = None
         self.result.batches += 1
         self.result.add_counts(batch)
-        self.heartbeats.beat(self.offset)
+
+    def _land_now(
+        self,
+        offset: Offset,
+        batch: MicroBatch,
+        token: dict,
+        records: pa.Table | None,
+        open_transaction: dict[str, Any] | None,
+    ) -> Offset:
+        """The landing thread's part of ``_land``."""
+        committed = _land(self.keeper, offset, self.rs, batch, token, records, open_transaction)
+        self.heartbeats.beat(committed)
+        return committed
+
+    def _landed(self, offset: Offset) -> None:
+        self.offset = offset
 
     def _land_read(self, batch: MicroBatch) -> None:
         """Land the events read so far, so a collection event can take a batch of its own."""
