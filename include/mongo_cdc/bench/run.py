@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -128,7 +129,8 @@ class Bench:
 
 
 def _best(first: Measured, second: Measured) -> Measured:
-    """The faster of two runs of a baseline: the machine may be shared, and it favours the baseline."""
+    """The faster of two runs: the machine may be shared. Given to baselines (which it favours) and to
+    the pull, whose runs over one backlog vary more than its budget's margin."""
     return first if first.rate() >= second.rate() else second
 
 
@@ -205,7 +207,8 @@ def snapshot_nested(bench: Bench) -> list[Row]:
 
 
 def pull(bench: Bench) -> list[Row]:
-    """A bare change stream and ``pull_changes`` over the same backlog, from the same position."""
+    """A bare change stream and ``pull_changes`` over the same backlog, from the same position: each
+    twice, alternating, the faster run counting (runs over one backlog vary by about a fifth)."""
     collection = "events"
     lake = bench.lake(collection)
     config = bench_config({"db": DB, "collection": collection, "lake": lake})
@@ -214,15 +217,22 @@ def pull(bench: Bench) -> list[Row]:
     written = data.change_backlog(bench.client[DB][collection], bench.args.events)
     print(f"wrote a backlog of {written:,} change events", flush=True)
     token = offset.resume_token
+    # the second pull starts from the same lake and offset: a copy of both as they are now
+    again = bench.lake(f"{collection}-again")
+    shutil.copytree(lake, again)
+    offsets = keeper.store.values  # type: ignore[attr-defined]
     first = bench.worker("bare_stream", collection, lake=lake, resume_token=token)
-    ours = bench.worker("pull", collection, lake=lake, offsets=keeper.store.values)  # type: ignore[attr-defined]
+    first_ours = bench.worker("pull", collection, lake=lake, offsets=offsets)
     bare = _best(first, bench.worker("bare_stream", collection, lake=lake, resume_token=token))
-    if not first.count == bare.count == ours.count >= written:
+    ours = _best(first_ours, bench.worker("pull", collection, lake=again, offsets=offsets))
+    counts = {first.count, bare.count, first_ours.count, ours.count}
+    if len(counts) != 1 or ours.count < written:
         raise AssertionError(
-            f"events read: bare {first.count}/{bare.count}, pull {ours.count}; written {written}"
+            f"events read: bare {first.count}/{bare.count}, pull {first_ours.count}/{ours.count}; "
+            f"written {written}"
         )
     section = f"pull {written:,}-event backlog"
-    bench.peak_rows.append(_peak_row("pull_changes", ours))
+    bench.peak_rows.append(_peak_row("pull_changes", max(first_ours, ours, key=lambda run: run.peak_mib)))
     return [
         Row(section, "bare change stream, RawBSONDocument", bare.rate(), "events/s"),
         Row(
