@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -101,3 +102,19 @@ def test_a_failed_landing_stops_the_pull_at_the_batch_before_it(
     assert result.batches == 2 and keeper.load().batch_seq == first_seq + 2
     keys = keeper.lake.committed_raw(f"{db_name}.docs", columns=["key"]).column("key").to_pylist()
     assert sorted(keys) == [f'{{"id":"{i}"}}' for i in range(6)]
+
+
+def test_a_micro_batch_lands_once_its_documents_reach_max_queue_size_in_bytes(
+    replica_set, db_name, tmp_path: Path
+):
+    config = replace(_config(tmp_path, db_name), max_batch_size=1000, max_queue_size_in_bytes=10_000)
+    with make_client(replica_set.uri) as client:
+        keeper = memory_keeper(config, replica_set.name)
+        start_without_snapshot(client, replica_set.name, keeper)
+        client[db_name].docs.insert_many([{"_id": i, "pad": "x" * 4000} for i in range(10)])
+        result = pull_changes(client, config, replica_set.name, keeper)
+
+    # about 4 KB a document: a batch is full at its third (12 KB >= 10,000 bytes), not at 1,000 events
+    assert result.batches == 4
+    keys = keeper.lake.committed_raw(f"{db_name}.docs", columns=["key"]).column("key").to_pylist()
+    assert sorted(keys) == sorted(f'{{"id":"{i}"}}' for i in range(10))

@@ -109,6 +109,7 @@ class SourceConfig:
     snapshot_chunk_size: int = 100_000
     snapshot_fetch_size: int = 0
     max_batch_size: int = 2048
+    max_queue_size_in_bytes: int = 16 * 1024 * 1024
     tombstones_on_delete: bool = True
     skipped_operations: frozenset[str] = field(default_factory=frozenset)
     connect_backoff_initial_delay_ms: int = 1000
@@ -325,6 +326,7 @@ _MAX_SNAPSHOT_TASKS = 1024  # Airflow's default [core] max_map_length: mapped in
 _MAX_CHUNK_SIZE = 100_000_000  # documents per chunk; larger ones would make retries re-read hours
 _MAX_FETCH_SIZE = 1_000_000  # documents per cursor batch; the server caps a batch at 16 MB anyway
 _MAX_BATCH_SIZE = 1_000_000  # change events held in memory for one landed file
+_MAX_QUEUE_BYTES = 1024**4  # a bound on memory: any real one is far below
 _MAX_DELAY_MS = 3_600_000  # one hour between reconnection attempts
 _MAX_ATTEMPTS = 1000
 _MAX_OVERSIZE_THRESHOLD = 16 * 1024 * 1024  # MongoDB's document size limit: a larger threshold never applies
@@ -365,6 +367,7 @@ _KEYS = {
     "snapshot.chunk.size": ("snapshot_chunk_size", _bounded(_MAX_CHUNK_SIZE)),
     "snapshot.fetch.size": ("snapshot_fetch_size", _bounded(_MAX_FETCH_SIZE, allow_zero=True)),
     "max.batch.size": ("max_batch_size", _bounded(_MAX_BATCH_SIZE)),
+    "max.queue.size.in.bytes": ("max_queue_size_in_bytes", _bounded(_MAX_QUEUE_BYTES, allow_zero=True)),
     "tombstones.on.delete": ("tombstones_on_delete", _boolean),
     "skipped.operations": ("skipped_operations", _skipped_operations),
     "connect.backoff.initial.delay.ms": ("connect_backoff_initial_delay_ms", _bounded(_MAX_DELAY_MS)),

@@ -131,6 +131,8 @@ class MicroBatch:
         # raw rows by the raw table they land in: <db>.<collection>
         self.rows: dict[str, list[dict[str, Any]]] = defaultdict(list)
         self.events = 0
+        # BSON bytes of the documents in ``rows``: what a batch of large documents holds in memory
+        self.document_bytes = 0
         self.events_by_op: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         self.ignored_operations: dict[str, int] = defaultdict(int)
         self.oversized_skipped: dict[str, int] = defaultdict(int)
@@ -144,6 +146,13 @@ class MicroBatch:
     def add(self, namespace: str, op: str, rows: list[dict[str, Any]], events: int = 1) -> None:
         self.rows[namespace].extend(rows)
         self.events += events
+        for row in rows:
+            description = row.get("updateDescription")
+            self.document_bytes += (
+                len(row.get("after") or b"")
+                + len(row.get("before") or b"")
+                + (len(description["updatedFields"]) if description else 0)
+            )
         self.events_by_op[namespace][op] += events
         ts_ms = rows[0]["source"]["ts_ms"]
         if self.newest_source_ts_ms is None or ts_ms > self.newest_source_ts_ms:
@@ -236,7 +245,15 @@ def read_events(stream: Any, limit: int) -> tuple[list[dict], dict | None]:
         if change is None:
             return events, stream.resume_token
         events.append(change)
+        if not _has_buffered(stream):  # the getMore's events are all here: the next read asks again
+            break
     return events, None
+
+
+def _has_buffered(stream: Any) -> bool:
+    """Whether events of the last getMore are still to be taken from the stream."""
+    cursor = getattr(stream, "_cursor", None)
+    return cursor is None or cursor._has_next()
 
 
 class _ReadAhead:
@@ -381,7 +398,7 @@ class _ChangeReader:
                         token_cluster_time(change["_id"]) > self.target
                         and not self.transactions.in_transaction
                     )
-                    if batch.events >= self.config.max_batch_size or (caught_up and self._has_news(batch)):
+                    if self._full(batch) or (caught_up and self._has_news(batch)):
                         self._land(batch, change["_id"])
                         batch = MicroBatch()
                     if caught_up:
@@ -416,6 +433,11 @@ class _ChangeReader:
                         )
                     self.heartbeats.beat(self.offset)
                     return True
+
+    def _full(self, batch: MicroBatch) -> bool:
+        """``max.batch.size`` events, or documents of ``max.queue.size.in.bytes`` (0: no limit)."""
+        limit = self.config.max_queue_size_in_bytes
+        return batch.events >= self.config.max_batch_size or (limit > 0 and batch.document_bytes >= limit)
 
     def _has_news(self, batch: MicroBatch) -> bool:
         """Whether there is anything to land: events, or transaction records (an END alone)."""
