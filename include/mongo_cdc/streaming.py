@@ -449,26 +449,17 @@ class _ChangeReader:
         records = self.transactions.batch_table(self.offset.batch_seq + 1)
         open_transaction = self.transactions.state()
         self.transactions.landed()
-        self.landing.start(partial(self._land_now, self.offset, batch, token, records, open_transaction))
+        self.landing.start(
+            partial(_land, self.keeper, self.offset, self.rs, batch, token, records, open_transaction)
+        )
         self.start_after = None
         self.result.batches += 1
         self.result.add_counts(batch)
 
-    def _land_now(
-        self,
-        offset: Offset,
-        batch: MicroBatch,
-        token: dict,
-        records: pa.Table | None,
-        open_transaction: dict[str, Any] | None,
-    ) -> Offset:
-        """The landing thread's part of ``_land``."""
-        committed = _land(self.keeper, offset, self.rs, batch, token, records, open_transaction)
-        self.heartbeats.beat(committed)
-        return committed
-
     def _landed(self, offset: Offset) -> None:
+        """A batch landed (``_Landing.settle``, on the pull's thread): streams reopen at it."""
         self.offset = offset
+        self.heartbeats.beat(offset)
 
     def _land_read(self, batch: MicroBatch) -> None:
         """Land the events read so far, so a collection event can take a batch of its own."""
