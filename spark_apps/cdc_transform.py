@@ -63,7 +63,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Schema, Transaction, write_deltalake
 from deltalake.transaction import create_table_with_add_actions
-from pyspark.sql import SparkSession
+from pyspark import SparkConf, SparkContext
 
 from mongo_cdc import extjson, lake
 from mongo_cdc.extjson import DECODE_OPTIONS
@@ -205,15 +205,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def build_session() -> SparkSession:
-    spark = (
-        SparkSession.builder.appName("mongo-cdc-transform")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.session.timeZone", "UTC")
-        .getOrCreate()
+def start_spark() -> SparkContext:
+    """The job's SparkContext. No SparkSession: the job runs Python tasks only, and a session's SQL
+    state takes seconds to build on every run."""
+    context = SparkContext.getOrCreate(
+        SparkConf().setAppName("mongo-cdc-transform").set("spark.ui.enabled", "false")
     )
-    spark.sparkContext.setLogLevel("WARN")
-    return spark
+    context.setLogLevel("WARN")
+    return context
 
 
 class RawFile(NamedTuple):
@@ -446,12 +445,13 @@ def transform_slice(
     state_output, marker_rows, state_values = None, [], None
     if state is not None:
         versions, version_documents = [], []
-        # the latest position (per replica set) a manifest or drop of the run deletes documents before
-        deleting: dict[str, int] = {}
-        for rs, cluster_time in [(m.rs, m.cluster_time) for m in state.manifests] + [
-            (rs, position[0]) for position, rs in state.drops
+        # the latest position (per replica set) a manifest or drop of the run deletes documents before:
+        # a snapshot's own rows sit after its manifest's position, so most rows skip both checks
+        deleting: dict[str, tuple[int, str]] = {}
+        for rs, position in [(m.rs, (m.cluster_time, "")) for m in state.manifests] + [
+            (rs, position) for position, rs in state.drops
         ]:
-            deleting[rs] = max(cluster_time, deleting.get(rs, cluster_time))
+            deleting[rs] = max(position, deleting.get(rs, position))
         key_list, id_list = keys.to_pylist(), ids.to_pylist()
         cluster_times = rows.column("cluster_time").to_pylist()
         orders = rows.column("event_order").to_pylist()
@@ -472,7 +472,7 @@ def transform_slice(
             marker = markers.get(version.key)
             if marker is not None and version.position <= marker.position:
                 continue  # an older event landed after the delete: it does not bring the document back
-            if deleting.get(version.rs, -1) >= version.cluster_time:
+            if version.rs in deleting and version.position < deleting[version.rs]:
                 version = drop_with_collection(
                     reconcile_with_snapshots(version, state.manifests), state.drops
                 )
@@ -605,15 +605,14 @@ class CollectionTransform:
 
     def __init__(
         self,
-        spark: SparkSession,
+        context: SparkContext,
         source_lake: SourceLake,
         namespace: str,
         batches: list[Batch],
         flattening: FlatteningOptions,
         rebuild_hours: tuple[str, ...],
     ) -> None:
-        self.spark = spark
-        self.context = spark.sparkContext
+        self.context = context
         self.source_lake = source_lake
         self.location = source_lake.location
         self.options = source_lake.options
@@ -1139,17 +1138,17 @@ def main(argv: list[str] | None = None) -> int:
     refuse_legacy_layout(source_lake.location, args.topic_prefix)
     batches = source_lake.batches()
     namespaces = sorted({ns for batch in batches for ns in (*batch.namespaces, *(batch.collections or ()))})
-    spark = build_session()
+    context = start_spark()
     try:
         summary = {}
         for namespace in namespaces:
             log.info("transforming %s", namespace)
             transform = CollectionTransform(
-                spark, source_lake, namespace, batches, args.flattening, args.rebuild_hours
+                context, source_lake, namespace, batches, args.flattening, args.rebuild_hours
             )
             summary[namespace] = transform.run(args.maintain)
     finally:
-        spark.stop()
+        context.stop()
     print(json.dumps({"collections": summary}, sort_keys=True))
     return 0
 

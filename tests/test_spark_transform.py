@@ -223,10 +223,11 @@ READER = textwrap.dedent(
     """
     import json, sys
     from deltalake import DeltaTable
+    from pyspark.sql import SparkSession
     sys.path.insert(0, {apps!r})
     import cdc_transform
 
-    spark = cdc_transform.build_session()
+    spark = SparkSession.builder.getOrCreate()
     report = {{}}
     for name, uri in {uris!r}.items():
         files = DeltaTable(uri).file_uris()  # the live files of the table's latest version
