@@ -13,6 +13,7 @@ from pymongo import DeleteOne, UpdateOne
 from pymongo.collection import Collection
 
 INSERT_BATCH = 5_000
+LARGE_DOCUMENT_BYTES = 64 * 1024
 _BASE = dt.datetime(2024, 1, 1)
 _CITIES = ("Berlin", "Lisbon", "Osaka", "Quito", "Accra", "Perth")
 
@@ -83,16 +84,32 @@ def nested_documents(start: int, count: int) -> list[dict]:
     ]
 
 
-def load(collection: Collection, count: int, make: Callable[[int, int], list[dict]]) -> float:
-    """Insert ``count`` documents made by ``make(start, count)``; returns seconds. Two inserts in
-    flight keep mongod busy while the next batch is built."""
+def large_documents(start: int, count: int) -> list[dict]:
+    """~64 KB of BSON each: a text body (an attachment, a rendered page) beside a few small fields."""
+    return [
+        {
+            "_id": ObjectId(),
+            "name": f"page-{i}",
+            "n": i,
+            "when": _BASE + dt.timedelta(seconds=i),
+            "body": f"{i:08d} " * (LARGE_DOCUMENT_BYTES // 9),
+        }
+        for i in range(start, start + count)
+    ]
+
+
+def load(
+    collection: Collection, count: int, make: Callable[[int, int], list[dict]], batch: int = INSERT_BATCH
+) -> float:
+    """Insert ``count`` documents made by ``make(start, count)``, ``batch`` at a time; returns seconds.
+    Two inserts in flight keep mongod busy while the next batch is built."""
     started = time.monotonic()
 
     def insert(start: int) -> None:
-        collection.insert_many(make(start, min(INSERT_BATCH, count - start)), ordered=False)
+        collection.insert_many(make(start, min(batch, count - start)), ordered=False)
 
     with ThreadPoolExecutor(max_workers=2) as pool:
-        for future in [pool.submit(insert, start) for start in range(0, count, INSERT_BATCH)]:
+        for future in [pool.submit(insert, start) for start in range(0, count, batch)]:
             future.result()
     return time.monotonic() - started
 

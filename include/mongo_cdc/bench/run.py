@@ -8,6 +8,8 @@ Starts its own single-member replica set in a temporary directory and, section b
   pipeline with arrow items into Parquet (``peers``);
 * pull of a ``--events`` backlog (inserts, updates with ``updateLookup``, deletes): the same
   change stream iterated bare as ``RawBSONDocument``s, and ``pull_changes`` landing it;
+* a backlog of ``--large`` ~64 KB inserts pulled, and the collection snapshotted: their MB/s and
+  peak RSS;
 * the ``--small`` collection snapshotted in one piece, then in ``CHUNKS`` chunks by one thread and
   by two: chunking's overhead on one worker;
 * the Spark transform (``bench.transform``): first build, incremental runs, a new field;
@@ -55,11 +57,13 @@ SNAPSHOT_VS_DLT_MIN = 3.0
 PULL_MIN = 0.8
 CHUNKED_MIN = 0.9  # chunking overhead < 10%
 PEAK_RSS_MAX_MIB = 500.0
+LARGE_INSERT_BATCH = 200  # documents of ~64 KB per insert: 13 MB, under a message's 48 MB
 CHUNKS = 10  # the chunks section splits the small collection into this many chunks
 SIZES = {
     "small": 1_000_000,
     "nested": 100_000,
     "events": 300_000,
+    "large": 8_000,
     "state": 1_000_000,
     "small_state": 100_000,
     "changes": 1_000,
@@ -68,6 +72,7 @@ SMOKE_SIZES = {
     "small": 3_000,
     "nested": 300,
     "events": 2_000,
+    "large": 20,
     "state": 2_000,
     "small_state": 500,
     "changes": 100,
@@ -247,6 +252,29 @@ def pull(bench: Bench) -> list[Row]:
     ]
 
 
+def large_documents(bench: Bench) -> list[Row]:
+    """A backlog of ~64 KB inserts pulled, then the same collection snapshotted: the peak RSS budget
+    holds whatever the documents' size, and ``max.batch.size`` of them would be 64 MB a batch."""
+    collection, count = "large", bench.args.large
+    lake = bench.lake(collection)
+    keeper = memory_keeper(bench_config({"db": DB, "collection": collection, "lake": lake}), RS)
+    start_without_snapshot(bench.client, RS, keeper)
+    seconds = data.load(bench.client[DB][collection], count, data.large_documents, LARGE_INSERT_BATCH)
+    print(f"wrote {count:,} documents of ~64 KB in {seconds:.0f} s", flush=True)
+    megabytes = bench.client[DB].command("collStats", collection)["size"] / 1e6
+    pulled = bench.worker("pull", collection, lake=lake, offsets=keeper.store.values)  # type: ignore[attr-defined]
+    copied = bench.worker("snapshot", collection, lake=bench.lake(f"{collection}-snapshot"))
+    if not pulled.count == copied.count == count:
+        raise AssertionError(f"{collection}: pulled {pulled.count}, snapshotted {copied.count} of {count}")
+    bench.peak_rows.append(_peak_row(f"pull_changes, {count:,} inserts of ~64 KB", pulled))
+    bench.peak_rows.append(_peak_row(f"run_snapshot, {count:,} documents of ~64 KB", copied))
+    section = f"{count:,} x ~64 KB documents"
+    return [
+        Row(section, "mongo-cdc pull_changes -> Delta", pulled.rate(megabytes), "MB/s"),
+        Row(section, "mongo-cdc run_snapshot -> Delta", copied.rate(megabytes), "MB/s"),
+    ]
+
+
 def chunks(bench: Bench) -> list[Row]:
     """The small collection snapshotted in one piece and in ``CHUNKS`` chunks, on one worker."""
     collection, count = "small", bench.args.small
@@ -297,6 +325,7 @@ SECTIONS: dict[str, Callable[[Bench], list[Row]]] = {
     "snapshot-small": snapshot_small,
     "snapshot-nested": snapshot_nested,
     "pull": pull,
+    "large-docs": large_documents,
     "chunks": chunks,
     "transform": transform,
 }
