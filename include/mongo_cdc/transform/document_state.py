@@ -30,7 +30,6 @@ from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 import bson
-from bson import ObjectId
 
 from mongo_cdc import extjson
 from mongo_cdc.extjson import DECODE_OPTIONS
@@ -84,15 +83,17 @@ def fold_events(
     return version
 
 
+# An ObjectId or string _id is equal only to itself, so its text is the document's own (only
+# numbers of other types, alone or inside a document or array, compare equal across types).
+_SAME_TYPE_IDS = ('{"$oid":', '"')
+
+
 def current_id_json(document: dict | None, event_id_json: str) -> str:
     """The Extended JSON of ``document``'s own _id (a replace may change its type, not its value),
     else the event's (``ChangeEvent.document_id_json``)."""
-    if document is None or "_id" not in document:
+    if document is None or "_id" not in document or event_id_json.startswith(_SAME_TYPE_IDS):
         return event_id_json
-    document_id = document["_id"]
-    if type(document_id) is ObjectId:  # the common case: extjson's text, ~4x cheaper
-        return '{"$oid":"%s"}' % document_id
-    return extjson.encode_str(document_id)
+    return extjson.encode_str(document["_id"])
 
 
 def reconcile_with_snapshots(
