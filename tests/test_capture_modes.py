@@ -24,7 +24,7 @@ from mongo_cdc.landing import SourceLake
 from mongo_cdc.snapshot import run_snapshot
 from mongo_cdc.storage import LakeLocation
 from mongo_cdc.streaming import pull_changes
-from mongo_cdc.testing.lake import memory_keeper
+from mongo_cdc.testing.lake import database_source, memory_keeper
 from mongo_cdc.topology import make_client
 
 PRE_IMAGE_MODES = ("change_streams_with_pre_image", "change_streams_update_full_with_pre_image")
@@ -42,14 +42,7 @@ W1, W2, W3 = ({"_id": 2, "n": n} for n in range(3))
 
 
 def _config(tmp_path, db_name: str, **settings) -> SourceConfig:
-    return SourceConfig(
-        name="shop",
-        path="shop.yaml",
-        topic_prefix="shop",
-        lake_root=str(tmp_path / "lake"),
-        database_include=(re.compile(re.escape(db_name)),),
-        **settings,
-    )
+    return database_source("shop", tmp_path / "lake", re.escape(db_name), **settings)
 
 
 def _document(data: bytes | None) -> dict | None:

@@ -21,9 +21,9 @@ from cdc_support import assert_state_equals_collection
 from datagen import COLLECTIONS, FALLBACK_FIELDS, load, random_writes
 
 from mongo_cdc import extjson, snapshot
-from mongo_cdc.config import SourceConfig
 from mongo_cdc.landing import Chunk, SourceLake
 from mongo_cdc.offsets import Offset
+from mongo_cdc.testing.lake import database_source
 from mongo_cdc_airflow.chunk_copy import split_evenly
 
 MIXED_DOCUMENTS = 200_000
@@ -225,10 +225,7 @@ def test_a_collection_added_to_the_include_list_is_copied_while_the_others_strea
 def test_newly_captured_names_only_collections_the_recorded_filter_did_not_match(
     replica_set, db_name, tmp_path
 ):
-    config = SourceConfig(
-        name="t", path="<t>", topic_prefix="t", lake_root=str(tmp_path),
-        database_include=(re.compile(db_name),), collection_include=(re.compile(rf"{db_name}\.(a|b.*)"),),
-    )  # fmt: skip
+    config = database_source("t", tmp_path, db_name, collection_include=(re.compile(rf"{db_name}\.(a|b.*)"),))
     with replica_set.client() as client:
         for name in ("a", "b1", "c"):
             client[db_name][name].insert_one({"_id": 1})

@@ -7,7 +7,6 @@ each event once.
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from pathlib import Path
 
@@ -15,12 +14,11 @@ from bson.timestamp import Timestamp
 from cdc_support import assert_state_equals_collection
 from pymongo.errors import OperationFailure
 
-from mongo_cdc.config import SourceConfig
 from mongo_cdc.lake import COLLECTION_KEY, pack_cluster_time
 from mongo_cdc.landing import Batch
 from mongo_cdc.offsets import Offset
 from mongo_cdc.streaming import pull_changes
-from mongo_cdc.testing.lake import memory_keeper
+from mongo_cdc.testing.lake import database_source, memory_keeper
 
 
 def _assert_each_event_landed_once(source, collection: str) -> None:
@@ -155,13 +153,7 @@ class _FakeClient:
 
 def test_an_invalidated_stream_is_reopened_after_the_invalidate_with_nothing_lost(tmp_path: Path):
     """A fake client: a real server never invalidates a deployment-wide stream."""
-    config = SourceConfig(
-        name="inv",
-        path=str(tmp_path / "inv.yaml"),
-        topic_prefix="inv",
-        lake_root=str(tmp_path / "lake"),
-        database_include=(re.compile("shop"),),
-    )
+    config = database_source("inv", tmp_path / "lake", "shop")
     keeper = memory_keeper(config, "rs0")
     start = Batch("rs0", 1, "start", _token(100, "00"), pack_cluster_time(100, 1))
     keeper.commit_batch(Offset(), start)  # streaming starts here, in the lake and the offset

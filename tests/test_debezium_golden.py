@@ -11,11 +11,10 @@ import pytest
 from bson import Binary, Int64, ObjectId, json_util
 
 from mongo_cdc import extjson
-from mongo_cdc.config import SourceConfig
 from mongo_cdc.debezium_export import debezium_record, main, raw_rows, write_json_lines
 from mongo_cdc.snapshot import run_snapshot
 from mongo_cdc.streaming import pull_changes
-from mongo_cdc.testing.lake import memory_keeper
+from mongo_cdc.testing.lake import database_source, memory_keeper
 from mongo_cdc.topology import make_client
 
 # 000_2a07268966eb8866.txt, "Examples of representing document _id fields in event key payloads"
@@ -56,10 +55,7 @@ def test_keys_encode_every_id_type_as_debezium_does(document_id, seed_key):
 
 @pytest.fixture
 def customer_1004_events(replica_set, db_name, tmp_path):
-    config = SourceConfig(
-        name="inventory", path="inventory.yaml", topic_prefix="fulfillment", lake_root=str(tmp_path)
-    )
-    config = SourceConfig(**{**config.__dict__, "database_include": (re.compile(db_name),)})
+    config = database_source("inventory", tmp_path, db_name, topic_prefix="fulfillment")
     keeper = memory_keeper(config, "rs0")
     with make_client(replica_set.uri) as client:
         run_snapshot(client, config, "rs0", keeper)

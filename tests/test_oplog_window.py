@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -23,7 +22,7 @@ from mongo_cdc.offsets import offset_key
 from mongo_cdc.oplog_window import OplogHeadroomError, OplogWindow, measure
 from mongo_cdc.snapshot import start_without_snapshot
 from mongo_cdc.streaming import pull_changes
-from mongo_cdc.testing.lake import memory_keeper
+from mongo_cdc.testing.lake import database_source, memory_keeper
 from mongo_cdc.topology import make_client
 
 HOUR = 3600.0
@@ -31,14 +30,7 @@ KB = 1024
 
 
 def _config(tmp_path: Path, **settings: object) -> SourceConfig:
-    return SourceConfig(
-        name="guarded",
-        path=str(tmp_path / "guarded.yaml"),
-        topic_prefix="grd",
-        lake_root=str(tmp_path / "lake"),
-        database_include=(re.compile("guarded"),),
-        **settings,
-    )
+    return database_source("guarded", tmp_path / "lake", "guarded", **settings)
 
 
 def _fill_most_of_the_oplog(client) -> None:

@@ -19,21 +19,14 @@ from mongo_cdc.oversized_events import FragmentJoiner, OversizedEventError, supp
 from mongo_cdc.snapshot import start_without_snapshot
 from mongo_cdc.storage import LakeLocation
 from mongo_cdc.streaming import pull_changes
-from mongo_cdc.testing.lake import memory_keeper
+from mongo_cdc.testing.lake import database_source, memory_keeper
 from mongo_cdc.topology import make_client
 
 MB = 1024 * 1024
 
 
 def _config(tmp_path: Path, database: str, **settings: object) -> SourceConfig:
-    return SourceConfig(
-        name="oversized",
-        path=str(tmp_path / "oversized.yaml"),
-        topic_prefix="big",
-        lake_root=str(tmp_path / "lake"),
-        database_include=(re.compile(database),),
-        **settings,
-    )
+    return database_source("oversized", tmp_path / "lake", database, **settings)
 
 
 def _landed(config: SourceConfig, database: str) -> list[tuple[str, str]]:

@@ -8,7 +8,6 @@ waiting them out.
 from __future__ import annotations
 
 import itertools
-import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -24,7 +23,7 @@ from mongo_cdc.offsets import OffsetKeeper
 from mongo_cdc.snapshot import run_snapshot
 from mongo_cdc.streaming import SourceUnreachableError, pull_changes
 from mongo_cdc.testing import ReplicaSet
-from mongo_cdc.testing.lake import memory_keeper
+from mongo_cdc.testing.lake import database_source, memory_keeper
 from mongo_cdc.topology import make_client
 from mongo_cdc_airflow.source_tasks import summarize
 
@@ -33,12 +32,10 @@ RS = "rs0"
 
 
 def _config(lake_root: Path) -> SourceConfig:
-    return SourceConfig(
-        name="faults",
-        path=str(lake_root / "faults.yaml"),
-        topic_prefix="faults",
-        lake_root=str(lake_root),
-        database_include=(re.compile(DATABASE),),
+    return database_source(
+        "faults",
+        lake_root,
+        DATABASE,
         max_batch_size=20,
         connect_backoff_initial_delay_ms=50,
         connect_backoff_max_delay_ms=150,

@@ -3,7 +3,6 @@ and a landing that fails stops the pull at the batch before it."""
 
 from __future__ import annotations
 
-import re
 import threading
 from dataclasses import replace
 from pathlib import Path
@@ -15,19 +14,12 @@ from mongo_cdc.config import SourceConfig
 from mongo_cdc.landing import SourceLake
 from mongo_cdc.snapshot import start_without_snapshot
 from mongo_cdc.streaming import pull_changes
-from mongo_cdc.testing.lake import memory_keeper
+from mongo_cdc.testing.lake import database_source, memory_keeper
 from mongo_cdc.topology import make_client
 
 
 def _config(tmp_path: Path, db_name: str) -> SourceConfig:
-    return SourceConfig(
-        name="landing",
-        path=str(tmp_path / "landing.yaml"),
-        topic_prefix="lnd",
-        lake_root=str(tmp_path / "lake"),
-        database_include=(re.compile(db_name),),
-        max_batch_size=2,
-    )
+    return database_source("landing", tmp_path / "lake", db_name, max_batch_size=2)
 
 
 def test_a_batch_lands_on_its_own_thread_while_the_pull_reads_on(

@@ -20,7 +20,7 @@ from mongo_cdc.oversized_events import OversizedEventError
 from mongo_cdc.snapshot import start_without_snapshot
 from mongo_cdc.stream_filter import full_match_regex, namespace_filter, server_regex
 from mongo_cdc.streaming import pull_changes
-from mongo_cdc.testing.lake import memory_keeper
+from mongo_cdc.testing.lake import database_source, memory_keeper
 from mongo_cdc.topology import make_client
 
 MB = 1024 * 1024
@@ -98,12 +98,10 @@ def _conditions(stage: object, key: str) -> list:
 
 
 def _config(tmp_path: Path, name: str, include: str, database: str, **settings: object) -> SourceConfig:
-    return SourceConfig(
-        name=name,
-        path=str(tmp_path / f"{name}.yaml"),
-        topic_prefix="flt",
-        lake_root=str(tmp_path / name),
-        database_include=(re.compile(include),),
+    return database_source(
+        name,
+        tmp_path / name,
+        include,
         collection_exclude=(re.compile(rf"{database}\.skipped"),),
         **settings,
     )

@@ -26,7 +26,7 @@ from mongo_cdc.snapshot import run_snapshot
 from mongo_cdc.storage import LakeLocation, table_if_exists
 from mongo_cdc.streaming import pull_changes
 from mongo_cdc.testing import ReplicaSet
-from mongo_cdc.testing.lake import memory_keeper
+from mongo_cdc.testing.lake import database_source, memory_keeper
 from mongo_cdc.topology import make_client
 
 RS = "rs0"
@@ -43,14 +43,7 @@ def _snapshotted(
     client: MongoClient, tmp_path: Path, db_name: str, **settings
 ) -> tuple[SourceConfig, OffsetKeeper]:
     """A source over ``db_name`` (collections a and b, one document each) with its snapshot taken."""
-    config = SourceConfig(
-        name="txn",
-        path=str(tmp_path / "txn.yaml"),
-        topic_prefix=PREFIX,
-        lake_root=str(tmp_path / "lake"),
-        database_include=(re.compile(db_name),),
-        **settings,
-    )
+    config = database_source("txn", tmp_path / "lake", db_name, topic_prefix=PREFIX, **settings)
     client[db_name].a.insert_one({"_id": "seed-a"})
     client[db_name].b.insert_one({"_id": "seed-b"})
     keeper = memory_keeper(config, RS)

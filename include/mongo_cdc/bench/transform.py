@@ -52,7 +52,7 @@ from mongo_cdc.offsets import OffsetKeeper
 from mongo_cdc.snapshot import run_snapshot
 from mongo_cdc.storage import LakeLocation, table_if_exists
 from mongo_cdc.streaming import pull_changes
-from mongo_cdc.testing.lake import memory_keeper
+from mongo_cdc.testing.lake import database_source, memory_keeper
 
 if TYPE_CHECKING:
     from mongo_cdc.bench.run import Bench
@@ -195,13 +195,7 @@ class Source:
     keeper: OffsetKeeper = field(init=False)
 
     def __post_init__(self) -> None:
-        self.config = SourceConfig(
-            name=self.name,
-            path="<mongo_cdc.bench.transform>",
-            topic_prefix=self.name,
-            lake_root=self.lake,
-            database_include=(re.compile(re.escape(self.name)),),
-        )
+        self.config = database_source(self.name, self.lake, re.escape(self.name))
         self.keeper = memory_keeper(self.config, self.rs)
 
     @property

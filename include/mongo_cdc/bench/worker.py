@@ -27,7 +27,7 @@ from mongo_cdc.events import token_cluster_time
 from mongo_cdc.offsets import MemoryOffsetStore, Offset
 from mongo_cdc.snapshot import run_snapshot
 from mongo_cdc.streaming import last_applied, pull_changes, stream_options
-from mongo_cdc.testing.lake import memory_keeper
+from mongo_cdc.testing.lake import database_source, memory_keeper
 from mongo_cdc.topology import make_client
 
 RAW = CodecOptions(document_class=RawBSONDocument)
@@ -47,12 +47,10 @@ def status_mib(field: str) -> float:
 
 def bench_config(task: dict[str, Any]) -> SourceConfig:
     """The source every measured path shares: one database, the lake under the task's directory."""
-    return SourceConfig(
-        name="bench",
-        path="<mongo_cdc.bench>",
-        topic_prefix="bench",
-        lake_root=task.get("lake", ""),
-        database_include=(re.compile(re.escape(task["db"])),),
+    return database_source(
+        "bench",
+        task.get("lake", ""),
+        re.escape(task["db"]),
         collection_include=(re.compile(re.escape(f"{task['db']}.{task['collection']}")),),
         snapshot_chunk_size=task.get("chunk_size", SourceConfig.snapshot_chunk_size),
         snapshot_max_threads=task.get("threads", SourceConfig.snapshot_max_threads),
