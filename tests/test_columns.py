@@ -229,6 +229,31 @@ def test_record_batch_converts_every_type_losslessly():
     assert TableLayout.from_arrow(batch.schema, METADATA).document_columns == layout.document_columns
 
 
+def test_two_tables_of_the_same_documents_share_their_survey_and_field_arrays():
+    # a snapshot's state and change rows: the same documents in two layouts with other metadata
+    values = types.FieldValues([decoded({"_id": OID, "n": 1}), decoded({"_id": OID, "n": 2})])
+    state, changes = TableLayout(METADATA), TableLayout(METADATA[1:])
+    assert state.survey(values) is changes.survey(values)
+    state, changes = state.evolved(state.survey(values)), changes.evolved(changes.survey(values))
+    in_state = state.record_batch({"__op": pa.array(["r", "r"]), "__cluster_time": pa.array([1, 2])}, values)
+    in_changes = changes.record_batch({"__cluster_time": pa.array([1, 2])}, values)
+    for field in ("_id", "n"):  # one array: the same memory
+        addresses = [
+            [b.address for b in rows.column(field).buffers() if b] for rows in (in_state, in_changes)
+        ]
+        assert addresses[0] == addresses[1], field
+    assert in_changes.to_pylist() == [
+        {"__cluster_time": 1, "_id": str(OID), "n": 1},
+        {"__cluster_time": 2, "_id": str(OID), "n": 2},
+    ]
+    # a stored column the values conflict with: that table's own typed values, without the misfits
+    stored = TableLayout(METADATA).evolved(types.BatchTypes(struct(n=types.STRING), frozenset()))
+    fallback = stored.evolved(stored.survey(values))
+    rows = fallback.record_batch({"__op": pa.array(["r", "r"]), "__cluster_time": pa.array([1, 2])}, values)
+    assert rows.column("n").to_pylist() == [None, None]
+    assert rows.column("n" + FALLBACK_SUFFIX).to_pylist() == ["1", "2"]
+
+
 def test_missing_fields_are_null_and_unsurveyed_documents_are_refused():
     layout, batch = batch_of(
         TableLayout(METADATA), [{"_id": 1, "s": {"a": 1, "b": "x"}}, {"_id": 2, "s": {"b": "y"}}]

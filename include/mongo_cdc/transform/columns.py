@@ -309,12 +309,16 @@ def without_nulls(column: ColumnType) -> ColumnType:
 
 class FieldValues:
     """The values of each field of ``documents`` (None where a document lacks it), each field's
-    list extracted once: a survey and the record batch of the same documents share them."""
+    list extracted once: a survey and the record batch of the same documents share them. So do
+    two tables of the same documents (a snapshot's state and change rows): a survey against the
+    same stored fields, and a field's Arrow array of the same types, are made once."""
 
     def __init__(self, documents: list[dict]) -> None:
         self.documents = documents
         self._values: dict[str, list] = {}
         self._names: set[str] | None = None
+        self._surveys: dict[StructFields, BatchTypes] = {}
+        self._arrays: dict[tuple[str, ColumnType, pa.DataType], pa.Array] = {}
 
     def __len__(self) -> int:
         return len(self.documents)
@@ -331,6 +335,22 @@ class FieldValues:
         if values is None:
             values = self._values[name] = [document.get(name) for document in self.documents]
         return values
+
+    def survey(self, stored: StructFields) -> BatchTypes:
+        """``survey(stored, self)``, made once per ``stored``."""
+        surveyed = self._surveys.get(stored)
+        if surveyed is None:
+            additions, conflicts = _survey_struct(dict(stored), self, new=False)
+            surveyed = self._surveys[stored] = BatchTypes(additions, frozenset(conflicts))
+        return surveyed
+
+    def arrow(self, name: str, column: ColumnType, arrow: pa.DataType) -> pa.Array:
+        """``to_arrow`` of field ``name``'s values (which fit ``column``), made once per types."""
+        key = (name, column, arrow)
+        array = self._arrays.get(key)
+        if array is None:
+            array = self._arrays[key] = to_arrow(self[name], column, arrow)
+        return array
 
 
 class BatchTypes(NamedTuple):
@@ -351,8 +371,7 @@ def survey(stored: StructFields, documents: list[dict] | FieldValues) -> BatchTy
     """The additions and conflicting top-level fields of ``documents`` against ``stored``."""
     if not documents:
         return NO_CHANGES
-    additions, conflicts = _survey_struct(dict(stored), documents, new=False)
-    return BatchTypes(additions, frozenset(conflicts))
+    return (documents if isinstance(documents, FieldValues) else FieldValues(documents)).survey(stored)
 
 
 def widen(

@@ -199,8 +199,10 @@ class TableLayout:
         ):
             if column.fallback:
                 arrays.append(pa.array(fallback_values[column.field], type=pa.string()))
-            else:
+            elif column.field in fallback_values:  # its typed values, without those that do not fit
                 arrays.append(types.to_arrow(typed_values[column.field], column.field_type, field.type))
+            else:
+                arrays.append(values_of.arrow(column.field, column.field_type, field.type))
         return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
 
     def _check_fields(self, values_of: types.FieldValues) -> None:
