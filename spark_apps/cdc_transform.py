@@ -448,7 +448,7 @@ def transform_slice(
         # the latest position (per replica set) a manifest or drop of the run deletes documents before:
         # a snapshot's own rows sit after its manifest's position, so most rows skip both checks
         deleting: dict[str, tuple[int, str]] = {}
-        for rs, position in [(m.rs, (m.cluster_time, "")) for m in state.manifests] + [
+        for rs, position in [(m.rs, m.position) for m in state.manifests] + [
             (rs, position) for position, rs in state.drops
         ]:
             deleting[rs] = max(position, deleting.get(rs, position))

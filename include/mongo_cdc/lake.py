@@ -123,6 +123,11 @@ class SnapshotManifest:
     cluster_time: int
     collections: tuple[str, ...]  # "<db>.<collection>"
 
+    @property
+    def position(self) -> tuple[int, str]:
+        """Where the documents it read sit at or after: the state deletes those before it."""
+        return self.cluster_time, ""
+
 
 class ReservedDatabaseError(ValueError):
     """A captured database has the name of a table the lake reserves under ``raw/<prefix>/``."""

@@ -107,7 +107,7 @@ def reconcile_with_snapshots(
     missed_by = [
         snapshot.cluster_time
         for snapshot in snapshots
-        if snapshot.rs == version.rs and version.position < (snapshot.cluster_time, "")
+        if snapshot.rs == version.rs and version.position < snapshot.position
     ]
     if version.document is None or not missed_by:
         return version

@@ -187,20 +187,19 @@ class TableLayout:
                 )
             arrays.append(array if array.type == field.type else array.cast(field.type))
         self._check_fields(values_of)
-        typed_values: dict[str, list] = {}
-        fallback_values: dict[str, list] = {}
-        for name, column in self.typed_columns.items():
-            values = values_of[name]
-            if name in self.fallback_columns:
-                values, fallback_values[name] = _split_fallbacks(column.field_type, values)
-            typed_values[name] = values
+        # a field with a fallback sibling: (its typed values, the texts of those that do not fit)
+        split = {
+            name: _split_fallbacks(column.field_type, values_of[name])
+            for name, column in self.typed_columns.items()
+            if name in self.fallback_columns
+        }
         for column, field in zip(
             self.document_columns, list(self.schema)[len(self.metadata_columns) :], strict=True
         ):
             if column.fallback:
-                arrays.append(pa.array(fallback_values[column.field], type=pa.string()))
-            elif column.field in fallback_values:  # its typed values, without those that do not fit
-                arrays.append(types.to_arrow(typed_values[column.field], column.field_type, field.type))
+                arrays.append(pa.array(split[column.field][1], type=pa.string()))
+            elif column.field in split:
+                arrays.append(types.to_arrow(split[column.field][0], column.field_type, field.type))
             else:
                 arrays.append(values_of.arrow(column.field, column.field_type, field.type))
         return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
