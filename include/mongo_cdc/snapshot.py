@@ -30,7 +30,7 @@ import struct
 import threading
 import time
 from collections.abc import Generator, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -58,6 +58,10 @@ log = logging.getLogger(__name__)
 # Rows per Arrow batch handed to delta-rs at most; a batch never spans two server batches, so the
 # BSON behind it is at most one reply (16 MiB).
 ROW_GROUP_ROWS = 50_000
+# Without ``snapshot.fetch.size``, a range chunk is read in about this many batches (of at least
+# MIN_CHUNK_FETCH_SIZE documents): ``_fetch_size``.
+READS_PER_CHUNK = 8
+MIN_CHUNK_FETCH_SIZE = 100
 PROGRESS_INTERVAL_S = 10.0
 
 
@@ -265,20 +269,80 @@ def _raw_batches(collection: Collection, fetch_size: int, chunk: Chunk) -> Gener
             yield from cursor
 
 
-def _prefetched(batches: Iterator[bytes], fetcher: ThreadPoolExecutor) -> Generator[bytes, None, None]:
-    """``batches``, the next one being read from MongoDB (socket I/O, no GIL) while this one is encoded."""
-    ahead = fetcher.submit(next, batches, None)
-    while (batch := ahead.result()) is not None:
-        ahead = fetcher.submit(next, batches, None)
-        yield batch
+def _fetch_size(config: SourceConfig, chunk: Chunk) -> int:
+    """``snapshot.fetch.size``; unset, a range chunk is read in about ``READS_PER_CHUNK`` batches.
+
+    The server's default batch (16 MiB) holds ~100 k small documents: a chunk of that size would be
+    one batch, read while nothing else happens, then encoded while the server waits. Batches a
+    fraction of a chunk let the server read the next one while this one is encoded.
+    """
+    if config.snapshot_fetch_size or chunk.key is None:
+        return config.snapshot_fetch_size
+    return max(chunk.expected // READS_PER_CHUNK, MIN_CHUNK_FETCH_SIZE)
+
+
+@dataclass
+class _Read:
+    """A chunk's cursor and its next batch, being read on the fetcher thread."""
+
+    chunk: Chunk
+    batches: Generator[bytes, None, None]
+    ahead: Future
+
+    def close(self) -> None:
+        self.ahead.exception()  # waits for the read under way, whatever it ends with
+        self.batches.close()
+
+
+class _ChunkReads:
+    """The raw batches of the chunks one copier copies in turn, read one batch ahead on a thread
+    (socket I/O, no GIL) while the batch before is encoded; across chunks too: once a chunk's cursor
+    is done, the next chunk's first batch is read while this chunk's file is written and committed.
+    """
+
+    def __init__(self, client: MongoClient, config: SourceConfig) -> None:
+        self.client = client
+        self.config = config
+        self._fetcher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="snapshot-read")
+        self._reading: _Read | None = None
+
+    def _start(self, chunk: Chunk) -> _Read:
+        db, _, name = chunk.namespace.partition(".")
+        batches = _raw_batches(self.client[db].get_collection(name), _fetch_size(self.config, chunk), chunk)
+        return _Read(chunk, batches, self._fetcher.submit(next, batches, None))
+
+    def batches(self, chunk: Chunk, following: Chunk | None) -> Generator[bytes, None, None]:
+        """``chunk``'s batches; once they are all read, ``following``'s first one is read ahead."""
+        read = self._reading
+        if read is None or read.chunk != chunk:
+            self.close()
+            read = self._reading = self._start(chunk)
+        while (batch := read.ahead.result()) is not None:
+            read.ahead = self._fetcher.submit(next, read.batches, None)
+            yield batch
+        read.batches.close()
+        self._reading = self._start(following) if following is not None else None
+
+    def close(self) -> None:
+        """Wait for the read under way and close its cursor."""
+        if self._reading is not None:
+            self._reading.close()
+            self._reading = None
+
+    def __enter__(self) -> _ChunkReads:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+        self._fetcher.shutdown()
 
 
 def _copy_chunk(
-    client: MongoClient,
     config: SourceConfig,
     source_lake: SourceLake,
     source: SourceInfo,
     chunk: Chunk,
+    batches: Iterator[bytes],
     seq: int,
     cluster_time: int,
     progress: _Progress,
@@ -292,26 +356,21 @@ def _copy_chunk(
     block = source.block(db, collection, cluster_time, (cluster_time >> 32) * 1000, snapshot=True)
     fields = config.field_filters.for_collection(db, collection)
     columns = SnapshotColumns(block, cluster_time, seq, fields, max_rows=ROW_GROUP_ROWS)
-    batches = _raw_batches(client[db].get_collection(collection), config.snapshot_fetch_size, chunk)
     copied = 0
 
-    def tables(prefetched: Iterator[bytes]) -> Generator[pa.RecordBatch, None, None]:
+    def tables() -> Generator[pa.RecordBatch, None, None]:
         nonlocal copied
-        for batch in prefetched:
+        for batch in batches:
             for rows in columns.record_batches(batch):
                 copied += rows.num_rows
                 progress.add(rows.num_rows)
                 yield rows
 
-    try:
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"snapshot-{db}.{collection}") as fetcher:
-            rows = tables(_prefetched(batches, fetcher))
-            first = next(rows, None)
-            if first is not None:  # an empty chunk gets no commit: the snapshot log records it
-                reader = pa.RecordBatchReader.from_batches(RAW_SCHEMA, _chain(first, rows))
-                source_lake.write_chunk(source.rs, seq, chunk, reader)
-    finally:
-        batches.close()
+    rows = tables()
+    first = next(rows, None)
+    if first is not None:  # an empty chunk gets no commit: the snapshot log records it
+        reader = pa.RecordBatchReader.from_batches(RAW_SCHEMA, _chain(first, rows))
+        source_lake.write_chunk(source.rs, seq, chunk, reader)
     return copied
 
 
@@ -473,34 +532,52 @@ def copy_chunks(
     )
     progress = _Progress(name, todo)
     source = SourceInfo(config.topic_prefix, plan.rs)
-
+    pending = iter(todo)
+    claiming = threading.Lock()
     failed = threading.Event()
+    documents: dict[Chunk, int | None] = {}
 
-    def copy(chunk: Chunk) -> int | None:
-        if failed.is_set():  # another chunk failed: start no more
-            return None
+    def claim() -> Chunk | None:
+        """The next chunk to read, none once a copy failed; those an earlier attempt committed are
+        recorded on the way."""
+        while not failed.is_set():
+            with claiming:
+                chunk = next(pending, None)
+            if chunk is None or not source_lake.chunk_landed(plan.rs, plan.seq, chunk):
+                return chunk
+            log.info("%s: chunk %s was committed by an earlier attempt", name, chunk.label)
+            source_lake.record_copied(plan.rs, plan.seq, chunk, None)
+            documents[chunk] = None
+            progress.add(0, chunk_done=True)
+        return None
+
+    def copier() -> None:
+        """Copy chunks in turn until none is left, claiming the next one early so it is read ahead."""
         try:
-            documents: int | None = None
-            if source_lake.chunk_landed(plan.rs, plan.seq, chunk):
-                log.info("%s: chunk %s was committed by an earlier attempt", name, chunk.label)
-            else:
-                log.info("%s: copying chunk %s, %s", name, chunk.label, chunk.describe())
-                documents = _copy_chunk(
-                    client, config, source_lake, source, chunk, plan.seq, plan.cluster_time, progress
-                )
-            source_lake.record_copied(plan.rs, plan.seq, chunk, documents)
+            with _ChunkReads(client, config) as reads:
+                chunk = claim()
+                while chunk is not None:
+                    following = claim()
+                    log.info("%s: copying chunk %s, %s", name, chunk.label, chunk.describe())
+                    batches = reads.batches(chunk, following)
+                    copied = _copy_chunk(
+                        config, source_lake, source, chunk, batches, plan.seq, plan.cluster_time, progress
+                    )
+                    source_lake.record_copied(plan.rs, plan.seq, chunk, copied)
+                    documents[chunk] = copied
+                    progress.add(0, chunk_done=True)
+                    chunk = following
         except BaseException:
             failed.set()
             raise
-        progress.add(0, chunk_done=True)
-        return documents
 
-    with ThreadPoolExecutor(max_workers=config.snapshot_max_threads, thread_name_prefix="snapshot") as pool:
-        futures = {chunk: pool.submit(copy, chunk) for chunk in todo}
-    for future in futures.values():
+    copiers = min(config.snapshot_max_threads, len(todo))
+    with ThreadPoolExecutor(max_workers=max(copiers, 1), thread_name_prefix="snapshot") as pool:
+        futures = [pool.submit(copier) for _ in range(copiers)]
+    for future in futures:
         if future.exception() is not None:
             raise future.exception()  # type: ignore[misc]
-    return {chunk: future.result() for chunk, future in futures.items()}
+    return {chunk: documents[chunk] for chunk in todo}
 
 
 def commit_snapshot(keeper: OffsetKeeper, plan: SnapshotPlan) -> SnapshotResult:
