@@ -571,8 +571,8 @@ def copy_chunks(
             failed.set()
             raise
 
-    copiers = min(config.snapshot_max_threads, len(todo))
-    with ThreadPoolExecutor(max_workers=max(copiers, 1), thread_name_prefix="snapshot") as pool:
+    copiers = max(min(config.snapshot_max_threads, len(todo)), 1)  # with nothing to do, one finds that out
+    with ThreadPoolExecutor(max_workers=copiers, thread_name_prefix="snapshot") as pool:
         futures = [pool.submit(copier) for _ in range(copiers)]
     for future in futures:
         if future.exception() is not None:
