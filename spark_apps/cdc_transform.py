@@ -37,9 +37,16 @@ needed. How a run goes, per collection:
   say so. ``--rebuild-hours`` rewrites the rows of those hours from the raw rows and backfilled
   history (a backfill run).
 
-Output: the last stdout line is a JSON summary per ``<db>.<collection>``: ``new_events``,
-``state_rows``, ``change_rows``, ``change_rows_written``, ``changes_rebuilt``, and the tables'
-versions. Bad arguments print one line to stderr and exit 2 before Spark starts.
+Collections fail alone: a collection whose transform raises is logged (its namespace, the
+committed batches its tables are behind, ``backlog.collection_backlog``, and the traceback) and
+the job carries on with the others, then exits 1 after one stderr line (right before the
+summary) naming each failed collection and its batches behind.
+
+Output: the last stdout line is a JSON summary: under ``collections`` per ``<db>.<collection>``
+that landed, ``new_events``, ``state_rows``, ``change_rows``, ``change_rows_written``,
+``changes_rebuilt`` (and ``maintenance``); under ``failed`` per collection that failed, ``error``
+(its first line) and ``batches_behind``. Bad arguments print one line to stderr and exit 2 before
+Spark starts.
 """
 
 from __future__ import annotations
@@ -73,6 +80,7 @@ from mongo_cdc.landing import COMMIT_RETRIES, Batch, SourceLake
 from mongo_cdc.maintenance import maintain_table
 from mongo_cdc.storage import LakeLocation, row_count, table_if_exists
 from mongo_cdc.transform import columns
+from mongo_cdc.transform.backlog import behind_text, collection_backlog
 from mongo_cdc.transform.data_files import (
     DataFile,
     add_actions,
@@ -94,6 +102,7 @@ from mongo_cdc.transform.raw_events import (
     BatchWindow,
     ChangeEvent,
     applied_app_id,
+    applied_batches,
     decode_documents,
     event_from_row,
     event_keys,
@@ -665,9 +674,7 @@ class CollectionTransform:
         return done
 
     def applied(self, table: DeltaTable | None, name: str) -> dict[str, int]:
-        if table is None:
-            return {}
-        return {rs: table.transaction_version(applied_app_id(name, rs)) or 0 for rs in self.committed}
+        return applied_batches(table, name, self.committed)
 
     def commit_properties(self, name: str) -> CommitProperties:
         """The commit's app transactions: this table has applied every committed batch."""
@@ -1139,18 +1146,38 @@ def main(argv: list[str] | None = None) -> int:
     batches = source_lake.batches()
     namespaces = sorted({ns for batch in batches for ns in (*batch.namespaces, *(batch.collections or ()))})
     context = start_spark()
+    summary: dict[str, Any] = {}
+    failed: dict[str, dict[str, Any]] = {}
     try:
-        summary = {}
         for namespace in namespaces:
             log.info("transforming %s", namespace)
-            transform = CollectionTransform(
-                context, source_lake, namespace, batches, args.flattening, args.rebuild_hours
-            )
-            summary[namespace] = transform.run(args.maintain)
+            try:
+                transform = CollectionTransform(
+                    context, source_lake, namespace, batches, args.flattening, args.rebuild_hours
+                )
+                summary[namespace] = transform.run(args.maintain)
+            except Exception as error:  # one collection's failure holds back no other collection
+                behind = collection_backlog(source_lake, namespace, batches).batches
+                log.exception("FAILED: %s; the other collections carry on", behind_text({namespace: behind}))
+                failed[namespace] = {"error": _error_line(error), "batches_behind": behind}
     finally:
         context.stop()
-    print(json.dumps({"collections": summary}, sort_keys=True))
-    return 0
+    if failed:  # before the summary: spark-submit passes the driver's stderr on in its stdout
+        stuck = behind_text({namespace: failure["batches_behind"] for namespace, failure in failed.items()})
+        sys.stderr.write(
+            f"cdc_transform: the transform failed for {stuck}; the other collections landed. Each one's "
+            "error and traceback are in the log above (search for 'FAILED'): fix its cause and the next "
+            "run catches it up\n"
+        )
+        sys.stderr.flush()
+    print(json.dumps({"collections": summary, "failed": failed}, sort_keys=True), flush=True)
+    return 1 if failed else 0
+
+
+def _error_line(error: Exception) -> str:
+    """The error's type and the first line of its message (Spark's run to whole Java stack traces)."""
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0][:500]}" if lines else type(error).__name__
 
 
 if __name__ == "__main__":
