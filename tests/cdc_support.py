@@ -139,6 +139,12 @@ class CdcSource:
 
     def transform(self, *arguments: str) -> dict[str, Any]:
         """The DAG's Spark job run by hand (e.g. with ``--rebuild-hours``); its JSON summary."""
+        done = self.submit_transform(*arguments)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    def submit_transform(self, *arguments: str) -> subprocess.CompletedProcess:
+        """The DAG's Spark job run by hand, whatever its exit code."""
         app = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "spark_apps")
         command = [
             "spark-submit",
@@ -151,9 +157,7 @@ class CdcSource:
             self.prefix,
             *arguments,
         ]
-        done = subprocess.run(command, capture_output=True, text=True, check=False)
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-        return json.loads(done.stdout.strip().splitlines()[-1])
+        return subprocess.run(command, capture_output=True, text=True, check=False)
 
     def streamed_events(self, collection: str) -> list[tuple[str, str]]:
         """(document id EJSON, op) of every non-snapshot event, tombstones left out, in oplog order."""

@@ -26,6 +26,7 @@ def test_cdc_dag_is_hourly_with_intervals_one_run_at_a_time_and_backoff_retries(
         "plan_transform",
         "transform",
         "summary",
+        "stuck_collections",
     }
     # a snapshot's chunks fan out as mapped tasks labelled by shard, collection and chunk numbers;
     # a failed shard (start or copy) leaves the others going
@@ -38,6 +39,12 @@ def test_cdc_dag_is_hourly_with_intervals_one_run_at_a_time_and_backoff_retries(
     assert (
         dag.get_task("plan_transform").trigger_rule == "all_done"
     )  # one failed shard doesn't block the rest
+    # a failed transform is reported by the summary (which keeps its asset events) and fails the run
+    # in stuck_collections, which runs only then
+    assert dag.get_task("summary").trigger_rule == "all_done"
+    assert dag.get_task("summary").upstream_task_ids == {"transform"}
+    assert dag.get_task("stuck_collections").trigger_rule == "one_failed"
+    assert dag.get_task("stuck_collections").upstream_task_ids == {"transform"}
 
     topology = build_topology_dag(config)
     sensor = topology.get_task("shards_changed")
