@@ -72,6 +72,7 @@ from mongo_cdc.lake_errors import refuse_legacy_layout
 from mongo_cdc.landing import COMMIT_RETRIES, Batch, SourceLake
 from mongo_cdc.maintenance import maintain_table
 from mongo_cdc.storage import LakeLocation, row_count, table_if_exists
+from mongo_cdc.table_reads import Where, plain, read_rows
 from mongo_cdc.transform import columns
 from mongo_cdc.transform.data_files import (
     DataFile,
@@ -296,7 +297,8 @@ def _lake_path(base: str, path: str) -> str:
 def read_slice(
     location: LakeLocation, raw_slice: RawSlice, row_filter: pc.Expression, columns: list[str] = RAW_COLUMNS
 ) -> pa.Table:
-    """The rows of ``raw_slice`` that pass ``row_filter``."""
+    """The rows of ``raw_slice`` that pass ``row_filter``, in plain types (a file a delta-rs DELETE
+    rewrote holds ``string_view``)."""
     filesystem, base = location.filesystem()
     parts = []
     for piece in raw_slice:
@@ -306,7 +308,7 @@ def read_slice(
             if piece.row_groups is None
             else file.read_row_groups(piece.row_groups, columns)
         )
-        parts.append(rows.filter(row_filter))
+        parts.append(plain(rows).filter(row_filter))
     return pa.concat_tables(parts, promote_options="permissive")
 
 
@@ -1093,9 +1095,7 @@ def _stored_versions(table: DeltaTable | None, keys: list[str]) -> dict[str, Doc
     if table is None or not keys:
         return {}
     wanted = ["__key", "__id", "__doc_bson", "__cluster_time", "__event_order", "__rs"]
-    rows = table.to_pyarrow_dataset().to_table(
-        columns=wanted, filter=pc.field("__key").isin(pa.array(keys, pa.string()))
-    )
+    rows = read_rows(table, wanted, Where.values_in("__key", pa.array(keys, pa.string())))
     return {row["__key"]: DocumentVersion(*(row[name] for name in wanted)) for row in rows.to_pylist()}
 
 
@@ -1103,7 +1103,7 @@ def _deletion_markers(table: DeltaTable | None, keys: pa.Array) -> dict[str, Doc
     """The deletion markers of ``keys``, as versions without a document."""
     if table is None or not len(keys):
         return {}
-    rows = table.to_pyarrow_dataset().to_table(filter=pc.field("__key").isin(keys))
+    rows = read_rows(table, where=Where.values_in("__key", keys))
     return {
         row["__key"]: DocumentVersion(
             row["__key"], "", None, row["__cluster_time"], row["__event_order"], row["__rs"]

@@ -23,6 +23,7 @@ from bson import json_util
 
 from mongo_cdc.extjson import DECODE_OPTIONS
 from mongo_cdc.lake import HISTORY_SEQ
+from mongo_cdc.table_reads import Where
 from mongo_cdc.transform.keys import document_key
 
 RAW_COLUMNS = [
@@ -179,6 +180,13 @@ class BatchWindow:
                 (pc.field("source", "rs") == rs) & pc.field("batch_seq").isin(pa.array(seqs, pa.int64()))
             )
         return keep
+
+    def where(self) -> Where:
+        """``filter()`` for ``table_reads.read_rows``, skipping files that hold none of the batches."""
+        seqs = sorted({seq for found in self.seqs.values() for seq in found})
+        if self.include_history:
+            seqs.insert(0, HISTORY_SEQ)
+        return Where(self.filter(), ("source", "batch_seq"), [("batch_seq", "in", seqs)] if seqs else None)
 
     def mask(self, rows: pa.Table) -> pa.ChunkedArray:
         """``filter()`` as a boolean column of raw ``rows`` (which need ``source`` and ``batch_seq``)."""
