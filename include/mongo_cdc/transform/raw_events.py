@@ -52,11 +52,19 @@ class ChangeEvent(NamedTuple):
     cluster_time: int
     event_order: str  # hex resume token; "" (a snapshot read) sorts first
     rs: str  # the replica set whose oplog or snapshot the event came from
+    # the pre-image (BSON) under the *_with_pre_image capture modes; None where the raw ``before``
+    # column was not read (``RAW_COLUMNS`` leaves it out: only a rewritten delete row needs it)
+    before_bson: bytes | None = None
 
     @property
     def after(self) -> dict | None:
         """The document, decoded (``extjson.DECODE_OPTIONS``)."""
         return _decoded(self.after_bson)
+
+    @property
+    def before(self) -> dict | None:
+        """The pre-image, decoded (``extjson.DECODE_OPTIONS``)."""
+        return _decoded(self.before_bson)
 
     @property
     def position(self) -> tuple[int, str]:
@@ -80,6 +88,7 @@ def event_from_row(row: dict[str, Any]) -> ChangeEvent:
         cluster_time=row["cluster_time"],
         event_order=row["event_order"],
         rs=row["source"]["rs"],
+        before_bson=row.get("before"),
     )
 
 
