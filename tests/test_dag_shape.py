@@ -44,6 +44,7 @@ def test_cdc_dag_is_hourly_with_intervals_one_run_at_a_time_and_backoff_retries(
     assert dag.get_task("summary").trigger_rule == "all_done"
     assert dag.get_task("summary").upstream_task_ids == {"transform"}
     assert dag.get_task("stuck_collections").trigger_rule == "one_failed"
+    assert dag.get_task("stuck_collections").retries == 0
     assert dag.get_task("stuck_collections").upstream_task_ids == {"transform"}
 
     topology = build_topology_dag(config)

@@ -120,8 +120,8 @@ def build_cdc_dag(config: SourceConfig) -> DAG:
             return source_tasks.summary(config)
 
         # Only when the transform failed: the run then fails here, naming the collections left behind
-        # (the summary succeeds, so that its asset events are kept).
-        @task(trigger_rule=TriggerRule.ONE_FAILED)
+        # (the summary succeeds, so that its asset events are kept). No retries: it always fails.
+        @task(trigger_rule=TriggerRule.ONE_FAILED, retries=0)
         def stuck_collections() -> None:
             source_tasks.stuck_collections(config)
 
