@@ -9,7 +9,13 @@ from deltalake import CommitProperties, Transaction, write_deltalake
 from mongo_cdc import lake
 from mongo_cdc.landing import Batch, SourceLake
 from mongo_cdc.storage import LakeLocation
-from mongo_cdc.transform.backlog import Backlog, behind_text, collection_backlog, source_backlogs
+from mongo_cdc.transform.backlog import (
+    Backlog,
+    behind_text,
+    collection_backlog,
+    collections_behind,
+    source_backlogs,
+)
 from mongo_cdc.transform.raw_events import applied_app_id
 
 ORDERS, USERS, EMPTY = "shop.orders", "shop.users", "shop.empty"
@@ -68,6 +74,7 @@ def test_a_collection_is_behind_by_the_committed_batches_with_its_rows_that_a_ta
     # a collection only a manifest names, without rows, has no tables to bring up to date
     assert list(everyone) == [ORDERS, USERS]
     assert {namespace: b.batches for namespace, b in everyone.items()} == {ORDERS: 2, USERS: 0}
+    assert collections_behind(everyone) == {ORDERS: 2}
 
     # a batch committed later with rows of the collection: one more behind, until it is applied
     commit(source_lake, "rs0", 4, (USERS,))

@@ -25,7 +25,7 @@ from mongo_cdc import lake
 from mongo_cdc.config import SourceConfig
 from mongo_cdc.landing import Batch, SourceLake, last_batches
 from mongo_cdc.storage import LakeLocation, row_count, table_if_exists
-from mongo_cdc.transform.backlog import Backlog
+from mongo_cdc.transform.backlog import Backlog, collections_behind
 
 log = logging.getLogger(__name__)
 
@@ -120,8 +120,7 @@ def emit_table_events(
     alias = outlet_events[source_alias(config)]
     emitted = []
     touched = touched_namespaces(run_summary["events"], batches, committed_before)
-    behind = [namespace for namespace, backlog in backlogs.items() if backlog.batches]
-    for namespace in sorted({*touched, *pending, *behind}):
+    for namespace in sorted({*touched, *pending, *collections_behind(backlogs)}):
         db, _, collection = namespace.partition(".")
         new_events = sum(run_summary["events"].get(namespace, {}).values())
         backlog = backlogs.get(namespace, Backlog())

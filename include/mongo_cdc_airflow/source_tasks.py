@@ -15,7 +15,7 @@ from mongo_cdc.config import SourceConfig
 from mongo_cdc.lake_errors import LegacyLakeError, refuse_legacy_layout
 from mongo_cdc.shard_lifecycle import still_draining
 from mongo_cdc.topology import Shard, discover_shards, reconcile
-from mongo_cdc.transform.backlog import Backlog, behind_text, source_backlogs
+from mongo_cdc.transform.backlog import Backlog, behind_text, collections_behind, source_backlogs
 from mongo_cdc_airflow.assets import TABLE_ZONES, emit_table_events
 from mongo_cdc_airflow.hooks import MongoCdcHook
 from mongo_cdc_airflow.lake_storage import source_lake
@@ -102,10 +102,7 @@ def plan_transform(config: SourceConfig) -> list[str]:
     # the collections the transform is to bring up to date, for the summary's asset events: one
     # catching up after a failed run has tables that change although no batch of it landed now
     lake = source_lake(config)
-    pending = [
-        namespace for namespace, backlog in source_backlogs(lake, lake.batches()).items() if backlog.batches
-    ]
-    ti.xcom_push(key="pending", value=pending)
+    ti.xcom_push(key="pending", value=list(collections_behind(source_backlogs(lake, lake.batches()))))
     rebuild: list[str] = []
     if is_backfill():
         from mongo_cdc.backfill import hour_partitions
@@ -140,13 +137,13 @@ def summary(config: SourceConfig) -> dict:
     date or left behind (``assets``: their URIs). Runs even when the transform failed, to report
     what it left behind (``stuck_collections`` fails the run then). A run with a failed shard fails
     here, and a failed task's asset events are dropped."""
-    # Explicit map indexes: how a mapped group's output resolves outside the group depends on
-    # its size (one shard gives a bare dict), and the summary must see every shard.
     context = get_current_context()
     ti = context["ti"]
     shards = ti.xcom_pull(task_ids="discover")
     if shards is None:
         raise AirflowFailException("discover failed (see its log): nothing was pulled, so nothing to report")
+    # Explicit map indexes: how a mapped group's output resolves outside the group depends on
+    # its size (one shard gives a bare dict), and the summary must see every shard.
     pulls = [ti.xcom_pull(task_ids="shard_sync.pull", map_indexes=i) for i in range(len(shards))]
     result = summarize([p for p in pulls if p is not None], pendulum.now("UTC"))
     lake = source_lake(config)
@@ -190,11 +187,7 @@ def stuck_collections(config: SourceConfig) -> None:
     the committed batches and by how many. A failed summary would drop the run's asset events, which
     report these counts too, so the failure is this task's."""
     lake = source_lake(config)
-    behind = {
-        namespace: backlog.batches
-        for namespace, backlog in source_backlogs(lake, lake.batches()).items()
-        if backlog.batches
-    }
+    behind = collections_behind(source_backlogs(lake, lake.batches()))
     if behind:
         raise AirflowFailException(
             f"the transform failed for {behind_text(behind)}; the other collections landed. Each one's "

@@ -67,6 +67,11 @@ def source_backlogs(source_lake: SourceLake, batches: Sequence[Batch]) -> dict[s
     return {namespace: collection_backlog(source_lake, namespace, batches) for namespace in namespaces}
 
 
+def collections_behind(backlogs: Mapping[str, Backlog]) -> dict[str, int]:
+    """The collections of ``backlogs`` that are behind, with how many batches."""
+    return {namespace: backlog.batches for namespace, backlog in backlogs.items() if backlog.batches}
+
+
 def behind_text(behind: Mapping[str, int]) -> str:
     """``shop.orders (3 batches behind), shop.users (1 batch behind)``: collections and their counts."""
     return ", ".join(
