@@ -119,7 +119,7 @@ def this_hour_on(began: dt.datetime) -> tuple[str, ...]:
 
 
 def started(source: CdcSource, items, documents: int = 30) -> None:
-    """Documents snapshotted and transformed: the tables exist, as after a source's first run."""
+    """``documents`` documents inserted and snapshotted by a DAG run (its transform left out)."""
     items.insert_many([{"_id": i, "v": 0, "name": f"n{i}"} for i in range(documents)])
     source.run(skip_spark=True)
 
