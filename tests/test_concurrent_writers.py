@@ -298,9 +298,7 @@ def test_backfill_transforms_racing_live_runs_keep_state_equal_to_mongodb_and_ev
 ):
     """Real concurrency: per hour of a backfill, its run's spark-submit transform starts, a live pull
     lands a batch while it works, and the live run's transform starts beside it. Whichever loses a
-    race (timing decides) runs again; every run succeeds and the lake ends exact. (No deletes here:
-    a second deletion markers' MERGE followed by a read of them is issue 27's item 1; the tests above
-    race the markers.)"""
+    race (timing decides) runs again; every run succeeds and the lake ends exact."""
     source = cdc_source(db_name)
     with replica_set.client() as client:
         items = client[db_name].items
@@ -319,6 +317,7 @@ def test_backfill_transforms_racing_live_runs_keep_state_equal_to_mongodb_and_ev
                 text=True,
             )
             items.insert_many([{"_id": 1000 * round_number + i, "v": round_number} for i in range(20)])
+            items.delete_many({"_id": {"$in": [round_number, 10 + round_number, 1000 + round_number]}})
             source.run(skip_spark=True)
             live = subprocess.Popen(
                 source.transform_command(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
