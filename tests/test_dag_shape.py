@@ -51,3 +51,18 @@ def test_cdc_dag_is_hourly_with_intervals_one_run_at_a_time_and_backoff_retries(
     sensor = topology.get_task("shards_changed")
     assert sensor.mode == "reschedule" and sensor.poke_interval <= 300
     assert topology.get_task("trigger_cdc").trigger_dag_id == "mongo_cdc__shop"
+
+
+def test_one_transform_runs_at_a_time_across_live_and_backfill_runs(tmp_path):
+    """The scheduler reads the serialized DAG and counts a task's running instances over every run of
+    the DAG whatever its type; backfill runs ignore max_active_runs, so the limit is on the task."""
+    from airflow.serialization.serialized_objects import DagSerialization, LazyDeserializedDAG
+
+    (tmp_path / "shop.yaml").write_text("topic.prefix: shop\n")
+    data = DagSerialization.to_dict(build_cdc_dag(load_source(str(tmp_path / "shop.yaml"))))
+    assert LazyDeserializedDAG(data=data).has_task_concurrency_limits  # the scheduler checks limits
+    scheduled = DagSerialization.from_dict(data)
+    assert scheduled.get_task("transform").max_active_tis_per_dag == 1
+    # the shards' pulls still run side by side: a live pull is its offset's only writer (sole_writer),
+    # a backfill's lands only history hours, whose commits Delta refuses to overlap
+    assert scheduled.get_task("shard_sync.pull").max_active_tis_per_dag is None

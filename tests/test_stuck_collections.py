@@ -7,6 +7,7 @@ collection lands, and once the file is restored the next run catches it up and r
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 from cdc_support import CdcSource, assert_state_equals_collection, asset_events
@@ -99,7 +100,7 @@ def test_a_failing_collection_is_reported_every_run_until_it_catches_up_and_hold
                 assert events[uris(fine)[zone]]["batches_behind"] == 0
 
         # the Spark job itself: the failed collection in its summary, a non-zero exit, one stderr line
-        done = source.submit_transform()
+        done = subprocess.run(source.transform_command(), capture_output=True, text=True, check=False)
         assert done.returncode == 1 and done.stdout.strip(), done.stderr[-5000:]
         # spark-submit passes the driver's stderr on in its stdout: the log, the message, the summary
         *log, message, last = done.stdout.strip().splitlines()
