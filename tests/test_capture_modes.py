@@ -313,7 +313,15 @@ def test_pre_image_mode_through_the_dag_refuses_then_reaches_state(cdc_source, r
         db.plain.insert_one({"_id": 1})
         refused = source.run(expect="failed", skip_spark=True)
         failed = {ti.task_id for ti in refused.get_task_instances() if ti.state == "failed"}
-        assert failed == {"snapshot_start", "shard_sync.snapshot", "plan_transform"}
+        # the refusal is the shard's; the summary then names the shard that did not sync, and
+        # stuck_collections fails a run whose transform did not run
+        assert failed == {
+            "snapshot_start",
+            "shard_sync.snapshot",
+            "plan_transform",
+            "summary",
+            "stuck_collections",
+        }
         assert source.raw_rows("items") == []
 
         db.command({"collMod": "plain", **IMAGES_ON})
