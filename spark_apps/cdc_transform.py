@@ -1127,7 +1127,9 @@ def _recorded_flattening(table: DeltaTable) -> dict[str, Any]:
     return json.loads(recorded) if recorded else FlatteningOptions().to_json()
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, context: SparkContext | None = None) -> int:
+    """The job; ``context``: a caller's SparkContext to run on, left running (by default the job
+    starts its own and stops it)."""
     args = parse_args(argv)
     # force: pyspark installs a root handler on stdout, where only the summary may go.
     logging.basicConfig(
@@ -1138,7 +1140,8 @@ def main(argv: list[str] | None = None) -> int:
     refuse_legacy_layout(source_lake.location, args.topic_prefix)
     batches = source_lake.batches()
     namespaces = sorted({ns for batch in batches for ns in (*batch.namespaces, *(batch.collections or ()))})
-    context = start_spark()
+    own_context = context is None
+    context = start_spark() if context is None else context
     try:
         summary = {}
         for namespace in namespaces:
@@ -1148,7 +1151,8 @@ def main(argv: list[str] | None = None) -> int:
             )
             summary[namespace] = transform.run(args.maintain)
     finally:
-        context.stop()
+        if own_context:
+            context.stop()
     print(json.dumps({"collections": summary}, sort_keys=True))
     return 0
 
