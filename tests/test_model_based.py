@@ -18,7 +18,6 @@ from unittest import mock
 
 import pytest
 from bson import Int64
-from cdc_support import assert_state_equals_collection
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 from model_support import (
@@ -208,23 +207,3 @@ def test_an_update_then_a_delete_between_runs_after_a_merge(sequence, mode, full
         Run(),
     ]
     played(sequence(mode, full_update_type), steps)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("mode", ["change_streams_update_full", "change_streams"])
-def test_an_update_then_a_delete_between_dag_runs(cdc_source, replica_set, db_name, mode):
-    """Issue 27's three runs through real DAG runs (dag.test, spark-submit): the third transform
-    meets an update without a document on a MERGE-written state table."""
-    source = cdc_source(db_name, **{"capture.mode": mode})
-    with replica_set.client() as client:
-        items = client[db_name].items
-        items.insert_many([{"_id": key, "n": key} for key in range(20)])
-        source.run()
-        items.insert_many([{"_id": key, "n": key} for key in range(20, 23)])
-        items.update_one({"_id": 1}, {"$set": {"a": "x"}})
-        source.run()
-        assert_state_equals_collection(source, client, "items")
-        items.update_one({"_id": 2}, {"$inc": {"n": 1}})
-        items.delete_one({"_id": 2})
-        source.run()
-        assert_state_equals_collection(source, client, "items")
