@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from model_support import (
     COLLECTIONS,
     MODES,
+    DagSequence,
     Delete,
     DropCollection,
     Inc,
@@ -207,3 +208,56 @@ def test_an_update_then_a_delete_between_runs_after_a_merge(sequence, mode, full
         Run(),
     ]
     played(sequence(mode, full_update_type), steps)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("mode", "full_update_type"),
+    [("change_streams", "lookup"), ("change_streams_update_full_with_pre_image", "post_image")],
+)
+def test_a_sequence_of_every_step_through_real_dag_runs(
+    cdc_source, replica_set, db_name, mode, full_update_type
+):
+    """Every kind of step, each run a real DAG run (its transform a spark-submit)."""
+    source = cdc_source(db_name, **{"capture.mode": mode, "capture.mode.full.update.type": full_update_type})
+    with make_client(replica_set.uri) as client:
+        sequence = DagSequence(
+            client,
+            None,
+            None,
+            source.lake_root,
+            db_name,
+            mode,
+            full_update_type,
+            source.prefix,
+            source=source,
+        )
+        sequence.check(
+            [
+                Insert("c0", 1, {"n": 1, "a": "x", "tags": [1]}),
+                Insert("c0", 2, {"n": 2}),
+                Insert("c1", 1, {"v": 1}),
+                Run(),
+                Set("c0", 1, "v", 1.5),
+                Inc("c0", 2, 1),
+                Push("c0", 1, 2),
+                Insert("c0", 3, {"v": "text"}),
+                Run(),
+                Inc("c0", 1, 1),
+                Delete("c0", 1),
+                Unset("c0", 2, "n"),
+                RenameField("c0", 3, "v", "a"),
+                Replace("c1", 1, {"b": Int64(5)}),
+                Transaction([Insert("c0", 4, {"n": 2**40}), Delete("c0", 2), Set("c1", 1, "b", "text")]),
+                Maintain(),
+                Run(),
+                Resnapshot("c1"),
+                Insert("c0", 1, {"again": True}),
+                RenameCollection("c1", "c2"),
+                Run(),
+                DropCollection("c0"),
+                Insert("c0", 5, {}),
+                Set("c2", 1, "v", [1, "x"]),
+                Run(),
+            ]
+        )
