@@ -1,6 +1,7 @@
 PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
+VENV_LOG := .local/venv-build.log
 PYSPARK_VERSION := 4.3.0
 PYTEST_ARGS ?=
 
@@ -12,13 +13,19 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 .venv: $(STAMP)
 
 $(STAMP): requirements.txt requirements-dev.txt pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install --upgrade pip
-	$(VENV)/bin/pip install -r requirements-dev.txt
+	@mkdir -p .local
+	@echo "== building $(VENV) from the pinned requirements (pip's output: $(VENV_LOG))"
 	@# pyspark-client (required by the Spark provider) overwrites files of the full pyspark
 	@# distribution and leaves spark-submit broken; reinstalling pyspark on top restores them.
-	$(VENV)/bin/pip install --no-deps --force-reinstall pyspark==$(PYSPARK_VERSION)
-	$(VENV)/bin/pip install --no-deps -e .
+	@( set -e; \
+	  $(PYTHON) -m venv $(VENV); \
+	  $(VENV)/bin/pip install --upgrade pip; \
+	  $(VENV)/bin/pip install -r requirements-dev.txt; \
+	  $(VENV)/bin/pip install --no-deps --force-reinstall pyspark==$(PYSPARK_VERSION); \
+	  $(VENV)/bin/pip install --no-deps -e . ) > $(VENV_LOG) 2>&1 || { \
+		tail -n 40 $(VENV_LOG); \
+		echo "ERROR: building $(VENV) failed (the whole log: $(VENV_LOG)); try: rm -rf $(VENV) && make .venv" >&2; \
+		exit 1; }
 	@out="$$($(VENV)/bin/spark-submit --version 2>&1)"; \
 	if ! printf '%s\n' "$$out" | grep -q 'version $(PYSPARK_VERSION)'; then \
 		printf '%s\n' "$$out" | tail -n 20; \

@@ -72,6 +72,7 @@ from mongo_cdc.lake_errors import refuse_legacy_layout
 from mongo_cdc.landing import COMMIT_RETRIES, Batch, SourceLake
 from mongo_cdc.maintenance import maintain_table
 from mongo_cdc.storage import LakeLocation, row_count, table_if_exists
+from mongo_cdc.table_reads import Where, plain, read_rows
 from mongo_cdc.transform import columns
 from mongo_cdc.transform.data_files import (
     DataFile,
@@ -87,7 +88,7 @@ from mongo_cdc.transform.document_state import (
     fold_events,
     reconcile_with_snapshots,
 )
-from mongo_cdc.transform.flatten import change_rows
+from mongo_cdc.transform.flatten import change_rows, delete_rows_hold_before_images
 from mongo_cdc.transform.flatten_options import FlatteningOptions
 from mongo_cdc.transform.raw_events import (
     RAW_COLUMNS,
@@ -296,7 +297,8 @@ def _lake_path(base: str, path: str) -> str:
 def read_slice(
     location: LakeLocation, raw_slice: RawSlice, row_filter: pc.Expression, columns: list[str] = RAW_COLUMNS
 ) -> pa.Table:
-    """The rows of ``raw_slice`` that pass ``row_filter``."""
+    """The rows of ``raw_slice`` that pass ``row_filter``, in plain types (a file a delta-rs DELETE
+    rewrote holds ``string_view``)."""
     filesystem, base = location.filesystem()
     parts = []
     for piece in raw_slice:
@@ -306,7 +308,7 @@ def read_slice(
             if piece.row_groups is None
             else file.read_row_groups(piece.row_groups, columns)
         )
-        parts.append(rows.filter(row_filter))
+        parts.append(plain(rows).filter(row_filter))
     return pa.concat_tables(parts, promote_options="permissive")
 
 
@@ -415,7 +417,9 @@ def transform_slice(
     document is decoded once for both tables."""
     windows = [spec.window.filter() for spec in (state, changes) if spec is not None]
     row_filter = windows[0] if len(windows) == 1 else windows[0] | windows[1]
-    rows = read_slice(location, raw_slice, row_filter).sort_by(
+    before_images = changes is not None and delete_rows_hold_before_images(changes.options)
+    columns_read = RAW_COLUMNS + ["before"] if before_images else RAW_COLUMNS
+    rows = read_slice(location, raw_slice, row_filter, columns_read).sort_by(
         [("cluster_time", "ascending"), ("event_order", "ascending")]  # files in oplog order
     )
     ops = rows.column("op").to_pylist()
@@ -431,17 +435,16 @@ def transform_slice(
             pc.and_(state.window.mask(rows), pc.invert(_collection_operations(rows))),
             pc.invert(pc.is_in(keys, pa.array(sorted(folded_keys), pa.string()))),
         )
+    # each row's whole document where a table takes one: its after, or a change row's before-image
     documents: list[dict | None] = [None] * rows.num_rows
-    decoded = pc.indices_nonzero(
-        pc.and_(
-            pc.and_(pc.or_(in_changes, single), pc.is_valid(after_column)),
-            pc.fill_null(pc.not_equal(rows.column("op"), "d"), True),
-        )
-    )
-    for index, document in zip(
-        decoded.to_pylist(), decode_documents(after_column.take(decoded)), strict=True
-    ):
-        documents[index] = document
+    deletes = pc.fill_null(pc.equal(rows.column("op"), "d"), False)
+    wanted = [(after_column, pc.and_(pc.or_(in_changes, single), pc.invert(deletes)))]
+    if before_images:
+        wanted.append((rows.column("before").combine_chunks(), pc.and_(in_changes, deletes)))
+    for column, selected in wanted:
+        decoded = pc.indices_nonzero(pc.and_(selected, pc.is_valid(column)))
+        for index, document in zip(decoded.to_pylist(), decode_documents(column.take(decoded)), strict=True):
+            documents[index] = document
     state_output, marker_rows, state_values = None, [], None
     if state is not None:
         versions, version_documents = [], []
@@ -539,12 +542,13 @@ def write_changes(
     location: LakeLocation,
     spec: ChangesSpec,
     events: pa.Table,
-    after: list[dict | None],
+    decoded: list[dict | None],
     state_values: columns.FieldValues | None = None,
 ) -> Output | None:
-    """Write the change rows of raw ``events`` (``after``: theirs, decoded), a file per hour.
-    ``state_values``: the state rows' field values, shared when they are of the same documents."""
-    _, metadata, documents = change_rows(events, after, spec.options)
+    """Write the change rows of raw ``events`` (``decoded``: their documents, as ``change_rows``
+    takes them), a file per hour. ``state_values``: the state rows' field values, shared when they
+    are of the same documents."""
+    _, metadata, documents = change_rows(events, decoded, spec.options)
     if not documents:
         return None
     same = state_values is not None and len(state_values.documents) == len(documents)
@@ -1093,9 +1097,7 @@ def _stored_versions(table: DeltaTable | None, keys: list[str]) -> dict[str, Doc
     if table is None or not keys:
         return {}
     wanted = ["__key", "__id", "__doc_bson", "__cluster_time", "__event_order", "__rs"]
-    rows = table.to_pyarrow_dataset().to_table(
-        columns=wanted, filter=pc.field("__key").isin(pa.array(keys, pa.string()))
-    )
+    rows = read_rows(table, wanted, Where.values_in("__key", pa.array(keys, pa.string())))
     return {row["__key"]: DocumentVersion(*(row[name] for name in wanted)) for row in rows.to_pylist()}
 
 
@@ -1103,7 +1105,7 @@ def _deletion_markers(table: DeltaTable | None, keys: pa.Array) -> dict[str, Doc
     """The deletion markers of ``keys``, as versions without a document."""
     if table is None or not len(keys):
         return {}
-    rows = table.to_pyarrow_dataset().to_table(filter=pc.field("__key").isin(keys))
+    rows = read_rows(table, where=Where.values_in("__key", keys))
     return {
         row["__key"]: DocumentVersion(
             row["__key"], "", None, row["__cluster_time"], row["__event_order"], row["__rs"]

@@ -15,7 +15,7 @@ import bson
 import pytest
 import yaml
 from bson import json_util
-from cdc_support import assert_state_equals_collection
+from cdc_support import CdcSource, assert_state_equals_collection
 
 from mongo_cdc.capture_modes import ImagesNotEnabledError, watch_options
 from mongo_cdc.config import SourceConfig, SourceConfigError, load_source
@@ -26,6 +26,7 @@ from mongo_cdc.storage import LakeLocation
 from mongo_cdc.streaming import pull_changes
 from mongo_cdc.testing.lake import database_source, memory_keeper
 from mongo_cdc.topology import make_client
+from mongo_cdc.transform.flatten_options import FlatteningOptions
 
 PRE_IMAGE_MODES = ("change_streams_with_pre_image", "change_streams_update_full_with_pre_image")
 FULL_MODES = ("change_streams_update_full", "change_streams_update_full_with_pre_image")
@@ -110,6 +111,36 @@ def test_each_mode_lands_the_documented_before_after_and_update_description(
     assert truncate["truncatedArrays"] == [{"field": "tags", "newSize": 2}]
     assert bson.decode(descriptions[8]["updatedFields"]) == {"n": 1}
     assert [i for i, d in enumerate(descriptions) if d is not None] == [2, 3, 8, 9]  # updates only
+
+
+@pytest.mark.parametrize("mode", [*PRE_IMAGE_MODES, "change_streams_update_full"])
+def test_a_rewritten_delete_row_holds_the_before_image_when_the_mode_records_one(
+    replica_set, db_name, tmp_path, mode
+):
+    """Debezium's DBZ-6725 end to end: pulled from mongod, transformed by the Spark job. The delete
+    row holds the pre-image's fields; without a pre-image mode, ``_id`` only. Its tombstone row is
+    a key without a value either way, and the delete still deletes from the state."""
+    config = _config(tmp_path, db_name, capture_mode=mode)
+    _capture(replica_set, db_name, config)
+    source = CdcSource(config.name, db_name, config.lake_root, config.topic_prefix)
+    source.transform(
+        *FlatteningOptions(delete_tombstone_handling_mode="rewrite-with-tombstone").spark_arguments()
+    )
+
+    def fields(row: dict) -> dict:
+        """The row's non-null document fields."""
+        return {k: v for k, v in row.items() if not k.startswith("__") and k != "hour" and v is not None}
+
+    rows = sorted(
+        (row for row in source.change_rows("items") if row["__deleted"]),
+        key=lambda row: row["__op"] is None,  # one document's delete and its tombstone
+    )
+    assert [(row["__op"], fields(row)) for row in rows] == [
+        ("d", V4 if mode in PRE_IMAGE_MODES else {"_id": 1}),
+        (None, {"_id": 1}),  # the tombstone
+    ]
+    with replica_set.client() as client:
+        assert_state_equals_collection(source, client, "items")
 
 
 def test_source_block_and_export_carry_every_debezium_field(replica_set, db_name, tmp_path):

@@ -1,4 +1,4 @@
-"""Issue 2 acceptance (g): `make demo` replicates the sample database and its counts match."""
+"""`make demo` replicates the sample database, its counts match, and it prints no warning."""
 
 from __future__ import annotations
 
@@ -26,3 +26,7 @@ def test_make_demo_prints_matching_counts_and_exits_zero():
     }
     assert "c=1, d=1, r=4, tombstone=1, u=2" in final["customers"][2]
     assert "MISMATCH" not in done.stdout
+    # quiet: its steps and tables only (Airflow's output is in its log file)
+    output = done.stdout + done.stderr
+    assert not [line for line in output.splitlines() if "warning" in line.lower()], output
+    assert "dag-runs.log" in done.stdout

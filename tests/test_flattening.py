@@ -18,8 +18,9 @@ from bson.datetime_ms import DatetimeMS
 
 from mongo_cdc import extjson, lake
 from mongo_cdc.config import SourceConfigError, load_source
+from mongo_cdc.events import rows_to_table
 from mongo_cdc.transform import columns as types
-from mongo_cdc.transform.flatten import change_row, encode_document
+from mongo_cdc.transform.flatten import change_row, change_rows, encode_document
 from mongo_cdc.transform.flatten_options import EVENT_FIELDS, FIXED_COLUMNS, FlatteningOptions
 from mongo_cdc.transform.raw_events import ChangeEvent
 from mongo_cdc.transform.table_layout import TableLayout, documents_to_batch
@@ -48,8 +49,15 @@ def decoded(document: dict) -> dict:
     return bson.decode(bson.encode(document), extjson.DECODE_OPTIONS)
 
 
-def event(op: str | None, after: dict | None = None, update: dict | None = None, position=(7, "8207")):
-    """An event of document 1 (``after`` a document, encoded to BSON as the raw zone holds it)."""
+def event(
+    op: str | None,
+    after: dict | None = None,
+    update: dict | None = None,
+    position=(7, "8207"),
+    before: dict | None = None,
+):
+    """An event of document 1 (``after`` and ``before`` documents, encoded to BSON as the raw zone
+    holds them)."""
     return ChangeEvent(
         document_id=1,
         document_id_json="1",
@@ -61,6 +69,7 @@ def event(op: str | None, after: dict | None = None, update: dict | None = None,
         cluster_time=position[0],
         event_order=position[1],
         rs="rs0",
+        before_bson=bson.encode(before) if before is not None else None,
     )
 
 
@@ -215,6 +224,63 @@ def test_delete_tombstone_handling_modes(mode, delete_row, tombstone_row):
     assert change_row(DELETE, options) == expected[delete_row]
     assert change_row(TOMBSTONE, options) == expected[tombstone_row]
     assert change_row(event("c", {"_id": 1}), options)[0][2] is False
+
+
+# Debezium's ExtractNewDocumentStateTestIT.shouldGenerateRecordForDeleteEventsDeleteHandlingRewrite
+# (DBZ-6725): under a pre-image capture mode, the raw delete event's before holds the document
+PRE_IMAGE = {"_id": 1, "dataStr": "Hello", "nested": {"a": [1, 2]}}
+
+
+@pytest.mark.parametrize(
+    ("mode", "delete_row"),
+    [
+        ("rewrite", (("d", SOURCE["ts_ms"], True, 7, "8207"), PRE_IMAGE)),
+        ("rewrite-with-tombstone", (("d", SOURCE["ts_ms"], True, 7, "8207"), PRE_IMAGE)),
+        ("tombstone", ((None, None, True, 7, "8207"), {"_id": 1})),  # still a key without a value
+        ("drop", None),
+    ],
+)
+def test_a_rewritten_delete_row_holds_the_before_image(mode, delete_row):
+    options = FlatteningOptions(delete_tombstone_handling_mode=mode)
+    assert change_row(event("d", before=PRE_IMAGE), options) == delete_row
+
+
+def test_a_delete_row_has_the_before_images_columns_encoded_per_the_options():
+    [row] = table_rows([event("d", before=PRE_IMAGE)], FlatteningOptions())
+    assert (row["_id"], row["dataStr"], row["nested"], row["__deleted"]) == (1, "Hello", {"a": [1, 2]}, True)
+    options = FlatteningOptions(array_encoding="document", flatten_struct=True)
+    _, document = change_row(event("d", before=PRE_IMAGE), options)
+    assert document == {"_id": 1, "dataStr": "Hello", "nested_a__0": 1, "nested_a__1": 2}
+
+
+def test_change_rows_column_wise_give_the_before_image_decoded_or_not():
+    """The Spark job's path (``change_rows``): a delete's before-image decoded by the caller, or
+    read from the raw row where the caller decoded none; a delete without one keeps ``_id`` only."""
+    raw = rows_to_table(
+        [
+            {
+                "key": extjson.document_key(document_id),
+                "op": op,
+                "before": bson.encode(before) if before is not None else None,
+                "source": SOURCE,
+                "cluster_time": 7,
+                "event_order": order,
+            }
+            for document_id, op, before, order in [
+                (1, "d", PRE_IMAGE, "8207"),
+                (1, None, None, "8207"),  # its tombstone
+                (2, "d", None, "8208"),  # a delete without a pre-image
+            ]
+        ],
+        seq=1,
+    )
+    options = FlatteningOptions(delete_tombstone_handling_mode="rewrite-with-tombstone")
+    expected = [PRE_IMAGE, {"_id": 1}, {"_id": 2}]
+    for given in ([decoded(PRE_IMAGE), None, None], [None, None, None]):
+        indices, metadata, documents = change_rows(raw, given, options)
+        assert indices.to_pylist() == [0, 1, 2] and documents == expected
+        assert metadata["__deleted"].to_pylist() == [True, True, True]
+        assert metadata["__op"].to_pylist() == ["d", None, "d"]
 
 
 # -- add.fields / add.fields.prefix --------------------------------------------------------

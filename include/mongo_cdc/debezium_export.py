@@ -27,6 +27,7 @@ from mongo_cdc import extjson
 from mongo_cdc.lake import COLLECTION_OPERATIONS, TRANSACTION_DIR
 from mongo_cdc.landing import SourceLake
 from mongo_cdc.storage import LakeLocation, table_if_exists
+from mongo_cdc.table_reads import Where, read_rows
 
 
 def debezium_record(row: dict[str, Any]) -> dict[str, Any]:
@@ -63,7 +64,7 @@ def transaction_records(source_lake: SourceLake) -> list[dict[str, Any]]:
     keep = pc.scalar(False)
     for rs, seq in source_lake.committed().items():
         keep = keep | ((pc.field("rs") == rs) & (pc.field("batch_seq") <= seq))
-    rows = table.to_pyarrow_dataset().to_table(filter=keep).to_pylist()
+    rows = read_rows(table, where=Where(keep, ("rs", "batch_seq"))).to_pylist()
     rows.sort(key=lambda r: (r["cluster_time"], r["status"] != "BEGIN"))
     fields = ("status", "id", "event_count", "data_collections", "ts_ms")
     return [{"key": {"id": row["id"]}, "value": {name: row[name] for name in fields}} for row in rows]

@@ -28,6 +28,7 @@ from mongo_cdc.lake import HEARTBEAT_DIR, hour_partition, pack_cluster_time
 from mongo_cdc.landing import SourceLake
 from mongo_cdc.offsets import Offset
 from mongo_cdc.storage import table_if_exists
+from mongo_cdc.table_reads import Where, read_rows
 
 HEARTBEAT_SCHEMA = pa.schema(
     [
@@ -46,7 +47,7 @@ def last_heartbeat_ms(source_lake: SourceLake, rs: str) -> int | None:
     table = table_if_exists(source_lake.source_uri(HEARTBEAT_DIR), source_lake.options)
     if table is None:
         return None
-    stamps = table.to_pyarrow_dataset().to_table(columns=["ts_ms"], filter=pc.field("rs") == rs)
+    stamps = read_rows(table, ["ts_ms"], Where.equal(rs=rs))
     return pc.max(stamps.column("ts_ms")).as_py() if stamps.num_rows else None
 
 

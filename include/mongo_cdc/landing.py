@@ -54,6 +54,7 @@ from mongo_cdc import extjson, lake
 from mongo_cdc.lake import SnapshotManifest
 from mongo_cdc.lake_files import write_files
 from mongo_cdc.storage import LakeLocation, table_if_exists
+from mongo_cdc.table_reads import Where, read_rows
 from mongo_cdc.transform.raw_events import BatchWindow
 
 log = logging.getLogger(__name__)
@@ -424,9 +425,7 @@ class SourceLake:
         table = self._table(self.source_uri(lake.BATCH_LOG))
         if table is None:
             return []
-        rows = pa.table(table.to_pyarrow_dataset().to_table()).sort_by(
-            [("rs", "ascending"), ("seq", "ascending")]
-        )
+        rows = read_rows(table).sort_by([("rs", "ascending"), ("seq", "ascending")])
         return [Batch.from_row(row) for row in rows.to_pylist()]
 
     def last_batch(self, rs: str) -> Batch | None:
@@ -437,8 +436,7 @@ class SourceLake:
         seq = table.transaction_version(self.app_id(rs))
         if seq is None:
             return None
-        dataset = table.to_pyarrow_dataset()
-        rows = dataset.to_table(filter=(pc.field("rs") == rs) & (pc.field("seq") == seq)).to_pylist()
+        rows = read_rows(table, where=Where.equal(rs=rs, seq=seq)).to_pylist()
         if not rows:
             raise RuntimeError(
                 f"the batch log {self.source_uri(lake.BATCH_LOG)} names batch {seq} of {rs} as committed "
@@ -456,7 +454,7 @@ class SourceLake:
         if table is None:
             return lake.RAW_SCHEMA.empty_table().select(columns or lake.RAW_SCHEMA.names)
         window = BatchWindow.of(self.batches(), namespace, include_history=True)
-        return table.to_pyarrow_dataset().to_table(columns=columns, filter=window.filter())
+        return read_rows(table, columns, window.where())
 
     def namespaces(self) -> list[str]:
         """Every ``<db>.<collection>`` some batch wrote raw rows to, sorted."""
@@ -498,8 +496,8 @@ class SourceLake:
         table = table_if_exists(self.source_uri(lake.SNAPSHOT_LOG), self.options)
         if table is None:
             return []
-        wanted = (pc.field("rs") == rs) & (pc.field("seq") == seq) & pc.field("kind").isin(kinds)
-        return table.to_pyarrow_dataset().to_table(filter=wanted).to_pylist()
+        rows = read_rows(table, where=Where.equal(rs=rs, seq=seq))
+        return rows.filter(pc.field("kind").isin(kinds)).to_pylist()
 
     def snapshot_plan(self, rs: str, seq: int) -> SnapshotPlan | None:
         """Snapshot ``seq``'s plan, or None if ``rs`` never recorded one of that number."""

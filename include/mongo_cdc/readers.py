@@ -12,8 +12,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
 from mongo_cdc.lake_errors import naming_damaged_files
 from mongo_cdc.storage import TableVersion, open_table
+from mongo_cdc.table_reads import Where, read_rows
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -27,13 +31,23 @@ def read_table(
     filters: Any = None,
     version: TableVersion = None,
 ) -> pa.Table:
-    """One version of a table as Arrow (``filters``: deltalake's DNF tuples or a pyarrow expression).
+    """One version of a table as Arrow (``filters``: deltalake's DNF tuples or a pyarrow expression),
+    in plain types (``table_reads.plain``) whatever types its files hold.
 
     A missing or truncated data file raises ``LakeFileError`` naming it and the fix.
     """
     with naming_damaged_files(table_uri, storage_options, version):
         table = open_table(table_uri, storage_options, version)
-        return table.to_pyarrow_table(columns=list(columns) if columns else None, filters=filters)
+        return read_rows(table, columns, _where(filters))
+
+
+def _where(filters: Any) -> Where | None:
+    """``read_table``'s ``filters`` as a ``Where``: tuples also skip files by their statistics."""
+    if filters is None or isinstance(filters, pc.Expression):
+        return None if filters is None else Where(filters, None)
+    conjunctions = filters if all(isinstance(item, list) for item in filters) else [filters]
+    columns = tuple(dict.fromkeys(column for conjunction in conjunctions for column, _, _ in conjunction))
+    return Where(pq.filters_to_expression(filters), columns, filters)
 
 
 def spark_table(

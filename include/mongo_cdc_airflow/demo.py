@@ -12,17 +12,20 @@ repeated. Exits non-zero when a state table does not match its collection.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import logging
 import os
 import shutil
 import sys
 from collections import Counter
+from collections.abc import Iterator
 
 from mongo_cdc_airflow import local_env
 
 DEMO_DIR = os.path.join(local_env.REPO_ROOT, ".local", "demo")
 DAG_ID = "mongo_cdc__inventory"
+LOG_TAIL_LINES = 60
 
 
 def inventory_documents() -> dict[str, list[dict]]:
@@ -134,15 +137,46 @@ def table_rows(uri: str) -> int:
     return 0 if table is None else table.to_pyarrow_dataset().count_rows()
 
 
-def run_dag(label: str) -> None:
+@contextlib.contextmanager
+def output_to(path: str) -> Iterator[None]:
+    """Send this process's stdout and stderr (and its children's: spark-submit) to ``path``.
+
+    ``dag.test()`` logs every task at WARNING and above, and without a DAG processor or scheduler
+    it warns about what only they would do (assets no parsed DAG registered, mapped tasks it has
+    not expanded yet): noise for a demo, which prints its own steps and points at this log when a
+    run fails.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    with open(path, "ab") as log_file:
+        os.dup2(log_file.fileno(), 1)
+        os.dup2(log_file.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            for fd, original in zip((1, 2), saved, strict=True):
+                os.dup2(original, fd)
+                os.close(original)
+
+
+def run_dag(label: str, log_path: str) -> None:
     from airflow.dag_processing.dagbag import DagBag
 
-    dag = DagBag(dag_folder=os.environ["AIRFLOW__CORE__DAGS_FOLDER"]).get_dag(DAG_ID)
-    print(f"== {label}: running {DAG_ID} ...", flush=True)
-    run = dag.test()
+    print(f"== {label}: running {DAG_ID} (Airflow's log: {log_path}) ...", flush=True)
+    with output_to(log_path):
+        dag = DagBag(dag_folder=os.environ["AIRFLOW__CORE__DAGS_FOLDER"]).get_dag(DAG_ID)
+        run = dag.test()
     if run.state != "success":
         failed = [ti.task_id for ti in run.get_task_instances() if ti.state != "success"]
-        raise SystemExit(f"demo: DAG run {run.run_id} ended {run.state}; tasks not successful: {failed}")
+        with open(log_path, errors="replace") as log_file:
+            sys.stderr.writelines(log_file.readlines()[-LOG_TAIL_LINES:])
+        raise SystemExit(
+            f"demo: DAG run {run.run_id} ended {run.state}; tasks not successful: {failed}; "
+            f"the last {LOG_TAIL_LINES} lines of {log_path} are above"
+        )
 
 
 def report(client, lake_root: str, prefix: str) -> bool:
@@ -181,10 +215,11 @@ def main() -> int:
         ).topic_prefix
         with replica_set.client() as client:
             load_inventory(client.inventory)
-            run_dag("snapshot")
+            log_path = os.path.join(DEMO_DIR, "airflow", "dag-runs.log")
+            run_dag("snapshot", log_path)
             report(client, lake_root, prefix)
             apply_changes(client.inventory)
-            run_dag("streaming")
+            run_dag("streaming", log_path)
             ok = report(client, lake_root, prefix)
     print(f"== lake at {lake_root}; mongod stopped", flush=True)
     if not ok:

@@ -17,15 +17,17 @@ The document's fields become the row's columns, after the metadata columns
   ===========================  ====================================  ==========================
   mode                         delete event                          tombstone (``op`` null)
   ===========================  ====================================  ==========================
-  ``rewrite`` (default)        ``_id`` row, ``__deleted`` true       no row
-  ``rewrite-with-tombstone``   ``_id`` row, ``__deleted`` true       tombstone row
+  ``rewrite`` (default)        delete row, ``__deleted`` true        no row
+  ``rewrite-with-tombstone``   delete row, ``__deleted`` true        tombstone row
   ``tombstone``                tombstone row                         no row (the delete is it)
   ``drop``                     no row                                no row
   ===========================  ====================================  ==========================
 
-  A tombstone row is a key without a value: ``_id``, ``__deleted`` true, the positions, and
-  every added field null (so ``__op`` is null). ``__deleted`` is false in every other row and
-  is kept in all modes (Debezium adds it in the rewrite modes only) so a reader can always tell.
+  A delete row holds the fields of ``before`` when the event has one (the ``*_with_pre_image``
+  capture modes; Debezium's DBZ-6725), else ``_id`` only. A tombstone row is a key without a
+  value, whatever its delete carried: ``_id``, ``__deleted`` true, the positions, and every
+  added field null (so ``__op`` is null). ``__deleted`` is false in every other row and is kept
+  in all modes (Debezium adds it in the rewrite modes only) so a reader can always tell.
 
 Then the document is encoded per the options: ``array.encoding: document`` turns every array
 into a document ``{"_0": ..., "_1": ...}`` (an empty array into null: Parquet has no empty
@@ -58,6 +60,8 @@ def change_document(event: ChangeEvent) -> dict[str, Any] | None:
     ``event.after`` itself: callers do not modify it."""
     if event.op is None:
         return None
+    if event.op == "d" and event.before_bson is not None:
+        return event.before
     if event.op != "d" and event.after_bson is not None:
         return event.after
     document = {"_id": event.document_id}
@@ -90,6 +94,12 @@ def row_shape(op: str | None, options: FlatteningOptions) -> str | None:
     return EVENT_ROW
 
 
+def delete_rows_hold_before_images(options: FlatteningOptions) -> bool:
+    """Whether a delete event's change row takes its ``before`` (when it has one): only then does
+    the transform read the raw ``before`` column."""
+    return row_shape("d", options) == EVENT_ROW
+
+
 def change_row(event: ChangeEvent, options: FlatteningOptions) -> tuple[tuple, dict[str, Any]] | None:
     """(values of ``options.metadata_columns``, encoded document) of the event's row; None for no row."""
     shape = row_shape(event.op, options)
@@ -114,22 +124,23 @@ def _event_value(event: ChangeEvent, path: tuple[str, ...]) -> Any:
 
 
 def change_rows(
-    events: pa.Table, after: Sequence[dict | None], options: FlatteningOptions
+    events: pa.Table, decoded: Sequence[dict | None], options: FlatteningOptions
 ) -> tuple[pa.Array, dict[str, pa.Array], list[dict[str, Any]]]:
     """``change_row`` of each raw row of ``events``, column-wise: (indices of the rows that have a
     change row, values of each of ``options.metadata_columns``, encoded documents).
 
-    ``after``: each row's ``after``, decoded already (None where it has none). A row of
-    ``EVENT_ROW`` shape with ``after`` (not a delete) takes it as its document; the other rows
-    (deletes, tombstones, updates without ``after``) are read as ``ChangeEvent``s, one by one. An
-    added field's column is the raw column at its path (``_event_value``'s values)."""
+    ``decoded``: each row's ``change_document``, decoded already where it is a whole document (a
+    row's ``after``, or a delete's ``before``), else None. A row of ``EVENT_ROW`` shape takes it as
+    its document; the other rows (tombstones, updates without ``after``, deletes without
+    ``before``) are read as ``ChangeEvent``s, one by one. An added field's column is the raw
+    column at its path (``_event_value``'s values)."""
     ops = events.column("op").to_pylist()
     shapes = [row_shape(op, options) for op in ops]
     kept = [index for index, shape in enumerate(shapes) if shape is not None]
     tombstone = pa.array([shapes[index] == TOMBSTONE_ROW for index in kept], pa.bool_())
     documents = []
     for index in kept:
-        document = after[index] if ops[index] != "d" else None
+        document = decoded[index]
         if shapes[index] == TOMBSTONE_ROW or document is None:
             event = event_from_row(events.slice(index, 1).to_pylist()[0])
             document = (

@@ -23,6 +23,7 @@ from bson import json_util
 
 from mongo_cdc.extjson import DECODE_OPTIONS
 from mongo_cdc.lake import HISTORY_SEQ
+from mongo_cdc.table_reads import Where
 from mongo_cdc.transform.keys import document_key
 
 RAW_COLUMNS = [
@@ -51,11 +52,19 @@ class ChangeEvent(NamedTuple):
     cluster_time: int
     event_order: str  # hex resume token; "" (a snapshot read) sorts first
     rs: str  # the replica set whose oplog or snapshot the event came from
+    # the pre-image (BSON) under the *_with_pre_image capture modes; None where the raw ``before``
+    # column was not read (``RAW_COLUMNS`` leaves it out: only a rewritten delete row needs it)
+    before_bson: bytes | None = None
 
     @property
     def after(self) -> dict | None:
         """The document, decoded (``extjson.DECODE_OPTIONS``)."""
         return _decoded(self.after_bson)
+
+    @property
+    def before(self) -> dict | None:
+        """The pre-image, decoded (``extjson.DECODE_OPTIONS``)."""
+        return _decoded(self.before_bson)
 
     @property
     def position(self) -> tuple[int, str]:
@@ -79,6 +88,7 @@ def event_from_row(row: dict[str, Any]) -> ChangeEvent:
         cluster_time=row["cluster_time"],
         event_order=row["event_order"],
         rs=row["source"]["rs"],
+        before_bson=row.get("before"),
     )
 
 
@@ -179,6 +189,13 @@ class BatchWindow:
                 (pc.field("source", "rs") == rs) & pc.field("batch_seq").isin(pa.array(seqs, pa.int64()))
             )
         return keep
+
+    def where(self) -> Where:
+        """``filter()`` for ``table_reads.read_rows``, skipping files that hold none of the batches."""
+        seqs = sorted({seq for found in self.seqs.values() for seq in found})
+        if self.include_history:
+            seqs.insert(0, HISTORY_SEQ)
+        return Where(self.filter(), ("source", "batch_seq"), [("batch_seq", "in", seqs)] if seqs else None)
 
     def mask(self, rows: pa.Table) -> pa.ChunkedArray:
         """``filter()`` as a boolean column of raw ``rows`` (which need ``source`` and ``batch_seq``)."""
