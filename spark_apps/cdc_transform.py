@@ -700,7 +700,13 @@ class CollectionTransform:
 
     def update(self) -> dict[str, Any]:
         state_table = table_if_exists(self.state_uri, self.options)
-        state_window = BatchWindow.of(self.batches, self.namespace, self.applied(state_table, "state"))
+        state_applied = self.applied(state_table, "state")
+        state_window = BatchWindow.of(self.batches, self.namespace, state_applied)
+        # a copy that found no document (an empty collection renamed over this one) lands no rows
+        # here, yet its manifest still deletes the stored documents it did not find
+        manifest_pending = state_table is not None and any(
+            m.seq > state_applied.get(m.rs, 0) for m in self.manifests
+        )
         changes_table = table_if_exists(self.changes_uri, self.options)
         rebuilt = (
             changes_table is not None and _recorded_flattening(changes_table) != self.flattening.to_json()
@@ -712,7 +718,11 @@ class CollectionTransform:
         changes_window = BatchWindow.of(
             self.batches, self.namespace, {} if rebuilt else self.applied(changes_table, "changes")
         )
-        state = None if state_window.is_empty else StateRun(self, state_table, state_window)
+        state = (
+            None
+            if state_window.is_empty and not manifest_pending
+            else StateRun(self, state_table, state_window)
+        )
         changes = (
             None
             if changes_window.is_empty

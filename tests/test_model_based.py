@@ -210,6 +210,15 @@ def test_an_update_then_a_delete_between_runs_after_a_merge(sequence, mode, full
     played(sequence(mode, full_update_type), steps)
 
 
+def test_an_empty_collection_renamed_over_another_empties_its_state(sequence):
+    """Found by this suite: the rename's copy of an empty collection lands no rows for the new
+    name, so its manifest never reached the state, which kept the replaced collection's documents."""
+    played(
+        sequence("change_streams", "lookup"),
+        [Insert("c2", 0, {}), Run(), RenameCollection("c0", "c2"), Run()],
+    )
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("mode", "full_update_type"),
