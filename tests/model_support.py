@@ -461,8 +461,10 @@ class DagSequence(Sequence):
 
     def _pipeline_run(self) -> None:
         ids = {name: sorted(documents) for name, documents in self.model.items()}
-        conf = {"resnapshot": True, "collections": sorted(set(self.requested))} if self.requested else None
+        # (a collection dropped or renamed since it was asked for is not there to copy)
+        requested = sorted({n for n in self.requested if n.partition(".")[2] in self.model})
         self.requested = []
+        conf = {"resnapshot": True, "collections": requested} if requested else None
         self.source.run(conf=conf)
         # the snapshots this run took (a rename's copy too: the checks leave those out)
         batches = self.source.lake.batches()
