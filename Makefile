@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 # spark-submit finds SPARK_HOME through the venv's bin, and the demo/tests spawn it.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: .venv test demo bench lint clean soak
+.PHONY: .venv test demo bench docs lint clean soak
 
 .venv: $(STAMP)
 
@@ -44,6 +44,12 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(VENV)/bin/python -m mongo_cdc.bench
+
+# The configuration reference page, rendered from the key declarations (mongo_cdc.config.reference).
+docs: $(STAMP)
+	@mkdir -p docs
+	$(VENV)/bin/python -m mongo_cdc.config.reference > docs/configuration.md.tmp
+	mv docs/configuration.md.tmp docs/configuration.md
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

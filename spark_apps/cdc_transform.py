@@ -6,8 +6,10 @@ Object-store credentials come from the environment (``storage.LakeLocation.from_
 says what is committed (the batch log, ``landing.SourceLake``); each derived table records per
 replica set the last batch it applied (Delta app transactions, ``raw_events.applied_app_id``) in
 the same commit as its data, so a run applies exactly the batches committed since the last one,
-whatever crashed before. Spark parallelises the Python work; delta-rs commits, so no Spark jar is
-needed. How a run goes, per collection:
+whatever crashed before; a collection's run that loses a commit race to another writer of its
+tables (two transforms at once) is made again from a fresh read (``CollectionTransform.converged``).
+Spark parallelises the Python work; delta-rs commits, so no Spark jar is needed. How a run goes,
+per collection:
 
 1. the raw files that may hold new rows are cut into slices of about ``SLICE_ROWS`` rows
    (``raw_slices``), one Spark task each, read as Arrow tables (``read_slice``);
@@ -37,14 +39,22 @@ needed. How a run goes, per collection:
   say so. ``--rebuild-hours`` rewrites the rows of those hours from the raw rows and backfilled
   history (a backfill run).
 
-Output: the last stdout line is a JSON summary per ``<db>.<collection>``: ``new_events``,
-``state_rows``, ``change_rows``, ``change_rows_written``, ``changes_rebuilt``, and the tables'
-versions. Bad arguments print one line to stderr and exit 2 before Spark starts.
+Collections fail alone: a collection whose transform raises is logged (its namespace, the
+committed batches its tables are behind, ``backlog.collection_backlog``, and the traceback) and
+the job carries on with the others, then exits 1 after one stderr line (right before the
+summary) naming each failed collection and its batches behind.
+
+Output: the last stdout line is a JSON summary: under ``collections`` per ``<db>.<collection>``
+that landed, ``new_events``, ``state_rows``, ``change_rows``, ``change_rows_written``,
+``changes_rebuilt`` (and ``maintenance``); under ``failed`` per collection that failed, ``error``
+(its first line) and ``batches_behind``. Bad arguments print one line to stderr and exit 2 before
+Spark starts.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import logging
@@ -62,6 +72,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Schema, Transaction, write_deltalake
+from deltalake.exceptions import CommitFailedError, DeltaError
 from deltalake.transaction import create_table_with_add_actions
 from pyspark import SparkConf, SparkContext
 
@@ -74,6 +85,7 @@ from mongo_cdc.maintenance import maintain_table
 from mongo_cdc.storage import LakeLocation, row_count, table_if_exists
 from mongo_cdc.table_reads import Where, plain, read_rows
 from mongo_cdc.transform import columns
+from mongo_cdc.transform.backlog import behind_text, collection_backlog
 from mongo_cdc.transform.data_files import (
     DataFile,
     add_actions,
@@ -95,6 +107,7 @@ from mongo_cdc.transform.raw_events import (
     BatchWindow,
     ChangeEvent,
     applied_app_id,
+    applied_batches,
     decode_documents,
     event_from_row,
     event_keys,
@@ -132,6 +145,13 @@ STATE_STATS_COLUMNS = ("__key", "__cluster_time", "__event_order", "__rs")
 CHANGES_STATS_COLUMNS = ("__cluster_time", "__event_order")
 # Under a state table: MERGE sources and rebuilt change rows, written before their commit.
 STAGING_DIR = "_mongo_cdc_staging"
+# How many times in all a collection's run is made (``CollectionTransform.converged``) while it keeps
+# losing commit races to other writers of its tables, before the job fails.
+COMMIT_RACE_ATTEMPTS = 4
+
+
+class LostCommitRace(RuntimeError):
+    """Another writer committed to one of a collection's tables after this run read it."""
 
 
 class _ArgumentParser(argparse.ArgumentParser):
@@ -473,8 +493,11 @@ def transform_slice(
                 replica_sets[index],
             )
             marker = markers.get(version.key)
-            if marker is not None and version.position <= marker.position:
-                continue  # an older event landed after the delete: it does not bring the document back
+            # an older event landed after the delete does not bring the document back; the marker's
+            # own delete still deletes (a run made again after its markers' commit, whose state
+            # commit lost a race or crashed)
+            if marker is not None and version.position < marker.position:
+                continue
             if version.rs in deleting and version.position < deleting[version.rs]:
                 version = drop_with_collection(
                     reconcile_with_snapshots(version, state.manifests), state.drops
@@ -644,13 +667,51 @@ class CollectionTransform:
         self.staging = f"{self.state_path}/{STAGING_DIR}/{uuid.uuid4()}"
 
     def run(self, maintenance: dict[str, int] | None) -> dict[str, Any]:
-        try:
-            summary = self.update()
-        finally:
-            delete_directory(self.location, self.staging)
+        summary = self.converged()
         if maintenance is not None:
             summary["maintenance"] = self.maintain(maintenance)
         return summary
+
+    def converged(self) -> dict[str, Any]:
+        """``update``, made again from a fresh read of the batch log and the tables each time it lost a
+        commit race to another writer of the collection's tables (a backfill run's transform beside a
+        live run's, say), at most COMMIT_RACE_ATTEMPTS times in all.
+
+        Every commit of a run carries the tables' app transactions (``commit_properties``), so of two
+        runs committing to one table from the same read, Delta's conflict check fails the later one;
+        and a table read is refused when a run with a newer batch log already applied more (``read``).
+        The fresh read then shows what the winner applied, and the run applies the rest: no batch is
+        applied twice, none is skipped."""
+        transform = self
+        for attempt in range(1, COMMIT_RACE_ATTEMPTS + 1):
+            try:
+                return transform.update()
+            except (CommitFailedError, LostCommitRace) as race:
+                lost = race
+            finally:
+                delete_directory(transform.location, transform.staging)
+            if attempt < COMMIT_RACE_ATTEMPTS:
+                log.warning(
+                    "%s: lost a commit race to another writer of its tables (%s); running it again from a "
+                    "fresh read of the batch log and the tables (attempt %d of %d)",
+                    self.namespace, lost, attempt + 1, COMMIT_RACE_ATTEMPTS,
+                )  # fmt: skip
+                transform = transform.again()
+        raise LostCommitRace(
+            f"{self.namespace}: lost {COMMIT_RACE_ATTEMPTS} commit races in a row to other writers of its "
+            f"tables (is more than one transform of this source running?); the last: {lost}"
+        ) from lost
+
+    def again(self) -> CollectionTransform:
+        """This collection's transform from a fresh read of the batch log, raw files and tables."""
+        return CollectionTransform(
+            self.context,
+            self.source_lake,
+            self.namespace,
+            self.source_lake.batches(),
+            self.flattening,
+            self.rebuild_hours,
+        )
 
     def maintain(self, settings: dict[str, int]) -> dict[str, Any]:
         """Compact small files and vacuum versions past the retention, table by table."""
@@ -669,15 +730,28 @@ class CollectionTransform:
         return done
 
     def applied(self, table: DeltaTable | None, name: str) -> dict[str, int]:
-        if table is None:
-            return {}
-        return {rs: table.transaction_version(applied_app_id(name, rs)) or 0 for rs in self.committed}
+        return applied_batches(table, name, self.committed)
 
-    def commit_properties(self, name: str) -> CommitProperties:
-        """The commit's app transactions: this table has applied every committed batch."""
+    def read(self, name: str) -> DeltaTable | None:
+        """The ``state`` or ``changes`` table as it is now. LostCommitRace if it has applied batches past
+        this run's batch log: a run that read a newer log committed first, and a commit of this run's
+        view would record older batches as applied (applied again, their change rows would double)."""
+        table = table_if_exists(self.state_uri if name == "state" else self.changes_uri, self.options)
+        ahead = {rs: seq for rs, seq in self.applied(table, name).items() if seq > self.committed[rs]}
+        if ahead:
+            raise LostCommitRace(
+                f"its {name} table has applied batches {ahead}, past this run's batch log {self.committed}"
+            )
+        return table
+
+    def commit_properties(self, name: str, versions: dict[str, int] | None = None) -> CommitProperties:
+        """The commit's app transactions: this table has applied every committed batch (``versions``:
+        the batches it had applied when read, for a commit that applies none). ``name``'s app ids are
+        in every commit of a run to that table, so Delta fails the later of two made from one read."""
         return CommitProperties(
             app_transactions=[
-                Transaction(applied_app_id(name, rs), seq) for rs, seq in self.committed.items()
+                Transaction(applied_app_id(name, rs), seq)
+                for rs, seq in (self.committed if versions is None else versions).items()
             ],
             max_commit_retries=COMMIT_RETRIES,
         )
@@ -699,7 +773,7 @@ class CollectionTransform:
     # -- both tables ---------------------------------------------------------------------
 
     def update(self) -> dict[str, Any]:
-        state_table = table_if_exists(self.state_uri, self.options)
+        state_table = self.read("state")
         state_applied = self.applied(state_table, "state")
         state_window = BatchWindow.of(self.batches, self.namespace, state_applied)
         # a copy that found no document (an empty collection renamed over this one) lands no rows
@@ -707,7 +781,7 @@ class CollectionTransform:
         manifest_pending = state_table is not None and any(
             m.seq > state_applied.get(m.rs, 0) for m in self.manifests
         )
-        changes_table = table_if_exists(self.changes_uri, self.options)
+        changes_table = self.read("changes")
         rebuilt = (
             changes_table is not None and _recorded_flattening(changes_table) != self.flattening.to_json()
         )
@@ -755,7 +829,7 @@ class CollectionTransform:
         written = 0
         if changes is not None:
             written = changes.finish(slices, [c for _, _, c in outputs])
-            changes_table = table_if_exists(self.changes_uri, self.options)
+            changes_table = self.read("changes")
         if self.rebuild_hours and changes_table is not None:
             every = BatchWindow.of(self.batches, self.namespace, include_history=True)
             written += ChangesRun(self, changes_table, False, every).rebuild(set(self.rebuild_hours))
@@ -877,14 +951,15 @@ class StateRun:
         # markers first: applying the same versions again after a crash gives the same markers
         self.update_deletion_markers([row for _, rows in outputs for row in rows])
         if self.table is None:
-            create_table_with_add_actions(
-                self.transform.state_uri,
-                Schema.from_arrow(layout.schema),
-                add_actions(files),
-                mode="error",
-                storage_options=self.transform.options,
-                commit_properties=self.transform.commit_properties("state"),
-            )
+            with _creating(self.transform.state_uri, self.transform.options):
+                create_table_with_add_actions(
+                    self.transform.state_uri,
+                    Schema.from_arrow(layout.schema),
+                    add_actions(files),
+                    mode="error",
+                    storage_options=self.transform.options,
+                    commit_properties=self.transform.commit_properties("state"),
+                )
         else:
             self.merge(layout, files)
         return {
@@ -916,15 +991,28 @@ class StateRun:
                 )
             }
         )
+        # the markers' app ids make a concurrent run's MERGE of the same markers fail, not insert twice
+        properties = self.transform.commit_properties("deletions")
         if self.deletions is None:
             deletions = source.filter(pc.field(DELETED_FLAG)).drop_columns([DELETED_FLAG])
-            write_deltalake(
-                self.transform.deletions_uri, deletions, mode="append", storage_options=self.transform.options
-            )
+            with _creating(self.transform.deletions_uri, self.transform.options):
+                write_deltalake(
+                    self.transform.deletions_uri,
+                    deletions,
+                    mode="error",
+                    storage_options=self.transform.options,
+                    commit_properties=properties,
+                )
             return
         newer = _position_after("s", "t")
         (
-            self.deletions.merge(source, predicate="t.__key = s.__key", source_alias="s", target_alias="t")
+            self.deletions.merge(
+                source,
+                predicate="t.__key = s.__key",
+                source_alias="s",
+                target_alias="t",
+                commit_properties=properties,
+            )
             .when_matched_delete(predicate=f"NOT s.{DELETED_FLAG} AND {newer}")
             .when_matched_update_all(predicate=f"s.{DELETED_FLAG} AND {newer}", except_cols=[DELETED_FLAG])
             .when_not_matched_insert_all(predicate=f"s.{DELETED_FLAG}", except_cols=[DELETED_FLAG])
@@ -967,6 +1055,18 @@ class StateRun:
             merger = merger.when_not_matched_by_source_delete(predicate=" OR ".join(gone))
         metrics = merger.execute()
         log.info("%s state merge: %s", self.transform.namespace, metrics)
+
+
+@contextlib.contextmanager
+def _creating(uri: str, options: dict[str, str]) -> Iterator[None]:
+    """Around the creation of a table the run found missing: LostCommitRace if another writer created
+    it since."""
+    try:
+        yield
+    except DeltaError as error:
+        if isinstance(error, CommitFailedError) or table_if_exists(uri, options) is None:
+            raise
+        raise LostCommitRace(f"{uri} was created by another writer since this run read it") from error
 
 
 def staged_rows(
@@ -1055,20 +1155,30 @@ class ChangesRun:
                 commit_properties=properties,
             )
         elif self.table is None:
-            create_table_with_add_actions(
-                self.transform.changes_uri,
-                Schema.from_arrow(schema),
-                add_actions(files),
-                mode="error",
-                partition_by=[lake.HOUR_COLUMN],
-                storage_options=self.transform.options,
-                commit_properties=properties,
-            )
+            with _creating(self.transform.changes_uri, self.transform.options):
+                create_table_with_add_actions(
+                    self.transform.changes_uri,
+                    Schema.from_arrow(schema),
+                    add_actions(files),
+                    mode="error",
+                    partition_by=[lake.HOUR_COLUMN],
+                    storage_options=self.transform.options,
+                    commit_properties=properties,
+                )
         else:
             if layout is not self.layout:
                 # new columns first (a commit of its own: Delta's add actions cannot change the schema);
-                # a crash before the next commit leaves only unused columns, which the retry keeps
-                write_deltalake(self.table, schema.empty_table(), mode="append", schema_mode="merge")
+                # a crash before the next commit leaves only unused columns, which the retry keeps. It
+                # restates the batches applied, so that it fails after another writer's commit instead
+                # of moving self.table past it (the append below would then apply those batches again)
+                applied = self.transform.applied(self.table, "changes")
+                write_deltalake(
+                    self.table,
+                    schema.empty_table(),
+                    mode="append",
+                    schema_mode="merge",
+                    commit_properties=self.transform.commit_properties("changes", applied),
+                )
             self.table.create_write_transaction(
                 add_actions(files),
                 mode="append",
@@ -1154,19 +1264,39 @@ def main(argv: list[str] | None = None, context: SparkContext | None = None) -> 
     namespaces = sorted({ns for batch in batches for ns in (*batch.namespaces, *(batch.collections or ()))})
     own_context = context is None
     context = start_spark() if context is None else context
+    summary: dict[str, Any] = {}
+    failed: dict[str, dict[str, Any]] = {}
     try:
-        summary = {}
         for namespace in namespaces:
             log.info("transforming %s", namespace)
-            transform = CollectionTransform(
-                context, source_lake, namespace, batches, args.flattening, args.rebuild_hours
-            )
-            summary[namespace] = transform.run(args.maintain)
+            try:
+                transform = CollectionTransform(
+                    context, source_lake, namespace, batches, args.flattening, args.rebuild_hours
+                )
+                summary[namespace] = transform.run(args.maintain)
+            except Exception as error:  # one collection's failure holds back no other collection
+                behind = collection_backlog(source_lake, namespace, batches).batches
+                log.exception("FAILED: %s; the other collections carry on", behind_text({namespace: behind}))
+                failed[namespace] = {"error": _error_line(error), "batches_behind": behind}
     finally:
         if own_context:
             context.stop()
-    print(json.dumps({"collections": summary}, sort_keys=True))
-    return 0
+    if failed:  # before the summary: spark-submit passes the driver's stderr on in its stdout
+        stuck = behind_text({namespace: failure["batches_behind"] for namespace, failure in failed.items()})
+        sys.stderr.write(
+            f"cdc_transform: the transform failed for {stuck}; the other collections landed. Each one's "
+            "error and traceback are in the log above (search for 'FAILED'): fix its cause and the next "
+            "run catches it up\n"
+        )
+        sys.stderr.flush()
+    print(json.dumps({"collections": summary, "failed": failed}, sort_keys=True), flush=True)
+    return 1 if failed else 0
+
+
+def _error_line(error: Exception) -> str:
+    """The error's type and the first line of its message (Spark's run to whole Java stack traces)."""
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0][:500]}" if lines else type(error).__name__
 
 
 if __name__ == "__main__":

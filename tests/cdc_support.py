@@ -137,10 +137,10 @@ class CdcSource:
         rows = self.lake.committed_raw(f"{self.database}.{collection}").to_pylist()
         return sorted(rows, key=lambda r: (r["cluster_time"], r["event_order"], r["op"] is None))
 
-    def transform(self, *arguments: str) -> dict[str, Any]:
-        """The DAG's Spark job run by hand (e.g. with ``--rebuild-hours``); its JSON summary."""
+    def transform_command(self, *arguments: str) -> list[str]:
+        """The spark-submit command of the DAG's Spark job (e.g. with ``--rebuild-hours``)."""
         app = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "spark_apps")
-        command = [
+        return [
             "spark-submit",
             "--master",
             "local[2]",
@@ -151,7 +151,10 @@ class CdcSource:
             self.prefix,
             *arguments,
         ]
-        done = subprocess.run(command, capture_output=True, text=True, check=False)
+
+    def transform(self, *arguments: str) -> dict[str, Any]:
+        """The DAG's Spark job run by hand (e.g. with ``--rebuild-hours``); its JSON summary."""
+        done = subprocess.run(self.transform_command(*arguments), capture_output=True, text=True, check=False)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         return json.loads(done.stdout.strip().splitlines()[-1])
 

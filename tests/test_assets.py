@@ -87,6 +87,7 @@ def test_a_run_emits_each_touched_tables_event_and_queues_the_dag_scheduled_on_i
             "new_events": new_events,
             "table_version": delta.version(),
             "committed": {replica_set.name: {"batch_seq": last.seq, "cluster_time": last.cluster_time}},
+            "batches_behind": 0,
             "oplog": {replica_set.name: {figure: oplog[figure] for figure in OPLOG_FIGURES}},
         }
         assert extra["oplog"][replica_set.name]["window_seconds"] >= 0

@@ -26,6 +26,7 @@ def test_cdc_dag_is_hourly_with_intervals_one_run_at_a_time_and_backoff_retries(
         "plan_transform",
         "transform",
         "summary",
+        "stuck_collections",
     }
     # a snapshot's chunks fan out as mapped tasks labelled by shard, collection and chunk numbers;
     # a failed shard (start or copy) leaves the others going
@@ -38,8 +39,30 @@ def test_cdc_dag_is_hourly_with_intervals_one_run_at_a_time_and_backoff_retries(
     assert (
         dag.get_task("plan_transform").trigger_rule == "all_done"
     )  # one failed shard doesn't block the rest
+    # a failed transform is reported by the summary (which keeps its asset events) and fails the run
+    # in stuck_collections, which runs only then
+    assert dag.get_task("summary").trigger_rule == "all_done"
+    assert dag.get_task("summary").upstream_task_ids == {"transform"}
+    assert dag.get_task("stuck_collections").trigger_rule == "one_failed"
+    assert dag.get_task("stuck_collections").retries == 0
+    assert dag.get_task("stuck_collections").upstream_task_ids == {"transform"}
 
     topology = build_topology_dag(config)
     sensor = topology.get_task("shards_changed")
     assert sensor.mode == "reschedule" and sensor.poke_interval <= 300
     assert topology.get_task("trigger_cdc").trigger_dag_id == "mongo_cdc__shop"
+
+
+def test_one_transform_runs_at_a_time_across_live_and_backfill_runs(tmp_path):
+    """The scheduler reads the serialized DAG and counts a task's running instances over every run of
+    the DAG whatever its type; backfill runs ignore max_active_runs, so the limit is on the task."""
+    from airflow.serialization.serialized_objects import DagSerialization, LazyDeserializedDAG
+
+    (tmp_path / "shop.yaml").write_text("topic.prefix: shop\n")
+    data = DagSerialization.to_dict(build_cdc_dag(load_source(str(tmp_path / "shop.yaml"))))
+    assert LazyDeserializedDAG(data=data).has_task_concurrency_limits  # the scheduler checks limits
+    scheduled = DagSerialization.from_dict(data)
+    assert scheduled.get_task("transform").max_active_tis_per_dag == 1
+    # the shards' pulls still run side by side: a live pull is its offset's only writer (sole_writer),
+    # a backfill's lands only history hours, whose commits Delta refuses to overlap
+    assert scheduled.get_task("shard_sync.pull").max_active_tis_per_dag is None

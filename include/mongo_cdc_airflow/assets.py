@@ -4,7 +4,10 @@ The collections are known only when a run has landed them, so the CDC DAG declar
 ``AssetAlias`` per source (``mongo_cdc__<source>``) as the ``summary`` task's outlet, and the
 summary adds, through it, one asset event for each table of each collection the run touched:
 the collections its pulls read events of (snapshot reads included) and those named by the
-batches the lake committed during the run. The asset's URI is the table's location
+batches the lake committed during the run, those the transform had batches to apply for (one
+catching up after a failed run), and each collection still behind the committed batches (its
+transform failed: ``batches_behind`` in the extras says by how many, every run until it catches
+up). The asset's URI is the table's location
 (``table_asset_uri``); its name is the same string, so ``Asset("<uri>")`` in a downstream DAG
 names the very same asset. The event's extras (``table_event_extra``) are small and JSON.
 """
@@ -12,7 +15,7 @@ names the very same asset. The event's extras (``table_event_extra``) are small 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import quote
 
@@ -22,6 +25,7 @@ from mongo_cdc import lake
 from mongo_cdc.config import SourceConfig
 from mongo_cdc.landing import Batch, SourceLake, last_batches
 from mongo_cdc.storage import LakeLocation, row_count, table_if_exists
+from mongo_cdc.transform.backlog import Backlog, collections_behind
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +77,12 @@ def committed_positions(batches: list[Batch]) -> dict[str, dict[str, int | None]
 
 
 def table_event_extra(
-    rows: int, new_events: int, version: int, committed: dict[str, dict], oplog: Mapping[str, Mapping]
+    rows: int,
+    new_events: int,
+    version: int,
+    committed: dict[str, dict],
+    batches_behind: int,
+    oplog: Mapping[str, Mapping],
 ) -> dict[str, Any]:
     """An asset event's extras (see the README's "Assets")."""
     return {
@@ -81,6 +90,7 @@ def table_event_extra(
         "new_events": new_events,
         "table_version": version,
         "committed": committed,
+        "batches_behind": batches_behind,
         "oplog": {
             rs: {key: window.get(key) for key in OPLOG_FIGURES} for rs, window in sorted(oplog.items())
         },
@@ -91,22 +101,29 @@ def emit_table_events(
     outlet_events: Any,
     config: SourceConfig,
     source_lake: SourceLake,
+    batches: list[Batch],
     run_summary: Mapping[str, Any],
     committed_before: Mapping[str, int],
+    pending: Iterable[str],
+    backlogs: Mapping[str, Backlog],
     zones: tuple[str, ...] = TABLE_ZONES,
 ) -> list[str]:
-    """Add an asset event for each table (of ``zones``) of each collection the run touched; their URIs.
+    """Add an asset event for each table (of ``zones``) of each collection the run touched, the
+    transform had batches to apply for, or that is behind; their URIs.
 
-    ``run_summary``: the summary task's result (``events`` per collection, ``oplog`` per replica
-    set); ``committed_before``: the last batch per replica set that ``discover`` saw.
+    ``batches``: the committed batches (the batch log); ``run_summary``: the summary task's result
+    (``events`` per collection, ``oplog`` per replica set); ``committed_before``: the last batch per
+    replica set that ``discover`` saw; ``pending``: the collections with a backlog when the
+    transform started; ``backlogs``: each collection's now (``backlog.source_backlogs``).
     """
-    batches = source_lake.batches()
     committed = committed_positions(batches)
     alias = outlet_events[source_alias(config)]
     emitted = []
-    for namespace in touched_namespaces(run_summary["events"], batches, committed_before):
+    touched = touched_namespaces(run_summary["events"], batches, committed_before)
+    for namespace in sorted({*touched, *pending, *collections_behind(backlogs)}):
         db, _, collection = namespace.partition(".")
         new_events = sum(run_summary["events"].get(namespace, {}).values())
+        backlog = backlogs.get(namespace, Backlog())
         for zone in zones:
             uri = lake.table_uri(source_lake.location, zone, source_lake.prefix, db, collection)
             table = table_if_exists(uri, source_lake.options)
@@ -115,7 +132,12 @@ def emit_table_events(
                 continue
             asset_uri = table_asset_uri(source_lake.location, zone, source_lake.prefix, namespace)
             extra = table_event_extra(
-                row_count(table), new_events, table.version(), committed, run_summary["oplog"]
+                row_count(table),
+                new_events,
+                table.version(),
+                committed,
+                backlog.of_table(zone),
+                run_summary["oplog"],
             )
             alias.add(Asset(name=asset_uri, uri=asset_uri), extra=extra)
             log.info("asset event %s: %s", asset_uri, extra)

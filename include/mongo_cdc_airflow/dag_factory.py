@@ -3,8 +3,9 @@
 
 ``mongo_cdc__<source>``: discover -> snapshot_start (per shard) -> snapshot_chunks -> snapshot_copy
 (per slice of chunks) -> per-shard mapped group [snapshot -> pull] -> plan_transform -> Spark
-transform -> summary. ``mongo_cdc_topology__<source>``: a sensor that triggers the CDC
-DAG as soon as shards are added to or removed from the cluster.
+transform -> summary, and stuck_collections (only when the transform failed).
+``mongo_cdc_topology__<source>``: a sensor that triggers the CDC DAG as soon as shards are added
+to or removed from the cluster.
 """
 
 from __future__ import annotations
@@ -112,15 +113,23 @@ def build_cdc_dag(config: SourceConfig) -> DAG:
         def plan_transform() -> list[str]:
             return source_tasks.plan_transform(config)
 
-        # Default trigger rule: a failed transform must fail the run. A failed shard reaches here
-        # through plan_transform (all_done) and is reported below.
-        @task(outlets=[source_alias(config)])
-        def summary(shards: list[dict]) -> dict:
-            return source_tasks.summary(config, shards)
+        # all_done: the summary reports (and emits the asset events of) what a failed transform left
+        # behind; a failed shard reaches here through plan_transform (all_done) and fails the summary.
+        @task(outlets=[source_alias(config)], trigger_rule=TriggerRule.ALL_DONE)
+        def summary() -> dict:
+            return source_tasks.summary(config)
+
+        # Only when the transform failed: the run then fails here, naming the collections left behind
+        # (the summary succeeds, so that its asset events are kept). No retries: it always fails.
+        @task(trigger_rule=TriggerRule.ONE_FAILED, retries=0)
+        def stuck_collections() -> None:
+            source_tasks.stuck_collections(config)
 
         spark_args = plan_transform()
         shard_sync.expand(shard_entry=shards) >> spark_args
-        transform_task(config, SPARK_APP, spark_args) >> summary(shards)
+        transform = transform_task(config, SPARK_APP, spark_args)
+        transform >> summary()
+        transform >> stuck_collections()
 
     return cdc()
 

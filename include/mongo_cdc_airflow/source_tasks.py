@@ -1,4 +1,4 @@
-"""The source-wide task bodies of the CDC DAG: discover, plan_transform, summary."""
+"""The source-wide task bodies of the CDC DAG: discover, plan_transform, summary, stuck_collections."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from mongo_cdc.config import SourceConfig
 from mongo_cdc.lake_errors import LegacyLakeError, refuse_legacy_layout
 from mongo_cdc.shard_lifecycle import still_draining
 from mongo_cdc.topology import Shard, discover_shards, reconcile
+from mongo_cdc.transform.backlog import Backlog, behind_text, collections_behind, source_backlogs
 from mongo_cdc_airflow.assets import TABLE_ZONES, emit_table_events
 from mongo_cdc_airflow.hooks import MongoCdcHook
 from mongo_cdc_airflow.lake_storage import source_lake
@@ -98,6 +99,10 @@ def plan_transform(config: SourceConfig) -> list[str]:
         raise AirflowFailException(
             "every shard failed before committing a batch (see their tasks): nothing new to transform"
         )
+    # the collections the transform is to bring up to date, for the summary's asset events: one
+    # catching up after a failed run has tables that change although no batch of it landed now
+    lake = source_lake(config)
+    ti.xcom_push(key="pending", value=list(collections_behind(source_backlogs(lake, lake.batches()))))
     rebuild: list[str] = []
     if is_backfill():
         from mongo_cdc.backfill import hour_partitions
@@ -126,15 +131,25 @@ def maintenance_arguments(config: SourceConfig, interval_start: dt.datetime | No
     return ["--maintain", json.dumps(settings, sort_keys=True)]
 
 
-def summary(config: SourceConfig, shards: list[dict]) -> dict:
-    """The run's figures (``summarize``), and an asset event for each table it touched (``assets``:
-    their URIs). A run with a failed shard fails here, and a failed task's asset events are dropped."""
-    # Explicit map indexes: how a mapped group's output resolves outside the group depends on
-    # its size (one shard gives a bare dict), and the summary must see every shard.
+def summary(config: SourceConfig) -> dict:
+    """The run's figures (``summarize``), each collection's committed batches its tables have not
+    applied (``batches_behind``), and an asset event for each table the run touched, brought up to
+    date or left behind (``assets``: their URIs). Runs even when the transform failed, to report
+    what it left behind (``stuck_collections`` fails the run then). A run with a failed shard fails
+    here, and a failed task's asset events are dropped."""
     context = get_current_context()
     ti = context["ti"]
+    shards = ti.xcom_pull(task_ids="discover")
+    if shards is None:
+        raise AirflowFailException("discover failed (see its log): nothing was pulled, so nothing to report")
+    # Explicit map indexes: how a mapped group's output resolves outside the group depends on
+    # its size (one shard gives a bare dict), and the summary must see every shard.
     pulls = [ti.xcom_pull(task_ids="shard_sync.pull", map_indexes=i) for i in range(len(shards))]
     result = summarize([p for p in pulls if p is not None], pendulum.now("UTC"))
+    lake = source_lake(config)
+    batches = lake.batches()
+    backlogs = source_backlogs(lake, batches)
+    result["batches_behind"] = report_backlogs(backlogs)
     failed = [shard["id"] for shard, p in zip(shards, pulls, strict=True) if p is None]
     if failed:
         raise RuntimeError(
@@ -144,10 +159,45 @@ def summary(config: SourceConfig, shards: list[dict]) -> dict:
     committed_before = ti.xcom_pull(task_ids="discover", key="committed")
     # a backfill rewrites changes rows only: the state never reads history events
     zones = ("changes",) if is_backfill() else TABLE_ZONES
+    pending = ti.xcom_pull(task_ids="plan_transform", key="pending") or []
     result["assets"] = emit_table_events(
-        context["outlet_events"], config, source_lake(config), result, committed_before, zones
+        context["outlet_events"], config, lake, batches, result, committed_before, pending, backlogs, zones
     )
     return result
+
+
+def report_backlogs(backlogs: dict[str, Backlog]) -> dict[str, int]:
+    """Log each collection behind the committed batches (or one line saying none is); each
+    collection's count."""
+    behind = {namespace: backlog.batches for namespace, backlog in backlogs.items()}
+    for namespace, backlog in backlogs.items():
+        if backlog.batches:
+            log.warning(
+                "%s is %d committed batches behind (state %d, changes %d): the transform has not applied "
+                "them (if it failed, its log says why); the first run whose transform succeeds catches up",
+                namespace, backlog.batches, backlog.of_table("state"), backlog.of_table("changes"),
+            )  # fmt: skip
+    if not any(behind.values()):
+        log.info("the tables of all %d collections have applied every committed batch", len(behind))
+    return behind
+
+
+def stuck_collections(config: SourceConfig) -> None:
+    """Fails the run when the transform failed (or never ran), naming each collection it left behind
+    the committed batches and by how many. A failed summary would drop the run's asset events, which
+    report these counts too, so the failure is this task's."""
+    lake = source_lake(config)
+    behind = collections_behind(source_backlogs(lake, lake.batches()))
+    if behind:
+        raise AirflowFailException(
+            f"the transform failed for {behind_text(behind)}; the other collections landed. Each one's "
+            "error and traceback are in the transform task's log (search for 'FAILED'): fix its cause "
+            "and the next run catches it up"
+        )
+    raise AirflowFailException(
+        "the transform did not succeed (see its log, or plan_transform's if it never ran); no collection "
+        "is behind the committed batches"
+    )
 
 
 def summarize(pulls: list[dict], run_end: pendulum.DateTime) -> dict:

@@ -141,9 +141,16 @@ class CdcTransformOperator(SparkSubmitOperator):
 
 
 def transform_task(config: SourceConfig, application: str, application_args: Any) -> CdcTransformOperator:
-    """The CDC DAG's ``transform`` task (``application_args``: the plan_transform task's output)."""
+    """The CDC DAG's ``transform`` task (``application_args``: the plan_transform task's output).
+
+    One at a time across every run of the DAG, live and backfill alike (the scheduler counts a task's
+    running instances over all runs; a backfill ignores the DAG's ``max_active_runs``, and each of its
+    runs' transform also applies the live batches still pending): the collections' tables have one
+    writer.
+    """
     return CdcTransformOperator(
         task_id="transform",
+        max_active_tis_per_dag=1,
         application=application,
         conn_id=config.spark_conn_id,
         application_args=application_args,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import bson
 import orjson
@@ -25,6 +25,9 @@ from mongo_cdc.extjson import DECODE_OPTIONS
 from mongo_cdc.lake import HISTORY_SEQ
 from mongo_cdc.table_reads import Where
 from mongo_cdc.transform.keys import document_key
+
+if TYPE_CHECKING:
+    from deltalake import DeltaTable
 
 RAW_COLUMNS = [
     "key",
@@ -214,3 +217,11 @@ class BatchWindow:
 def applied_app_id(table: str, rs: str) -> str:
     """The app transaction id under which a derived table records the last batch of ``rs`` it applied."""
     return f"mongo-cdc-{table}/{rs}"
+
+
+def applied_batches(table: DeltaTable | None, name: str, replica_sets: Iterable[str]) -> dict[str, int]:
+    """The last batch of each of ``replica_sets`` the derived table ``name`` (``state``, ``changes``)
+    has applied, as its app transactions record it (0: none; no table: nothing applied)."""
+    if table is None:
+        return {}
+    return {rs: table.transaction_version(applied_app_id(name, rs)) or 0 for rs in replica_sets}

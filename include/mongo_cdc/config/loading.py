@@ -1,0 +1,174 @@
+"""Loading source YAML files: every problem of a file reported at once, unique topic prefixes.
+
+Each key is parsed by the value type its ``SourceConfig`` field declares (``SETTINGS``); this
+module adds what spans keys: unknown and duplicate keys, required keys, keys that exclude each
+other, the reconnection delays' order, the lake root's resolution and one lake per topic prefix.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from typing import Any
+
+import yaml
+
+from mongo_cdc.config.source import SETTINGS, SourceConfig
+from mongo_cdc.config.values import SourceConfigError
+from mongo_cdc.storage import LakeRootError, resolve_root
+
+SOURCES_DIR_ENV = "MONGO_CDC_SOURCES_DIR"
+LAKE_ROOT_ENV = "MONGO_CDC_LAKE_ROOT"
+
+_MUTUALLY_EXCLUSIVE = (
+    ("database.include.list", "database.exclude.list"),
+    ("collection.include.list", "collection.exclude.list"),
+)
+_BACKOFF_INITIAL = SETTINGS["connect.backoff.initial.delay.ms"]
+_BACKOFF_MAX = SETTINGS["connect.backoff.max.delay.ms"]
+
+
+class _SourceLoader(yaml.SafeLoader):
+    """YAML 1.2 booleans (``true``/``false`` only) and duplicate keys recorded instead of overwritten.
+
+    PyYAML's safe loader follows YAML 1.1, where ``yes``/``no``/``on``/``off`` are booleans: a
+    ``topic.prefix: on`` or a mistyped flag would silently become True/False. Here they stay
+    strings, so the key's own check names them. A duplicate key is kept in ``duplicates`` (line
+    numbers included) so every one is reported, not just the first.
+    """
+
+    def __init__(self, stream: Any) -> None:
+        super().__init__(stream)
+        self.duplicates: list[str] = []
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            line = key_node.start_mark.line + 1
+            if isinstance(key, str | int | bool) and key in seen:
+                self.duplicates.append(
+                    f"key '{key}' appears twice (lines {seen[key]} and {line}); keep one of them"
+                )
+            seen.setdefault(key, line)
+        return super().construct_mapping(node, deep=deep)
+
+
+_BOOL_TAG = "tag:yaml.org,2002:bool"
+_SourceLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != _BOOL_TAG]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_SourceLoader.add_implicit_resolver(
+    _BOOL_TAG, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+)
+
+
+def default_lake_root() -> str:
+    airflow_home = os.environ.get("AIRFLOW_HOME", os.path.expanduser("~/airflow"))
+    return os.environ.get(LAKE_ROOT_ENV) or os.path.join(airflow_home, "mongo-cdc-lake")
+
+
+def load_source(path: str) -> SourceConfig:
+    """Parse and validate one source YAML file; the error lists every problem the file has."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            loader = _SourceLoader(handle)
+            try:
+                raw = loader.get_single_data()
+            finally:
+                loader.dispose()
+    except yaml.YAMLError as exc:
+        raise SourceConfigError(f"{path}: not valid YAML ({exc})") from None
+    if not isinstance(raw, dict):
+        raise SourceConfigError(
+            f"{path}: expected a mapping of Debezium-style keys, e.g. 'topic.prefix: inventory'"
+        )
+    problems = [f"{path}: {duplicate}" for duplicate in loader.duplicates]
+    problems += [
+        _unknown_key(path, str(key)) for key in sorted(str(key) for key in raw if key not in SETTINGS)
+    ]
+    problems += [
+        f"{path}: key '{second}' cannot be used together with '{first}'; keep one of them"
+        for first, second in _MUTUALLY_EXCLUSIVE
+        if first in raw and second in raw
+    ]
+    problems += [
+        f"{path}: key '{declared.key}' is required ({declared.required_because})"
+        for declared in SETTINGS.values()
+        if declared.required and declared.key not in raw
+    ]
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key in SETTINGS:
+            declared = SETTINGS[key]
+            try:
+                values[declared.attribute] = declared.value_type.parse(path, key, value)
+            except SourceConfigError as exc:
+                problems.extend(exc.problems)
+    initial = values.get(_BACKOFF_INITIAL.attribute, _BACKOFF_INITIAL.default)
+    maximum = values.get(_BACKOFF_MAX.attribute, _BACKOFF_MAX.default)
+    if maximum < initial:
+        problems.append(
+            f"{path}: key '{_BACKOFF_MAX.key}' is {maximum}; "
+            f"it must be >= '{_BACKOFF_INITIAL.key}' ({initial})"
+        )
+    try:  # a relative local path is taken from the YAML's folder; a URI is kept as it is
+        values["lake_root"] = resolve_root(
+            values.get("lake_root") or default_lake_root(), os.path.dirname(os.path.abspath(path))
+        )
+    except LakeRootError as exc:
+        problems.append(f"{path}: key 'lake.root': {exc}")
+    if problems:
+        raise SourceConfigError(*problems)
+    name = os.path.splitext(os.path.basename(path))[0]
+    try:
+        return SourceConfig(name=name, path=os.path.abspath(path), **values)
+    except ValueError as exc:  # the flattening or capture options do not fit together
+        raise SourceConfigError(f"{path}: {exc}") from None
+
+
+def _unknown_key(path: str, key: str) -> str:
+    close = difflib.get_close_matches(key, SETTINGS, n=1)
+    hint = f"did you mean '{close[0]}'? " if close else ""
+    return f"{path}: unknown key '{key}'; {hint}allowed keys: {', '.join(sorted(SETTINGS))}"
+
+
+def sources_dir(default: str) -> str:
+    return os.environ.get(SOURCES_DIR_ENV) or default
+
+
+def load_sources(directory: str) -> tuple[list[SourceConfig], list[SourceConfigError]]:
+    """Every valid ``*.yaml``/``*.yml`` source in a folder, sorted by name, plus the errors of the others.
+
+    Each file stands alone, except that two sources writing the same lake with the same
+    ``topic.prefix`` would mix their tables: both are refused, each naming the other.
+    """
+    configs, errors = [], []
+    if not os.path.isdir(directory):
+        return configs, [
+            SourceConfigError(f"{directory}: sources folder does not exist; set {SOURCES_DIR_ENV}")
+        ]
+    for entry in sorted(os.listdir(directory)):
+        if entry.endswith((".yaml", ".yml")):
+            try:
+                configs.append(load_source(os.path.join(directory, entry)))
+            except SourceConfigError as exc:
+                errors.append(exc)
+    sharing: dict[tuple[str, str], list[SourceConfig]] = {}
+    for config in configs:
+        sharing.setdefault((config.lake_root, config.topic_prefix), []).append(config)
+    clashing = [config for group in sharing.values() if len(group) > 1 for config in group]
+    for config in clashing:
+        others = [
+            other.path for other in sharing[(config.lake_root, config.topic_prefix)] if other is not config
+        ]
+        errors.append(
+            SourceConfigError(
+                f"{config.path}: key 'topic.prefix' is {config.topic_prefix!r}, the same as in "
+                f"{', '.join(others)} with the same lake root {config.lake_root}; each source of a "
+                "lake needs its own topic.prefix"
+            )
+        )
+    return [config for config in configs if config not in clashing], errors

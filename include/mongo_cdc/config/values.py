@@ -1,0 +1,216 @@
+"""The value types of source settings: each parses one YAML value and says what it allows.
+
+A value type's ``parse`` returns the value a ``SourceConfig`` field holds, or raises a
+``SourceConfigError`` naming the file, the key, the value and what is allowed; its ``allowed``
+is the same bound written for the configuration reference page (``mongo_cdc.config.reference``).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Protocol
+
+from mongo_cdc.field_filters import FieldRule, parse_rules
+from mongo_cdc.transform.flatten_options import added_field
+
+# Upper bound of an integer setting without a tighter one of its own: the largest 32-bit integer,
+# as for Debezium's int settings (and BSON's int32 batch sizes).
+MAX_INT = 2**31 - 1
+
+
+class SourceConfigError(ValueError):
+    """A source YAML file is invalid: one line per problem, each naming the file, the key and the fix."""
+
+    def __init__(self, *problems: str) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+class ValueType(Protocol):
+    @property
+    def allowed(self) -> str:
+        """What the key accepts, as Markdown for the reference page."""
+        ...
+
+    def parse(self, path: str, key: str, value: Any) -> Any:
+        """The field's value for the YAML ``value`` of ``key`` in ``path``; SourceConfigError if refused."""
+        ...
+
+
+def _code_list(values: tuple[str, ...]) -> str:
+    return ", ".join(f"`{value}`" for value in values)
+
+
+class Integer:
+    """An integer from ``low`` to ``high``, both included; booleans are refused."""
+
+    def __init__(self, low: int, high: int = MAX_INT) -> None:
+        self.low, self.high = low, high
+
+    @property
+    def allowed(self) -> str:
+        return f"{self.low}–{self.high}"
+
+    def parse(self, path: str, key: str, value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or not self.low <= value <= self.high:
+            raise SourceConfigError(
+                f"{path}: key '{key}' must be an integer from {self.low} to {self.high}, got {value!r}"
+            )
+        return value
+
+
+class Choice:
+    """One of a fixed set of strings."""
+
+    def __init__(self, values: tuple[str, ...]) -> None:
+        self.values = tuple(values)
+
+    @property
+    def allowed(self) -> str:
+        return _code_list(self.values)
+
+    def parse(self, path: str, key: str, value: Any) -> str:
+        if value not in self.values:
+            raise SourceConfigError(
+                f"{path}: key '{key}' is {value!r}; allowed values: {', '.join(self.values)}"
+            )
+        return value
+
+
+class Boolean:
+    """``true`` or ``false`` (YAML 1.2: the loader reads ``yes``/``no``/``on``/``off`` as text)."""
+
+    allowed = _code_list(("true", "false"))
+
+    def parse(self, path: str, key: str, value: Any) -> bool:
+        if not isinstance(value, bool):
+            raise SourceConfigError(f"{path}: key '{key}' must be true or false, got {value!r}")
+        return value
+
+
+class Text:
+    """A non-empty string, kept without its surrounding blanks."""
+
+    allowed = "a non-empty string"
+
+    def parse(self, path: str, key: str, value: Any) -> str:
+        if not isinstance(value, str) or not value.strip():
+            raise SourceConfigError(f"{path}: key '{key}' must be a non-empty string, got {value!r}")
+        return value.strip()
+
+
+class Name(Text):
+    """A ``Text`` usable as a directory and table name part: ``[A-Za-z_][A-Za-z0-9_.-]*``."""
+
+    _FORM = r"[A-Za-z_][A-Za-z0-9_.-]*"
+    allowed = f"`{_FORM}`"
+
+    def parse(self, path: str, key: str, value: Any) -> str:
+        text = super().parse(path, key, value)
+        if not re.fullmatch(self._FORM, text):
+            raise SourceConfigError(
+                f"{path}: key '{key}' is {text!r}; "
+                "use letters, digits, '_', '-' or '.', starting with a letter or '_'"
+            )
+        return text
+
+
+class String:
+    """Any string, kept as written; ``allow_empty=False`` refuses the empty one."""
+
+    def __init__(self, allow_empty: bool = True) -> None:
+        self.allow_empty = allow_empty
+
+    @property
+    def allowed(self) -> str:
+        return "a string" if self.allow_empty else "a non-empty string"
+
+    def parse(self, path: str, key: str, value: Any) -> str:
+        if not isinstance(value, str) or not (value or self.allow_empty):
+            raise SourceConfigError(f"{path}: key '{key}' must be {self.allowed}, got {value!r}")
+        return value
+
+
+class RegexList:
+    """Regular expressions, as a YAML list or a comma-separated string."""
+
+    allowed = "regular expressions: a list or a comma-separated string"
+
+    def parse(self, path: str, key: str, value: Any) -> tuple[re.Pattern, ...]:
+        if isinstance(value, str):
+            items = [item.strip() for item in value.split(",") if item.strip()]
+        elif isinstance(value, list) and all(isinstance(item, str) for item in value):
+            items = value
+        else:
+            raise SourceConfigError(
+                f"{path}: key '{key}' must be a list of regular expressions or a comma-separated string, "
+                f"got {value!r}"
+            )
+        patterns = []
+        for item in items:
+            try:
+                patterns.append(re.compile(item))
+            except re.error as exc:
+                raise SourceConfigError(
+                    f"{path}: key '{key}': invalid regular expression {item!r} ({exc})"
+                ) from None
+        return tuple(patterns)
+
+
+class FieldRules:
+    """Field paths (``mongo_cdc.field_filters.parse_rules``, which knows each key's entry form)."""
+
+    def __init__(self, entry: str) -> None:
+        self.entry = entry
+
+    @property
+    def allowed(self) -> str:
+        return f"{self.entry} entries: a list or a comma-separated string"
+
+    def parse(self, path: str, key: str, value: Any) -> tuple[FieldRule, ...]:
+        try:
+            return parse_rules(key, value)
+        except ValueError as exc:
+            raise SourceConfigError(f"{path}: {exc}") from None
+
+
+class OperationSet:
+    """Some of a fixed set of operation codes, as a list or a comma-separated string; ``none`` is none."""
+
+    def __init__(self, values: tuple[str, ...]) -> None:
+        self.values = tuple(values)
+
+    @property
+    def allowed(self) -> str:
+        return f"a list of {_code_list(self.values)}"
+
+    def parse(self, path: str, key: str, value: Any) -> frozenset[str]:
+        items = [v.strip() for v in value.split(",")] if isinstance(value, str) else value
+        if not isinstance(items, list) or any(item not in self.values for item in items):
+            raise SourceConfigError(
+                f"{path}: key '{key}' is {value!r}; allowed: a list of {', '.join(self.values)}"
+            )
+        return frozenset(item for item in items if item != "none")
+
+
+class AddedFields:
+    """``add.fields`` entries (``mongo_cdc.transform.flatten_options.added_field`` checks each)."""
+
+    allowed = "event fields: a list or a comma-separated string"
+
+    def parse(self, path: str, key: str, value: Any) -> tuple[str, ...]:
+        if isinstance(value, str):
+            items = tuple(item.strip() for item in value.split(",") if item.strip())
+        elif isinstance(value, list) and all(isinstance(item, str) for item in value):
+            items = tuple(item.strip() for item in value)
+        else:
+            raise SourceConfigError(
+                f"{path}: key '{key}' must be a list of field names or a comma-separated string, "
+                f"got {value!r}"
+            )
+        for item in items:
+            try:
+                added_field(item, prefix="")
+            except ValueError as exc:
+                raise SourceConfigError(f"{path}: {exc}") from None
+        return items

@@ -1,0 +1,80 @@
+"""How far each collection's tables are behind the lake: the committed batches with rows of the
+collection that its ``state`` or ``changes`` table has not applied yet.
+
+A derived table records per replica set the last batch it applied (``raw_events.applied_batches``),
+in the very commit of its rows, so its backlog is read from the lake alone: the batches
+``BatchWindow.of`` selects past that, which are those the transform's next run applies. A
+collection whose transform fails stays behind while the pulls keep committing its batches; the
+Spark job and the CDC DAG's ``summary`` report the count every run, and it goes back to 0 at the
+first run that catches the collection up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from mongo_cdc import lake
+from mongo_cdc.landing import Batch, SourceLake
+from mongo_cdc.storage import table_if_exists
+from mongo_cdc.transform.raw_events import BatchWindow, applied_batches
+
+# The tables the transform derives from a collection's raw rows.
+DERIVED_TABLES = ("state", "changes")
+
+
+@dataclass(frozen=True)
+class Backlog:
+    """The committed batches, as (replica set, batch number), with rows of one collection that each
+    of its tables has not applied yet."""
+
+    state: frozenset[tuple[str, int]] = frozenset()
+    changes: frozenset[tuple[str, int]] = frozenset()
+
+    @property
+    def batches(self) -> int:
+        """How many committed batches the collection is behind: those either table still has to apply."""
+        return len(self.state | self.changes)
+
+    def of_table(self, zone: str) -> int:
+        """How many committed batches the ``zone`` table (``state``, ``changes``) is behind."""
+        return len(getattr(self, zone))
+
+
+def unapplied(
+    batches: Sequence[Batch], namespace: str, applied: Mapping[str, int]
+) -> frozenset[tuple[str, int]]:
+    """The batches of ``batches`` with rows of ``namespace`` past ``applied`` (per replica set)."""
+    window = BatchWindow.of(batches, namespace, applied)
+    return frozenset((rs, seq) for rs, seqs in window.seqs.items() for seq in seqs)
+
+
+def collection_backlog(source_lake: SourceLake, namespace: str, batches: Sequence[Batch]) -> Backlog:
+    """What ``namespace``'s tables have not applied of the committed ``batches`` (the batch log's rows)."""
+    db, _, collection = namespace.partition(".")
+    replica_sets = {batch.rs for batch in batches}
+    pending = {}
+    for zone in DERIVED_TABLES:
+        uri = lake.table_uri(source_lake.location, zone, source_lake.prefix, db, collection)
+        table = table_if_exists(uri, source_lake.options)
+        pending[zone] = unapplied(batches, namespace, applied_batches(table, zone, replica_sets))
+    return Backlog(**pending)
+
+
+def source_backlogs(source_lake: SourceLake, batches: Sequence[Batch]) -> dict[str, Backlog]:
+    """The backlog of every collection the committed ``batches`` wrote raw rows to, by namespace."""
+    namespaces = sorted({namespace for batch in batches for namespace in batch.namespaces})
+    return {namespace: collection_backlog(source_lake, namespace, batches) for namespace in namespaces}
+
+
+def collections_behind(backlogs: Mapping[str, Backlog]) -> dict[str, int]:
+    """The collections of ``backlogs`` that are behind, with how many batches."""
+    return {namespace: backlog.batches for namespace, backlog in backlogs.items() if backlog.batches}
+
+
+def behind_text(behind: Mapping[str, int]) -> str:
+    """``shop.orders (3 batches behind), shop.users (1 batch behind)``: collections and their counts."""
+    return ", ".join(
+        f"{namespace} ({count} batch{'' if count == 1 else 'es'} behind)"
+        for namespace, count in sorted(behind.items())
+    )
