@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 # spark-submit finds SPARK_HOME through the venv's bin, and the demo/tests spawn it.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: .venv test demo bench docs lint clean
+.PHONY: .venv test demo bench docs lint clean soak
 
 .venv: $(STAMP)
 
@@ -57,3 +57,9 @@ lint: $(STAMP)
 clean:
 	rm -rf .local .pytest_cache .ruff_cache spark-warehouse metastore_db derby.log
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -exec rm -rf {} +
+
+# Model-based tests with fresh random sequences until SOAK_MINUTES are up; a failure prints the
+# minimal failing sequence as a ready test (README, "Model-based tests and make soak").
+SOAK_MINUTES ?= 30
+soak: $(STAMP)
+	MODEL_SOAK_MINUTES=$(SOAK_MINUTES) $(VENV)/bin/pytest tests/test_model_based.py -k test_soak -x

@@ -774,7 +774,13 @@ class CollectionTransform:
 
     def update(self) -> dict[str, Any]:
         state_table = self.read("state")
-        state_window = BatchWindow.of(self.batches, self.namespace, self.applied(state_table, "state"))
+        state_applied = self.applied(state_table, "state")
+        state_window = BatchWindow.of(self.batches, self.namespace, state_applied)
+        # a copy that found no document (an empty collection renamed over this one) lands no rows
+        # here, yet its manifest still deletes the stored documents it did not find
+        manifest_pending = state_table is not None and any(
+            m.seq > state_applied.get(m.rs, 0) for m in self.manifests
+        )
         changes_table = self.read("changes")
         rebuilt = (
             changes_table is not None and _recorded_flattening(changes_table) != self.flattening.to_json()
@@ -786,7 +792,11 @@ class CollectionTransform:
         changes_window = BatchWindow.of(
             self.batches, self.namespace, {} if rebuilt else self.applied(changes_table, "changes")
         )
-        state = None if state_window.is_empty else StateRun(self, state_table, state_window)
+        state = (
+            None
+            if state_window.is_empty and not manifest_pending
+            else StateRun(self, state_table, state_window)
+        )
         changes = (
             None
             if changes_window.is_empty
@@ -1239,7 +1249,9 @@ def _recorded_flattening(table: DeltaTable) -> dict[str, Any]:
     return json.loads(recorded) if recorded else FlatteningOptions().to_json()
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, context: SparkContext | None = None) -> int:
+    """The job; ``context``: a caller's SparkContext to run on, left running (by default the job
+    starts its own and stops it)."""
     args = parse_args(argv)
     # force: pyspark installs a root handler on stdout, where only the summary may go.
     logging.basicConfig(
@@ -1250,7 +1262,8 @@ def main(argv: list[str] | None = None) -> int:
     refuse_legacy_layout(source_lake.location, args.topic_prefix)
     batches = source_lake.batches()
     namespaces = sorted({ns for batch in batches for ns in (*batch.namespaces, *(batch.collections or ()))})
-    context = start_spark()
+    own_context = context is None
+    context = start_spark() if context is None else context
     summary: dict[str, Any] = {}
     failed: dict[str, dict[str, Any]] = {}
     try:
@@ -1266,7 +1279,8 @@ def main(argv: list[str] | None = None) -> int:
                 log.exception("FAILED: %s; the other collections carry on", behind_text({namespace: behind}))
                 failed[namespace] = {"error": _error_line(error), "batches_behind": behind}
     finally:
-        context.stop()
+        if own_context:
+            context.stop()
     if failed:  # before the summary: spark-submit passes the driver's stderr on in its stdout
         stuck = behind_text({namespace: failure["batches_behind"] for namespace, failure in failed.items()})
         sys.stderr.write(
