@@ -18,11 +18,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import DeltaTable
+
+if TYPE_CHECKING:  # Spark executors import this module (raw_events) and need only pyarrow
+    from deltalake import DeltaTable
 
 # delta-rs tuple filters: [(column, op, value), ...] (a conjunction), or a list of such lists (OR)
 FileFilters = list[Any]
