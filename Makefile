@@ -43,7 +43,7 @@ demo: $(STAMP)
 	$(VENV)/bin/python -m mongo_cdc_airflow.demo
 
 bench: $(STAMP)
-	$(VENV)/bin/python -m mongo_cdc.bench
+	$(VENV)/bin/python -m mongo_cdc_dev.bench
 
 # The configuration reference page, rendered from the key declarations (mongo_cdc.config.reference).
 docs: $(STAMP)

@@ -79,11 +79,12 @@ from pyspark import SparkConf, SparkContext
 from mongo_cdc import extjson, lake
 from mongo_cdc.extjson import DECODE_OPTIONS
 from mongo_cdc.lake import SnapshotManifest
-from mongo_cdc.lake_errors import refuse_legacy_layout
-from mongo_cdc.landing import COMMIT_RETRIES, Batch, SourceLake
-from mongo_cdc.maintenance import maintain_table
-from mongo_cdc.storage import LakeLocation, row_count, table_if_exists
-from mongo_cdc.table_reads import Where, plain, read_rows
+from mongo_cdc.lake.batch_log import Batch, BatchWindow
+from mongo_cdc.lake.errors import refuse_legacy_layout
+from mongo_cdc.lake.landing import COMMIT_RETRIES, SourceLake
+from mongo_cdc.lake.maintenance import maintain_table
+from mongo_cdc.lake.storage import LakeLocation, row_count, table_if_exists
+from mongo_cdc.lake.table_reads import Where, plain, read_rows
 from mongo_cdc.transform import columns
 from mongo_cdc.transform.backlog import behind_text, collection_backlog
 from mongo_cdc.transform.data_files import (
@@ -104,7 +105,6 @@ from mongo_cdc.transform.flatten import change_rows, delete_rows_hold_before_ima
 from mongo_cdc.transform.flatten_options import FlatteningOptions
 from mongo_cdc.transform.raw_events import (
     RAW_COLUMNS,
-    BatchWindow,
     ChangeEvent,
     applied_app_id,
     applied_batches,

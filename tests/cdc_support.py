@@ -20,8 +20,8 @@ from sqlalchemy import select
 
 from mongo_cdc import extjson
 from mongo_cdc.lake import pack_cluster_time, table_uri
-from mongo_cdc.landing import SourceLake
-from mongo_cdc.storage import LakeLocation, table_if_exists
+from mongo_cdc.lake.landing import SourceLake
+from mongo_cdc.lake.storage import LakeLocation, table_if_exists
 
 README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
 README_ASSET_URI = "file:///data/lake/state/shop/shop/orders"

@@ -14,15 +14,15 @@ import pytest
 import yaml
 from cdc_support import CdcSource
 
-from mongo_cdc.testing import ReplicaSet
 from mongo_cdc_airflow import local_env
+from mongo_cdc_dev.testing import ReplicaSet
 
 # S3 (moto's server), the lake connection and s3:// lake locations: fixtures in tests/s3_support.py
 pytest_plugins = ["s3_support"]
 
 # ---------------------------------------------------------------------------------------------
 # MongoDB: one real single-member replica set per test session (change streams need a replica set).
-# Self-contained: uses only mongo_cdc.testing and pytest.
+# Self-contained: uses only mongo_cdc_dev.testing and pytest.
 # ---------------------------------------------------------------------------------------------
 
 

@@ -32,14 +32,14 @@ from pymongo import MongoClient
 from pymongo.client_session import ClientSession
 
 from mongo_cdc import extjson
-from mongo_cdc.events import token_cluster_time
+from mongo_cdc.capture.events import token_cluster_time
+from mongo_cdc.capture.snapshot import run_snapshot
+from mongo_cdc.capture.streaming import pull_changes
 from mongo_cdc.lake import deletions_uri, pack_cluster_time, table_uri
-from mongo_cdc.landing import SourceLake
-from mongo_cdc.maintenance import maintain_table
-from mongo_cdc.snapshot import run_snapshot
-from mongo_cdc.storage import LakeLocation, table_if_exists
-from mongo_cdc.streaming import pull_changes
-from mongo_cdc.testing.lake import database_source, memory_keeper
+from mongo_cdc.lake.landing import SourceLake
+from mongo_cdc.lake.maintenance import maintain_table
+from mongo_cdc.lake.storage import LakeLocation, table_if_exists
+from mongo_cdc_dev.testing.lake import database_source, memory_keeper
 
 PREFIX = "model"
 RS = "rs0"

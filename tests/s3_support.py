@@ -24,7 +24,7 @@ from collections.abc import Iterator
 import boto3
 import pytest
 
-from mongo_cdc.storage import LakeLocation
+from mongo_cdc.lake.storage import LakeLocation
 
 MOTO_KEY = "testing"  # moto accepts any credentials; these look like real ones to every client
 MOTO_REGION = "us-east-1"

@@ -11,7 +11,7 @@ from cdc_support import asset_events, readme_downstream_dag
 from sqlalchemy import select
 
 from mongo_cdc.lake import table_uri
-from mongo_cdc.storage import LakeLocation, table_if_exists
+from mongo_cdc.lake.storage import LakeLocation, table_if_exists
 from mongo_cdc_airflow.assets import OPLOG_FIGURES, TABLE_ZONES, table_asset_uri
 
 

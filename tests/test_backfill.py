@@ -16,12 +16,12 @@ from cdc_support import assert_state_equals_collection, overwrite_the_oplog_past
 from conftest import make_source
 from deltalake import DeltaTable
 
-from mongo_cdc.backfill import HOUR, BackfillResult, backfill_interval, hour_partitions
+from mongo_cdc.capture.backfill import HOUR, BackfillResult, backfill_interval, hour_partitions
+from mongo_cdc.capture.offsets import offset_key, parse_offset
+from mongo_cdc.capture.topology import make_client
 from mongo_cdc.config import load_source
 from mongo_cdc.lake import HISTORY_SEQ, table_uri
-from mongo_cdc.offsets import offset_key, parse_offset
-from mongo_cdc.storage import LakeLocation
-from mongo_cdc.topology import make_client
+from mongo_cdc.lake.storage import LakeLocation
 
 
 def _hour_of(moment: dt.datetime) -> dt.datetime:

@@ -7,8 +7,9 @@ import pyarrow as pa
 from deltalake import CommitProperties, Transaction, write_deltalake
 
 from mongo_cdc import lake
-from mongo_cdc.landing import Batch, SourceLake
-from mongo_cdc.storage import LakeLocation
+from mongo_cdc.lake.batch_log import Batch
+from mongo_cdc.lake.landing import SourceLake
+from mongo_cdc.lake.storage import LakeLocation
 from mongo_cdc.transform.backlog import (
     Backlog,
     behind_text,

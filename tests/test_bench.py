@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from mongo_cdc.bench.table import Row, render
+from mongo_cdc_dev.bench.table import Row, render
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -22,7 +22,7 @@ def test_smoke_run_prints_every_row_of_the_table() -> None:
         [
             sys.executable,
             "-m",
-            "mongo_cdc.bench",
+            "mongo_cdc_dev.bench",
             "--smoke",
             "--peer-venv",
             str(REPO / ".local" / "bench-venv"),

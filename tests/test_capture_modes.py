@@ -17,16 +17,16 @@ import yaml
 from bson import json_util
 from cdc_support import CdcSource, assert_state_equals_collection
 
-from mongo_cdc.capture_modes import ImagesNotEnabledError, watch_options
+from mongo_cdc.capture.capture_modes import ImagesNotEnabledError, watch_options
+from mongo_cdc.capture.snapshot import run_snapshot
+from mongo_cdc.capture.streaming import pull_changes
+from mongo_cdc.capture.topology import make_client
 from mongo_cdc.config import SourceConfig, SourceConfigError, load_source
-from mongo_cdc.debezium_export import debezium_record, raw_rows
-from mongo_cdc.landing import SourceLake
-from mongo_cdc.snapshot import run_snapshot
-from mongo_cdc.storage import LakeLocation
-from mongo_cdc.streaming import pull_changes
-from mongo_cdc.testing.lake import database_source, memory_keeper
-from mongo_cdc.topology import make_client
+from mongo_cdc.lake.debezium_export import debezium_record, raw_rows
+from mongo_cdc.lake.landing import SourceLake
+from mongo_cdc.lake.storage import LakeLocation
 from mongo_cdc.transform.flatten_options import FlatteningOptions
+from mongo_cdc_dev.testing.lake import database_source, memory_keeper
 
 PRE_IMAGE_MODES = ("change_streams_with_pre_image", "change_streams_update_full_with_pre_image")
 FULL_MODES = ("change_streams_update_full", "change_streams_update_full_with_pre_image")

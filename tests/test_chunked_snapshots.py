@@ -20,12 +20,14 @@ from bson import Binary, Decimal128, Int64, MaxKey, MinKey, ObjectId, Timestamp
 from cdc_support import assert_state_equals_collection
 from datagen import COLLECTIONS, FALLBACK_FIELDS, load, random_writes
 
-from mongo_cdc import extjson, snapshot
-from mongo_cdc.landing import Chunk, SourceLake
-from mongo_cdc.offsets import Offset
-from mongo_cdc.testing.lake import database_source, memory_keeper
-from mongo_cdc.topology import make_client
+from mongo_cdc import extjson
+from mongo_cdc.capture import snapshot
+from mongo_cdc.capture.offsets import Offset
+from mongo_cdc.capture.topology import make_client
+from mongo_cdc.lake.landing import SourceLake
+from mongo_cdc.lake.snapshot_log import Chunk
 from mongo_cdc_airflow.chunk_copy import split_evenly
+from mongo_cdc_dev.testing.lake import database_source, memory_keeper
 
 MIXED_DOCUMENTS = 200_000
 

@@ -14,11 +14,11 @@ from bson.timestamp import Timestamp
 from cdc_support import assert_state_equals_collection
 from pymongo.errors import OperationFailure
 
+from mongo_cdc.capture.offsets import Offset
+from mongo_cdc.capture.streaming import pull_changes
 from mongo_cdc.lake import COLLECTION_KEY, pack_cluster_time
-from mongo_cdc.landing import Batch
-from mongo_cdc.offsets import Offset
-from mongo_cdc.streaming import pull_changes
-from mongo_cdc.testing.lake import database_source, memory_keeper
+from mongo_cdc.lake.batch_log import Batch
+from mongo_cdc_dev.testing.lake import database_source, memory_keeper
 
 
 def _assert_each_event_landed_once(source, collection: str) -> None:

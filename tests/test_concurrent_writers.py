@@ -29,7 +29,7 @@ from cdc_support import CdcSource, assert_state_equals_collection
 from deltalake import DeltaTable
 
 from mongo_cdc import lake
-from mongo_cdc.backfill import HOUR, hour_partitions
+from mongo_cdc.capture.backfill import HOUR, hour_partitions
 from mongo_cdc.transform.flatten_options import FlatteningOptions
 
 APPS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "spark_apps")

@@ -11,11 +11,11 @@ import pytest
 from bson import Binary, Int64, ObjectId, json_util
 
 from mongo_cdc import extjson
-from mongo_cdc.debezium_export import debezium_record, main, raw_rows, write_json_lines
-from mongo_cdc.snapshot import run_snapshot
-from mongo_cdc.streaming import pull_changes
-from mongo_cdc.testing.lake import database_source, memory_keeper
-from mongo_cdc.topology import make_client
+from mongo_cdc.capture.snapshot import run_snapshot
+from mongo_cdc.capture.streaming import pull_changes
+from mongo_cdc.capture.topology import make_client
+from mongo_cdc.lake.debezium_export import debezium_record, main, raw_rows, write_json_lines
+from mongo_cdc_dev.testing.lake import database_source, memory_keeper
 
 # 000_2a07268966eb8866.txt, "Examples of representing document _id fields in event key payloads"
 KEY_TABLE = [

@@ -9,8 +9,8 @@ from bson import Code, Decimal128, Int64, MaxKey, MinKey, ObjectId, Regex, Times
 from bson.binary import Binary
 from bson.datetime_ms import DatetimeMS
 
-from mongo_cdc.testing import ReplicaSet
 from mongo_cdc.transform.keys import document_key
+from mongo_cdc_dev.testing import ReplicaSet
 
 OID = ObjectId("65a1b2c3d4e5f60718293a4b")
 

@@ -21,14 +21,15 @@ from bson.json_util import loads as json_util_loads
 from bson.raw_bson import RawBSONDocument
 from deltalake import DeltaTable
 
-from mongo_cdc import extjson, snapshot
+from mongo_cdc import extjson
+from mongo_cdc.capture import snapshot
+from mongo_cdc.capture.events import SnapshotColumns, SourceInfo, rows_to_table
+from mongo_cdc.capture.field_filters import FieldFilters, parse_rules
 from mongo_cdc.config import SourceConfig
-from mongo_cdc.events import SnapshotColumns, SourceInfo, rows_to_table
-from mongo_cdc.field_filters import FieldFilters, parse_rules
 from mongo_cdc.lake import RAW_SCHEMA
-from mongo_cdc.landing import SourceLake
-from mongo_cdc.storage import table_if_exists
-from mongo_cdc.testing.lake import memory_keeper
+from mongo_cdc.lake.landing import SourceLake
+from mongo_cdc.lake.storage import table_if_exists
+from mongo_cdc_dev.testing.lake import memory_keeper
 
 LOADS_OPTIONS = JSONOptions(datetime_conversion=DatetimeConversion.DATETIME_MS)
 OID = ObjectId("65a1b2c3d4e5f60718293a4b")

@@ -11,17 +11,17 @@ import pytest
 import yaml
 from bson import json_util
 
+from mongo_cdc.capture.field_filters import FieldFilters, FieldRenameConflict, parse_rules
+from mongo_cdc.capture.snapshot import run_snapshot
+from mongo_cdc.capture.streaming import pull_changes
+from mongo_cdc.capture.topology import make_client
 from mongo_cdc.config import SourceConfigError, load_source
-from mongo_cdc.field_filters import FieldFilters, FieldRenameConflict, parse_rules
-from mongo_cdc.landing import SourceLake
-from mongo_cdc.snapshot import run_snapshot
-from mongo_cdc.storage import LakeLocation
-from mongo_cdc.streaming import pull_changes
-from mongo_cdc.testing import ReplicaSet
-from mongo_cdc.testing.lake import memory_keeper
-from mongo_cdc.topology import make_client
+from mongo_cdc.lake.landing import SourceLake
+from mongo_cdc.lake.storage import LakeLocation
 from mongo_cdc.transform import columns as types
 from mongo_cdc.transform.table_layout import TableLayout, avro_name, documents_to_batch
+from mongo_cdc_dev.testing import ReplicaSet
+from mongo_cdc_dev.testing.lake import memory_keeper
 
 
 def rules_for(namespace: str, exclude: object = (), renames: object = ()):

@@ -17,8 +17,8 @@ from bson import Int64, ObjectId
 from bson.datetime_ms import DatetimeMS
 
 from mongo_cdc import extjson, lake
+from mongo_cdc.capture.events import rows_to_table
 from mongo_cdc.config import SourceConfigError, load_source
-from mongo_cdc.events import rows_to_table
 from mongo_cdc.transform import columns as types
 from mongo_cdc.transform.flatten import change_row, change_rows, encode_document
 from mongo_cdc.transform.flatten_options import EVENT_FIELDS, FIXED_COLUMNS, FlatteningOptions

@@ -11,9 +11,9 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from mongo_cdc.lake_errors import LakeFileError, LegacyLakeError, damaged_files, refuse_legacy_layout
-from mongo_cdc.readers import read_table
-from mongo_cdc.storage import LakeLocation
+from mongo_cdc.lake.errors import LakeFileError, LegacyLakeError, damaged_files, refuse_legacy_layout
+from mongo_cdc.lake.readers import read_table
+from mongo_cdc.lake.storage import LakeLocation
 
 
 def two_partitions(uri: str, options: dict[str, str]) -> list[str]:

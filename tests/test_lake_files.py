@@ -1,4 +1,4 @@
-"""Appends written as Parquet files by pyarrow and committed by delta-rs (mongo_cdc.lake_files, landing)."""
+"""Appends written as Parquet files by pyarrow and committed by delta-rs (lake.raw_files, landing)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 
-from mongo_cdc.events import rows_to_table
+from mongo_cdc.capture.events import rows_to_table
 from mongo_cdc.lake import RAW_SCHEMA
-from mongo_cdc.landing import SourceLake
-from mongo_cdc.storage import LakeLocation
+from mongo_cdc.lake.landing import SourceLake
+from mongo_cdc.lake.storage import LakeLocation
 
 HOUR = 3600 << 32  # packed cluster time of 1970-01-01T01
 
@@ -59,7 +59,7 @@ def test_an_append_lands_one_file_per_hour_with_delta_statistics(tmp_path: Path)
 
 
 def test_an_append_streams_a_reader_through_the_writer_thread(tmp_path: Path, monkeypatch):
-    monkeypatch.setattr("mongo_cdc.lake_files.TARGET_FILE_BYTES", 1)  # a new file after every batch
+    monkeypatch.setattr("mongo_cdc.lake.raw_files.TARGET_FILE_BYTES", 1)  # a new file after every batch
     lake = SourceLake(LakeLocation(str(tmp_path)), "p")
     batches = [rows_to_table([_row(f"k{i}", HOUR + i)], 3).to_batches()[0] for i in range(5)]
     lake.write_raw("rs0", 3, "db.items", pa.RecordBatchReader.from_batches(RAW_SCHEMA, iter(batches)))

@@ -9,10 +9,10 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from mongo_cdc.lake_errors import LakeFileError
-from mongo_cdc.maintenance import maintain_table
-from mongo_cdc.readers import read_table
-from mongo_cdc.storage import LakeLocation
+from mongo_cdc.lake.errors import LakeFileError
+from mongo_cdc.lake.maintenance import maintain_table
+from mongo_cdc.lake.readers import read_table
+from mongo_cdc.lake.storage import LakeLocation
 
 HOURS = ("2026-01-01T00", "2026-01-01T01")
 

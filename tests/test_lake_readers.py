@@ -15,9 +15,9 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 from reader_support import duckdb_connection
 
-from mongo_cdc.lake_errors import LakeFileError
-from mongo_cdc.readers import read_table, spark_table
-from mongo_cdc.storage import LakeLocation
+from mongo_cdc.lake.errors import LakeFileError
+from mongo_cdc.lake.readers import read_table, spark_table
+from mongo_cdc.lake.storage import LakeLocation
 
 HOURS = ("2026-01-01T00", "2026-01-01T01", "2026-01-01T02")
 

@@ -17,7 +17,7 @@ from deltalake.exceptions import CommitFailedError
 from s3_support import MOTO_KEY, moto_options
 
 from mongo_cdc.config import SourceConfigError, load_source
-from mongo_cdc.storage import (
+from mongo_cdc.lake.storage import (
     STORAGE_OPTIONS_ENV,
     LakeLocation,
     LakeRootError,

@@ -42,8 +42,8 @@ from model_support import (
     render_test,
 )
 
-from mongo_cdc import streaming
-from mongo_cdc.topology import make_client
+from mongo_cdc.capture import streaming
+from mongo_cdc.capture.topology import make_client
 
 APPS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "spark_apps")
 sys.path.insert(0, APPS)

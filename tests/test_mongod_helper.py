@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from mongo_cdc.testing import MongodError, ReplicaSet, find_mongod
+from mongo_cdc_dev.testing import MongodError, ReplicaSet, find_mongod
 
 
 def _alive(pid: int) -> bool:

@@ -7,8 +7,8 @@ import json
 from airflow.models import Variable
 from datagen import load
 
-from mongo_cdc.offsets import offset_key
-from mongo_cdc.storage import table_if_exists
+from mongo_cdc.capture.offsets import offset_key
+from mongo_cdc.lake.storage import table_if_exists
 
 
 def _raw_files(source) -> list[str]:

@@ -10,8 +10,8 @@ from airflow.models import Variable
 from cdc_support import assert_state_equals_collection
 from datagen import COLLECTIONS, FALLBACK_FIELDS, load, random_writes
 
-from mongo_cdc.offsets import offset_key
-from mongo_cdc.snapshot import current_position
+from mongo_cdc.capture.offsets import offset_key
+from mongo_cdc.capture.snapshot import current_position
 
 
 def _offset(source) -> dict:

@@ -8,9 +8,8 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from mongo_cdc.events import rows_to_table
-from mongo_cdc.landing import Batch, SourceLake
-from mongo_cdc.offsets import (
+from mongo_cdc.capture.events import rows_to_table
+from mongo_cdc.capture.offsets import (
     MemoryOffsetStore,
     Offset,
     OffsetError,
@@ -18,7 +17,9 @@ from mongo_cdc.offsets import (
     WriterConflict,
     parse_offset,
 )
-from mongo_cdc.storage import LakeLocation
+from mongo_cdc.lake.batch_log import Batch
+from mongo_cdc.lake.landing import SourceLake
+from mongo_cdc.lake.storage import LakeLocation
 
 KEY = "mongo_cdc.shop.rs0"
 

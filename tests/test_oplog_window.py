@@ -16,14 +16,14 @@ import pytest
 from airflow.models import Variable
 from conftest import make_source
 
+from mongo_cdc.capture.events import token_cluster_time
+from mongo_cdc.capture.offsets import offset_key
+from mongo_cdc.capture.oplog_window import OplogHeadroomError, OplogWindow, measure
+from mongo_cdc.capture.snapshot import start_without_snapshot
+from mongo_cdc.capture.streaming import pull_changes
+from mongo_cdc.capture.topology import make_client
 from mongo_cdc.config import SourceConfig
-from mongo_cdc.events import token_cluster_time
-from mongo_cdc.offsets import offset_key
-from mongo_cdc.oplog_window import OplogHeadroomError, OplogWindow, measure
-from mongo_cdc.snapshot import start_without_snapshot
-from mongo_cdc.streaming import pull_changes
-from mongo_cdc.testing.lake import database_source, memory_keeper
-from mongo_cdc.topology import make_client
+from mongo_cdc_dev.testing.lake import database_source, memory_keeper
 
 HOUR = 3600.0
 KB = 1024
@@ -91,7 +91,7 @@ def test_small_oplog_warns_and_the_fail_setting_stops_before_the_position_is_los
 
 
 def test_ample_oplog_does_not_warn_and_zero_intervals_turn_the_warning_off(replica_set, tmp_path, caplog):
-    caplog.set_level(logging.WARNING, logger="mongo_cdc.oplog_window")
+    caplog.set_level(logging.WARNING, logger="mongo_cdc.capture.oplog_window")
     config = _config(tmp_path)
     with make_client(replica_set.uri) as client:
         keeper = memory_keeper(config, replica_set.name)

@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
+from mongo_cdc.capture.oversized_events import FragmentJoiner, OversizedEventError, supports_split
+from mongo_cdc.capture.snapshot import start_without_snapshot
+from mongo_cdc.capture.streaming import pull_changes
+from mongo_cdc.capture.topology import make_client
 from mongo_cdc.config import SourceConfig, SourceConfigError, load_source
-from mongo_cdc.landing import SourceLake
-from mongo_cdc.oversized_events import FragmentJoiner, OversizedEventError, supports_split
-from mongo_cdc.snapshot import start_without_snapshot
-from mongo_cdc.storage import LakeLocation
-from mongo_cdc.streaming import pull_changes
-from mongo_cdc.testing.lake import database_source, memory_keeper
-from mongo_cdc.topology import make_client
+from mongo_cdc.lake.landing import SourceLake
+from mongo_cdc.lake.storage import LakeLocation
+from mongo_cdc_dev.testing.lake import database_source, memory_keeper
 
 MB = 1024 * 1024
 

@@ -18,14 +18,14 @@ from cdc_support import CdcSource
 from datagen import COLLECTIONS, WriteLog, load, random_writes
 from pymongo import MongoClient, monitoring
 
+from mongo_cdc.capture.offsets import OffsetKeeper
+from mongo_cdc.capture.snapshot import run_snapshot
+from mongo_cdc.capture.streaming import SourceUnreachableError, pull_changes
+from mongo_cdc.capture.topology import make_client
 from mongo_cdc.config import SourceConfig
-from mongo_cdc.offsets import OffsetKeeper
-from mongo_cdc.snapshot import run_snapshot
-from mongo_cdc.streaming import SourceUnreachableError, pull_changes
-from mongo_cdc.testing import ReplicaSet
-from mongo_cdc.testing.lake import database_source, memory_keeper
-from mongo_cdc.topology import make_client
 from mongo_cdc_airflow.source_tasks import summarize
+from mongo_cdc_dev.testing import ReplicaSet
+from mongo_cdc_dev.testing.lake import database_source, memory_keeper
 
 DATABASE = "faults"
 RS = "rs0"

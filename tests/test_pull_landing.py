@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from mongo_cdc import streaming
+from mongo_cdc.capture import streaming
+from mongo_cdc.capture.snapshot import start_without_snapshot
+from mongo_cdc.capture.streaming import pull_changes
+from mongo_cdc.capture.topology import make_client
 from mongo_cdc.config import SourceConfig
-from mongo_cdc.landing import SourceLake
-from mongo_cdc.snapshot import start_without_snapshot
-from mongo_cdc.streaming import pull_changes
-from mongo_cdc.testing.lake import database_source, memory_keeper
-from mongo_cdc.topology import make_client
+from mongo_cdc.lake.landing import SourceLake
+from mongo_cdc_dev.testing.lake import database_source, memory_keeper
 
 
 def _config(tmp_path: Path, db_name: str) -> SourceConfig:

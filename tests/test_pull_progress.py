@@ -7,18 +7,18 @@ import logging
 import re
 from pathlib import Path
 
-from mongo_cdc import pull_progress
-from mongo_cdc.snapshot import start_without_snapshot
-from mongo_cdc.streaming import pull_changes
-from mongo_cdc.testing.lake import database_source, memory_keeper
-from mongo_cdc.topology import make_client
+from mongo_cdc.capture import pull_progress
+from mongo_cdc.capture.snapshot import start_without_snapshot
+from mongo_cdc.capture.streaming import pull_changes
+from mongo_cdc.capture.topology import make_client
+from mongo_cdc_dev.testing.lake import database_source, memory_keeper
 
 
 def test_the_pull_logs_progress_and_a_final_line(replica_set, db_name, tmp_path: Path, caplog, monkeypatch):
     # a line at every read of the stream (the events it returned since the last one, or none)
     monkeypatch.setattr(pull_progress, "PROGRESS_INTERVAL_S", 0.0)
     config = database_source("progress", tmp_path / "lake", db_name, max_batch_size=2)
-    caplog.set_level(logging.INFO, logger="mongo_cdc.pull_progress")
+    caplog.set_level(logging.INFO, logger="mongo_cdc.capture.pull_progress")
     with make_client(replica_set.uri) as client:
         keeper = memory_keeper(config, replica_set.name)
         start_without_snapshot(client, replica_set.name, keeper)

@@ -10,8 +10,8 @@ import threading
 import pytest
 from pymongo.errors import ConnectionFailure
 
+from mongo_cdc.capture.streaming import _ReadAhead
 from mongo_cdc.lake import pack_cluster_time
-from mongo_cdc.streaming import _ReadAhead
 
 
 def _token(seconds: int) -> dict:

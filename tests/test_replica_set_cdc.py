@@ -75,7 +75,7 @@ def test_clearing_and_rerunning_a_finished_run_changes_nothing(scenario):
 def test_deleting_the_offset_takes_a_new_snapshot_that_reaches_state(scenario):
     from airflow.models import Variable
 
-    from mongo_cdc.offsets import offset_key
+    from mongo_cdc.capture.offsets import offset_key
 
     source, client, _ = scenario
     key = offset_key(source.name, "rs0")

@@ -16,10 +16,10 @@ from conftest import make_source
 from datagen import FALLBACK_FIELDS, load
 
 from mongo_cdc import extjson
-from mongo_cdc.events import token_cluster_time
-from mongo_cdc.landing import Batch
-from mongo_cdc.offsets import offset_key
-from mongo_cdc.snapshot import current_position
+from mongo_cdc.capture.events import token_cluster_time
+from mongo_cdc.capture.offsets import offset_key
+from mongo_cdc.capture.snapshot import current_position
+from mongo_cdc.lake.batch_log import Batch
 
 COUNTS = {"customers": 300, "orders": 300}
 

@@ -30,10 +30,10 @@ import pytest
 from cdc_support import CdcSource, assert_state_equals_collection, readme_downstream_dag
 from conftest import make_source
 
-from mongo_cdc.testing import ReplicaSet
 from mongo_cdc_airflow import local_env
 from mongo_cdc_airflow.assets import table_asset_uri
 from mongo_cdc_airflow.demo import inventory_documents, load_inventory
+from mongo_cdc_dev.testing import ReplicaSet
 
 pytestmark = pytest.mark.slow
 

@@ -1,11 +1,11 @@
-"""The shard lifecycle decisions (mongo_cdc.shard_lifecycle): snapshot or not, retiring, retired, back."""
+"""The shard lifecycle decisions (capture.shard_lifecycle): snapshot or not, retiring, retired, back."""
 
 from __future__ import annotations
 
 import pytest
 
-from mongo_cdc.offsets import Offset
-from mongo_cdc.shard_lifecycle import ResnapshotRequest, ShardPlan, plan_shard, still_draining
+from mongo_cdc.capture.offsets import Offset
+from mongo_cdc.capture.shard_lifecycle import ResnapshotRequest, ShardPlan, plan_shard, still_draining
 
 STREAMING = Offset(resume_token={"_data": "82"}, cluster_time=1, batch_seq=1, snapshot={"status": "complete"})
 RETIRED = Offset(

@@ -19,9 +19,9 @@ from bson import Binary, Int64, MaxKey, MinKey, Timestamp
 from cdc_support import assert_state_equals_documents, documents
 from conftest import make_source
 
-from mongo_cdc.offsets import offset_key
-from mongo_cdc.testing import ReplicaSet
-from mongo_cdc.topology import discover_shards, make_client
+from mongo_cdc.capture.offsets import offset_key
+from mongo_cdc.capture.topology import discover_shards, make_client
+from mongo_cdc_dev.testing import ReplicaSet
 
 DB = "sharded_shop"
 USERS = f"{DB}.users"

@@ -10,8 +10,8 @@ from airflow.models import Variable
 from cdc_support import assert_state_equals_collection
 from datagen import COLLECTIONS, FALLBACK_FIELDS, load, random_writes
 
-from mongo_cdc.landing import SourceLake
-from mongo_cdc.offsets import OffsetKeeper, offset_key
+from mongo_cdc.capture.offsets import OffsetKeeper, offset_key
+from mongo_cdc.lake.landing import SourceLake
 
 
 def test_writes_made_while_the_snapshot_copies_are_not_lost(cdc_source, replica_set, db_name, monkeypatch):

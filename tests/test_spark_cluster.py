@@ -36,7 +36,7 @@ import pytest
 from cdc_support import assert_state_equals_collection
 from datagen import COLLECTIONS, FALLBACK_FIELDS, load
 
-from mongo_cdc.testing.mongod import free_ports
+from mongo_cdc_dev.testing.mongod import free_ports
 
 SPARK_HOME = os.path.dirname(os.path.abspath(pyspark.__file__))
 SPARK_CLASS = os.path.join(SPARK_HOME, "bin", "spark-class")

@@ -30,9 +30,10 @@ from bson.binary import Binary
 from deltalake import DeltaTable
 
 from mongo_cdc import extjson, lake
-from mongo_cdc.events import rows_to_table
-from mongo_cdc.landing import Batch, SourceLake
-from mongo_cdc.storage import LakeLocation
+from mongo_cdc.capture.events import rows_to_table
+from mongo_cdc.lake.batch_log import Batch
+from mongo_cdc.lake.landing import SourceLake
+from mongo_cdc.lake.storage import LakeLocation
 from mongo_cdc.transform.flatten_options import FlatteningOptions
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -15,7 +15,7 @@ from reader_support import duckdb_connection
 
 from mongo_cdc import extjson
 from mongo_cdc.lake import table_uri
-from mongo_cdc.readers import read_table, spark_table
+from mongo_cdc.lake.readers import read_table, spark_table
 
 HOUR = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
 

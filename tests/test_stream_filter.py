@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 
+from mongo_cdc.capture.oversized_events import OversizedEventError
+from mongo_cdc.capture.snapshot import start_without_snapshot
+from mongo_cdc.capture.stream_filter import full_match_regex, namespace_filter, server_regex
+from mongo_cdc.capture.streaming import pull_changes
+from mongo_cdc.capture.topology import make_client
 from mongo_cdc.config import SourceConfig
 from mongo_cdc.lake import pack_cluster_time
-from mongo_cdc.oversized_events import OversizedEventError
-from mongo_cdc.snapshot import start_without_snapshot
-from mongo_cdc.stream_filter import full_match_regex, namespace_filter, server_regex
-from mongo_cdc.streaming import pull_changes
-from mongo_cdc.testing.lake import database_source, memory_keeper
-from mongo_cdc.topology import make_client
+from mongo_cdc_dev.testing.lake import database_source, memory_keeper
 
 MB = 1024 * 1024
 
@@ -140,7 +140,7 @@ def test_the_stream_returns_only_captured_namespaces(replica_set, db_name, tmp_p
         # ... and with skip every database's events reach the client, which lands the same ones (the
         # collection.exclude.list, still translatable, keeps the 10 "skipped" events on the server).
         caplog.clear()
-        caplog.set_level(logging.WARNING, logger="mongo_cdc.streaming")
+        caplog.set_level(logging.WARNING, logger="mongo_cdc.capture.streaming")
         skipping = replace(client_side, cursor_oversize_handling_mode="skip")
         wide = pull_changes(client, skipping, replica_set.name, keepers["client"])
         assert wide.to_dict()["events"] == landed

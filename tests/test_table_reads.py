@@ -14,9 +14,9 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from mongo_cdc.readers import read_table
-from mongo_cdc.table_reads import Where, plain, plain_type, read_rows
-from mongo_cdc.transform.raw_events import BatchWindow
+from mongo_cdc.lake.batch_log import BatchWindow
+from mongo_cdc.lake.readers import read_table
+from mongo_cdc.lake.table_reads import Where, plain, plain_type, read_rows
 
 SCHEMA = pa.schema(
     [

@@ -18,16 +18,16 @@ from cdc_support import CdcSource
 from pymongo import MongoClient
 
 from mongo_cdc import lake
+from mongo_cdc.capture.offsets import OffsetKeeper
+from mongo_cdc.capture.snapshot import run_snapshot
+from mongo_cdc.capture.streaming import pull_changes
+from mongo_cdc.capture.topology import make_client
 from mongo_cdc.config import SourceConfig, SourceConfigError, load_source
-from mongo_cdc.debezium_export import debezium_record, transaction_records
-from mongo_cdc.landing import SourceLake
-from mongo_cdc.offsets import OffsetKeeper
-from mongo_cdc.snapshot import run_snapshot
-from mongo_cdc.storage import LakeLocation, table_if_exists
-from mongo_cdc.streaming import pull_changes
-from mongo_cdc.testing import ReplicaSet
-from mongo_cdc.testing.lake import database_source, memory_keeper
-from mongo_cdc.topology import make_client
+from mongo_cdc.lake.debezium_export import debezium_record, transaction_records
+from mongo_cdc.lake.landing import SourceLake
+from mongo_cdc.lake.storage import LakeLocation, table_if_exists
+from mongo_cdc_dev.testing import ReplicaSet
+from mongo_cdc_dev.testing.lake import database_source, memory_keeper
 
 RS = "rs0"
 PREFIX = "txn"

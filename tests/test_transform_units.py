@@ -14,10 +14,11 @@ from bson import Decimal128, Int64, ObjectId
 from bson.datetime_ms import DatetimeMS
 
 from mongo_cdc import extjson, lake
-from mongo_cdc.events import rows_to_table
+from mongo_cdc.capture.events import rows_to_table
 from mongo_cdc.lake import SnapshotManifest
-from mongo_cdc.landing import Batch, SourceLake
-from mongo_cdc.storage import LakeLocation
+from mongo_cdc.lake.batch_log import Batch, BatchWindow
+from mongo_cdc.lake.landing import SourceLake
+from mongo_cdc.lake.storage import LakeLocation
 from mongo_cdc.transform.document_state import (
     DocumentVersion,
     apply_update,
@@ -28,7 +29,6 @@ from mongo_cdc.transform.document_state import (
 from mongo_cdc.transform.flatten import change_document, change_row
 from mongo_cdc.transform.flatten_options import FlatteningOptions
 from mongo_cdc.transform.raw_events import (
-    BatchWindow,
     ChangeEvent,
     applied_app_id,
     event_from_row,

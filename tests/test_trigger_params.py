@@ -7,7 +7,7 @@ import os
 import pytest
 from airflow.sdk.exceptions import AirflowFailException
 
-from mongo_cdc.shard_lifecycle import ResnapshotRequest
+from mongo_cdc.capture.shard_lifecycle import ResnapshotRequest
 from mongo_cdc_airflow.params import resnapshot_request
 
 DEFAULTS = {"resnapshot": False, "collections": [], "shards": []}

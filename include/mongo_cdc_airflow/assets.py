@@ -23,8 +23,9 @@ from airflow.sdk import Asset, AssetAlias
 
 from mongo_cdc import lake
 from mongo_cdc.config import SourceConfig
-from mongo_cdc.landing import Batch, SourceLake, last_batches
-from mongo_cdc.storage import LakeLocation, row_count, table_if_exists
+from mongo_cdc.lake.batch_log import Batch, last_batches
+from mongo_cdc.lake.landing import SourceLake
+from mongo_cdc.lake.storage import LakeLocation, row_count, table_if_exists
 from mongo_cdc.transform.backlog import Backlog, collections_behind
 
 log = logging.getLogger(__name__)

@@ -17,8 +17,8 @@ from airflow.sdk import get_current_context
 from airflow.sdk.exceptions import AirflowSkipException
 from pymongo.errors import ConnectionFailure
 
+from mongo_cdc.capture.topology import Shard
 from mongo_cdc.config import SourceConfig
-from mongo_cdc.topology import Shard
 from mongo_cdc_airflow.hooks import MongoCdcHook
 from mongo_cdc_airflow.lake_storage import source_lake
 from mongo_cdc_airflow.shard_sync import unreachable
@@ -75,7 +75,7 @@ def _label(part: dict) -> str:
 
 def copy_slice(config: SourceConfig, work: dict) -> dict:
     """Copy one slice's chunks not copied yet; how many chunks and documents this attempt copied."""
-    from mongo_cdc.snapshot import copy_chunks
+    from mongo_cdc.capture.snapshot import copy_chunks
 
     get_current_context()["chunk_label"] = work["label"]  # the UI's label (map_index_template)
     lake = source_lake(config)

@@ -1,5 +1,5 @@
 """DAGs per source YAML: this module only assembles them (the task bodies live in
-``source_tasks`` and ``shard_sync``, the shard lifecycle in ``mongo_cdc.shard_lifecycle``).
+``source_tasks`` and ``shard_sync``, the shard lifecycle in ``mongo_cdc.capture.shard_lifecycle``).
 
 ``mongo_cdc__<source>``: discover -> snapshot_start (per shard) -> snapshot_chunks -> snapshot_copy
 (per slice of chunks) -> per-shard mapped group [snapshot -> pull] -> plan_transform -> Spark

@@ -122,8 +122,8 @@ def apply_changes(db) -> None:
 
 
 def raw_ops(lake_root: str, prefix: str, namespace: str) -> Counter:
-    from mongo_cdc.landing import SourceLake
-    from mongo_cdc.storage import LakeLocation
+    from mongo_cdc.lake.landing import SourceLake
+    from mongo_cdc.lake.storage import LakeLocation
 
     ops = SourceLake(LakeLocation(lake_root), prefix).committed_raw(namespace, columns=["op"]).column("op")
     return Counter(op or "tombstone" for op in ops.to_pylist())
@@ -131,7 +131,7 @@ def raw_ops(lake_root: str, prefix: str, namespace: str) -> Counter:
 
 def table_rows(uri: str) -> int:
     """Live rows of a Delta table (as any Delta reader counts them), 0 if it has none yet."""
-    from mongo_cdc.storage import table_if_exists
+    from mongo_cdc.lake.storage import table_if_exists
 
     table = table_if_exists(uri, {})
     return 0 if table is None else table.to_pyarrow_dataset().count_rows()
@@ -181,7 +181,7 @@ def run_dag(label: str, log_path: str) -> None:
 
 def report(client, lake_root: str, prefix: str) -> bool:
     from mongo_cdc.lake import table_uri
-    from mongo_cdc.storage import LakeLocation
+    from mongo_cdc.lake.storage import LakeLocation
 
     location = LakeLocation(lake_root)
     matches = True
@@ -199,7 +199,7 @@ def report(client, lake_root: str, prefix: str) -> bool:
 
 
 def main() -> int:
-    from mongo_cdc.testing import ReplicaSet
+    from mongo_cdc_dev.testing import ReplicaSet
 
     shutil.rmtree(DEMO_DIR, ignore_errors=True)
     lake_root = os.path.join(DEMO_DIR, "lake")

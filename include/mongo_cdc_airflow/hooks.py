@@ -7,7 +7,7 @@ from typing import Any
 from airflow.providers.mongo.hooks.mongo import MongoHook
 from pymongo import MongoClient
 
-from mongo_cdc.topology import Shard, make_client, shard_options, shard_uri
+from mongo_cdc.capture.topology import Shard, make_client, shard_options, shard_uri
 
 
 class MongoCdcHook(MongoHook):

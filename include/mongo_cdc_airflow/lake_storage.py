@@ -27,8 +27,8 @@ import json
 from typing import Any
 
 from mongo_cdc.config import SourceConfig
-from mongo_cdc.landing import SourceLake
-from mongo_cdc.storage import LakeLocation, uri_scheme
+from mongo_cdc.lake.landing import SourceLake
+from mongo_cdc.lake.storage import LakeLocation, uri_scheme
 
 _UNMAPPED_EXTRAS = {
     "gs": ("key_secret_name", "credential_config_file", "impersonation_chain"),

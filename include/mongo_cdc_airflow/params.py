@@ -12,7 +12,7 @@ from typing import Any
 from airflow.sdk import Param
 from airflow.sdk.exceptions import AirflowFailException
 
-from mongo_cdc.shard_lifecycle import ResnapshotRequest
+from mongo_cdc.capture.shard_lifecycle import ResnapshotRequest
 
 
 def resnapshot_params() -> dict[str, Param]:

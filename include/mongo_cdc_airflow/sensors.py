@@ -7,8 +7,8 @@ from typing import Any
 
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 
+from mongo_cdc.capture.topology import discover_shards, topology_changed
 from mongo_cdc.config import SourceConfig
-from mongo_cdc.topology import discover_shards, topology_changed
 from mongo_cdc_airflow.hooks import MongoCdcHook
 from mongo_cdc_airflow.variables import stored_topology, topology_variable
 

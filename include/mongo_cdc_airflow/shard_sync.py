@@ -18,10 +18,10 @@ from airflow.sdk.exceptions import AirflowFailException
 from pymongo import MongoClient
 from pymongo.errors import ConnectionFailure
 
+from mongo_cdc.capture.offsets import Offset
+from mongo_cdc.capture.shard_lifecycle import ShardPlan, plan_shard
+from mongo_cdc.capture.topology import Shard
 from mongo_cdc.config import SourceConfig
-from mongo_cdc.offsets import Offset
-from mongo_cdc.shard_lifecycle import ShardPlan, plan_shard
-from mongo_cdc.topology import Shard
 from mongo_cdc_airflow.hooks import MongoCdcHook
 from mongo_cdc_airflow.params import resnapshot_request
 from mongo_cdc_airflow.variables import offset_keeper
@@ -39,7 +39,7 @@ def schedule_interval_s() -> float:
     context = get_current_context()
     start, end = context.get("data_interval_start"), context.get("data_interval_end")
     if start is None or end is None or end <= start:
-        from mongo_cdc.streaming import DEFAULT_INTERVAL_S
+        from mongo_cdc.capture.streaming import DEFAULT_INTERVAL_S
 
         return DEFAULT_INTERVAL_S
     return (end - start).total_seconds()
@@ -101,7 +101,7 @@ class ShardSync:
         return self.hook.shard_client(self.shard)
 
     def plan(self) -> ShardPlan:
-        from mongo_cdc.snapshot import newly_captured, resume_position_lost
+        from mongo_cdc.capture.snapshot import newly_captured, resume_position_lost
 
         def position_lost(offset: Offset) -> bool:
             with self.client() as client:
@@ -128,7 +128,7 @@ class ShardSync:
         """What the plan says before the copy: record the snapshot's position and chunks (or find the
         unfinished one to resume), start from now, or record the capture filter the stream goes on
         with. The result carries the plan, and the chunks still to copy, to the next tasks."""
-        from mongo_cdc.snapshot import (
+        from mongo_cdc.capture.snapshot import (
             record_capture_filter,
             skip_abandoned_snapshot,
             start_snapshot,
@@ -178,7 +178,7 @@ class ShardSync:
     def snapshot(self) -> dict:
         """Commit the snapshot ``snapshot_start`` began once every chunk is copied; the result carries
         the plan to the pull."""
-        from mongo_cdc.snapshot import SnapshotIncompleteError, commit_snapshot
+        from mongo_cdc.capture.snapshot import SnapshotIncompleteError, commit_snapshot
 
         if is_backfill():
             return {"documents": {}, "seconds": 0}
@@ -207,7 +207,7 @@ class ShardSync:
 
     def pull(self, snapshot_result: dict) -> dict:
         """Stream until caught up (the plan permitting), then retire the offset of a shard that left."""
-        from mongo_cdc.streaming import pull_changes
+        from mongo_cdc.capture.streaming import pull_changes
 
         if is_backfill():
             return self.backfill()
@@ -230,7 +230,7 @@ class ShardSync:
         return result
 
     def backfill(self) -> dict:
-        from mongo_cdc.backfill import backfill_interval
+        from mongo_cdc.capture.backfill import backfill_interval
 
         context = get_current_context()
         start, end = context["data_interval_start"], context["data_interval_end"]

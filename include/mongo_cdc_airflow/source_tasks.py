@@ -11,10 +11,10 @@ from airflow.sdk import get_current_context
 from airflow.sdk.exceptions import AirflowFailException
 from pymongo.errors import ConnectionFailure
 
+from mongo_cdc.capture.shard_lifecycle import still_draining
+from mongo_cdc.capture.topology import Shard, discover_shards, reconcile
 from mongo_cdc.config import SourceConfig
-from mongo_cdc.lake_errors import LegacyLakeError, refuse_legacy_layout
-from mongo_cdc.shard_lifecycle import still_draining
-from mongo_cdc.topology import Shard, discover_shards, reconcile
+from mongo_cdc.lake.errors import LegacyLakeError, refuse_legacy_layout
 from mongo_cdc.transform.backlog import Backlog, behind_text, collections_behind, source_backlogs
 from mongo_cdc_airflow.assets import TABLE_ZONES, emit_table_events
 from mongo_cdc_airflow.hooks import MongoCdcHook
@@ -65,7 +65,7 @@ def discover(config: SourceConfig) -> list[dict]:
 
 
 def captured_collections(config: SourceConfig, hook: MongoCdcHook, shards: list[Shard]) -> set[str]:
-    from mongo_cdc.snapshot import captured_collections
+    from mongo_cdc.capture.snapshot import captured_collections
 
     known: set[str] = set()
     for shard in shards:
@@ -105,7 +105,7 @@ def plan_transform(config: SourceConfig) -> list[str]:
     ti.xcom_push(key="pending", value=list(collections_behind(source_backlogs(lake, lake.batches()))))
     rebuild: list[str] = []
     if is_backfill():
-        from mongo_cdc.backfill import hour_partitions
+        from mongo_cdc.capture.backfill import hour_partitions
 
         hours = hour_partitions(context["data_interval_start"], context["data_interval_end"])
         rebuild = ["--rebuild-hours", json.dumps(hours)]

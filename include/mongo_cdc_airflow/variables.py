@@ -6,9 +6,9 @@ import json
 
 from airflow.sdk import Variable
 
+from mongo_cdc.capture.offsets import OffsetKeeper
+from mongo_cdc.capture.topology import Shard
 from mongo_cdc.config import SourceConfig
-from mongo_cdc.offsets import OffsetKeeper
-from mongo_cdc.topology import Shard
 from mongo_cdc_airflow.lake_storage import source_lake
 
 

@@ -16,7 +16,7 @@ import yaml
 
 from mongo_cdc.config.source import SETTINGS, SourceConfig
 from mongo_cdc.config.values import SourceConfigError
-from mongo_cdc.storage import LakeRootError, resolve_root
+from mongo_cdc.lake.storage import LakeRootError, resolve_root
 
 SOURCES_DIR_ENV = "MONGO_CDC_SOURCES_DIR"
 LAKE_ROOT_ENV = "MONGO_CDC_LAKE_ROOT"

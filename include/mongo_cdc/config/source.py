@@ -10,7 +10,9 @@ import re
 from dataclasses import dataclass, fields, replace
 from functools import cached_property, lru_cache
 
-from mongo_cdc.capture_modes import CAPTURE_MODES, FULL_UPDATE_TYPES, check_full_update_type
+from mongo_cdc.capture.capture_modes import CAPTURE_MODES, FULL_UPDATE_TYPES, check_full_update_type
+from mongo_cdc.capture.field_filters import FieldFilters, FieldRule
+from mongo_cdc.capture.oversized_events import OVERSIZE_MODES
 from mongo_cdc.config.setting import Setting, declared_settings, required_setting, setting
 from mongo_cdc.config.values import (
     AddedFields,
@@ -24,8 +26,6 @@ from mongo_cdc.config.values import (
     String,
     Text,
 )
-from mongo_cdc.field_filters import FieldFilters, FieldRule
-from mongo_cdc.oversized_events import OVERSIZE_MODES
 from mongo_cdc.transform.flatten_options import (
     ARRAY_ENCODINGS,
     DELETE_TOMBSTONE_HANDLING_MODES,

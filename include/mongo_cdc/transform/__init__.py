@@ -2,8 +2,7 @@
 
 Nothing here imports pyspark, so it unit-tests fast; ``spark_apps/cdc_transform.py`` distributes it.
 
-* ``raw_events``: raw rows as events, and which a table applies (``BatchWindow``: committed
-  batches past the table's, in the tables their log rows name).
+* ``raw_events``: raw rows as events; the batches a table applied (``applied_batches``).
 * ``document_state``: fold a document's events into its latest version (the ``state`` table).
 * ``flatten``: one ``changes`` row per event (Debezium ExtractNewDocumentState);
   ``flatten_options``: its option set, from the source YAML to the Spark job's arguments.

@@ -15,9 +15,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from mongo_cdc import lake
-from mongo_cdc.landing import Batch, SourceLake
-from mongo_cdc.storage import table_if_exists
-from mongo_cdc.transform.raw_events import BatchWindow, applied_batches
+from mongo_cdc.lake.batch_log import Batch, BatchWindow
+from mongo_cdc.lake.landing import SourceLake
+from mongo_cdc.lake.storage import table_if_exists
+from mongo_cdc.transform.raw_events import applied_batches
 
 # The tables the transform derives from a collection's raw rows.
 DERIVED_TABLES = ("state", "changes")

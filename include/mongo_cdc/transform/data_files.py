@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from mongo_cdc.storage import LakeLocation
+from mongo_cdc.lake.storage import LakeLocation
 
 if TYPE_CHECKING:
     from deltalake.transaction import AddAction

@@ -2,7 +2,7 @@
 
 A derived table records, per replica set, the last batch it applied (a Delta app transaction of
 its own: ``applied_app_id``). Its new events are the raw rows of committed batches past that
-(``BatchWindow``); backfilled history rows (``lake.HISTORY_SEQ``) belong to no batch.
+(``lake.batch_log.BatchWindow``); backfilled history rows (``lake.HISTORY_SEQ``) belong to no batch.
 
 Rows are read column-wise where that is enough (``event_keys``: the normalised key of every row
 at once) and as ``ChangeEvent`` objects (``event_from_row``) where an event's values are needed.
@@ -10,20 +10,16 @@ at once) and as ``ChangeEvent`` objects (``event_from_row``) where an event's va
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import bson
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as ds
 from bson import json_util
 
 from mongo_cdc.extjson import DECODE_OPTIONS
-from mongo_cdc.lake import HISTORY_SEQ
-from mongo_cdc.table_reads import Where
 from mongo_cdc.transform.keys import document_key
 
 if TYPE_CHECKING:
@@ -147,71 +143,6 @@ def _document_id(id_json: str | None) -> Any:
 
 def _decoded(data: bytes | None) -> dict | None:
     return bson.decode(data, DECODE_OPTIONS) if data is not None else None
-
-
-class Landed(Protocol):
-    """A committed batch as the batch log holds it (``landing.Batch``)."""
-
-    rs: str
-    seq: int
-    namespaces: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class BatchWindow:
-    """Which raw rows of one collection a table applies: per replica set, the committed batches
-    that wrote rows for it (``seqs``). A batch's rows count only in the tables its log row names: a
-    landing cut short may have left rows in a table the batch, landed again, did not touch."""
-
-    seqs: Mapping[str, tuple[int, ...]]
-    include_history: bool = False
-
-    @classmethod
-    def of(
-        cls,
-        batches: Iterable[Landed],
-        namespace: str,
-        applied: Mapping[str, int] | None = None,
-        include_history: bool = False,
-    ) -> BatchWindow:
-        """The batches of ``batches`` with rows for ``namespace`` past ``applied`` (per replica set)."""
-        seqs: dict[str, list[int]] = {}
-        for batch in batches:
-            if namespace in batch.namespaces and batch.seq > (applied or {}).get(batch.rs, 0):
-                seqs.setdefault(batch.rs, []).append(batch.seq)
-        return cls({rs: tuple(sorted(found)) for rs, found in seqs.items()}, include_history)
-
-    @property
-    def is_empty(self) -> bool:
-        return not any(self.seqs.values()) and not self.include_history
-
-    def filter(self) -> pc.Expression:
-        keep = pc.field("batch_seq") == HISTORY_SEQ if self.include_history else pc.scalar(False)
-        for rs, seqs in self.seqs.items():
-            keep = keep | (
-                (pc.field("source", "rs") == rs) & pc.field("batch_seq").isin(pa.array(seqs, pa.int64()))
-            )
-        return keep
-
-    def where(self) -> Where:
-        """``filter()`` for ``table_reads.read_rows``, skipping files that hold none of the batches."""
-        seqs = sorted({seq for found in self.seqs.values() for seq in found})
-        if self.include_history:
-            seqs.insert(0, HISTORY_SEQ)
-        return Where(self.filter(), ("source", "batch_seq"), [("batch_seq", "in", seqs)] if seqs else None)
-
-    def mask(self, rows: pa.Table) -> pa.ChunkedArray:
-        """``filter()`` as a boolean column of raw ``rows`` (which need ``source`` and ``batch_seq``)."""
-        selected = ds.dataset(rows.select(["source", "batch_seq"])).to_table(columns={"in": self.filter()})
-        return pc.fill_null(selected.column("in"), False)
-
-    def may_hold(self, min_seq: int | None, max_seq: int | None) -> bool:
-        """Whether a file whose ``batch_seq`` statistics are [min_seq, max_seq] may hold window rows."""
-        if max_seq is None or min_seq is None:
-            return True
-        if self.include_history and min_seq <= HISTORY_SEQ:
-            return True
-        return any(min_seq <= seq <= max_seq for seqs in self.seqs.values() for seq in seqs)
 
 
 def applied_app_id(table: str, rs: str) -> str:

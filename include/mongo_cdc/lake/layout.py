@@ -12,7 +12,7 @@ Every table is a Delta table (committed with delta-rs) under ``lake.root``::
     state/<topic.prefix>/<db>/<collection>    one row per live document (the transform)
 
 ``batch_seq`` is the replica set's batch number. A raw row belongs to the lake once its batch is
-in the batch log (``landing.BatchLog``); rows of a batch whose landing was cut short are replaced
+in the batch log (``batch_log.Batch``); rows of a batch whose landing was cut short are replaced
 when the batch lands again. History rows a backfill pulled from the oplog have ``batch_seq`` 0:
 they belong to no batch, the changes table shows them and the state never reads them.
 
@@ -28,7 +28,7 @@ from functools import lru_cache
 
 import pyarrow as pa
 
-from mongo_cdc.storage import LakeLocation
+from mongo_cdc.lake.storage import LakeLocation
 
 # Debezium's update description, its updatedFields a BSON document keyed by the dotted paths.
 UPDATE_DESCRIPTION_TYPE = pa.struct(

@@ -38,15 +38,15 @@ import bson
 from pymongo import MongoClient
 
 import mongo_cdc
-from mongo_cdc.bench import data, peers
-from mongo_cdc.bench.table import Row, render
-from mongo_cdc.bench.transform import HOT_DOCS, transform
-from mongo_cdc.bench.worker import RAW, bench_config
-from mongo_cdc.landing import SourceLake
-from mongo_cdc.snapshot import start_without_snapshot
-from mongo_cdc.storage import LakeLocation
-from mongo_cdc.testing import ReplicaSet
-from mongo_cdc.testing.lake import memory_keeper
+from mongo_cdc.capture.snapshot import start_without_snapshot
+from mongo_cdc.lake.landing import SourceLake
+from mongo_cdc.lake.storage import LakeLocation
+from mongo_cdc_dev.bench import data, peers
+from mongo_cdc_dev.bench.table import Row, render
+from mongo_cdc_dev.bench.transform import HOT_DOCS, transform
+from mongo_cdc_dev.bench.worker import RAW, bench_config
+from mongo_cdc_dev.testing import ReplicaSet
+from mongo_cdc_dev.testing.lake import memory_keeper
 
 DB, RS = "bench", "benchrs"
 CHECKED_ROWS = 2_000  # landed rows compared byte for byte with the documents they came from
@@ -111,7 +111,7 @@ class Bench:
             "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])),
         }
         done = subprocess.run(
-            [sys.executable, "-m", "mongo_cdc.bench.worker", json.dumps(task)],
+            [sys.executable, "-m", "mongo_cdc_dev.bench.worker", json.dumps(task)],
             capture_output=True,
             text=True,
             env=env,
@@ -332,7 +332,9 @@ SECTIONS: dict[str, Callable[[Bench], list[Row]]] = {
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m mongo_cdc.bench", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m mongo_cdc_dev.bench", description=__doc__.splitlines()[0]
+    )
     parser.add_argument(
         "--smoke", action="store_true", help=f"tiny sizes, a check that the bench runs: {SMOKE_SIZES}"
     )

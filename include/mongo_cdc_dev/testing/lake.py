@@ -7,10 +7,10 @@ import os
 import re
 from typing import Any
 
+from mongo_cdc.capture.offsets import MemoryOffsetStore, OffsetKeeper
 from mongo_cdc.config import SourceConfig
-from mongo_cdc.landing import SourceLake
-from mongo_cdc.offsets import MemoryOffsetStore, OffsetKeeper
-from mongo_cdc.storage import LakeLocation
+from mongo_cdc.lake.landing import SourceLake
+from mongo_cdc.lake.storage import LakeLocation
 
 
 def database_source(

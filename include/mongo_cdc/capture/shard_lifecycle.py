@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from mongo_cdc.offsets import Offset
+from mongo_cdc.capture.offsets import Offset
 
 # snapshot.mode values that copy a shard without a completed snapshot; ``always`` copies every run
 SNAPSHOT_WHEN_MISSING = ("initial", "when_needed", "initial_only")

@@ -21,7 +21,7 @@ from urllib.parse import unquote
 
 from pyarrow.fs import FileSelector, FileSystem, FileType
 
-from mongo_cdc.storage import LakeLocation, TableVersion, open_table
+from mongo_cdc.lake.storage import LakeLocation, TableVersion, open_table
 
 ZONES = ("raw", "changes", "state")
 

@@ -34,8 +34,8 @@ from typing import Any
 
 from bson.regex import Regex
 
+from mongo_cdc.capture.events import DATA_OPERATIONS
 from mongo_cdc.config import SYSTEM_DATABASES, SourceConfig
-from mongo_cdc.events import DATA_OPERATIONS
 from mongo_cdc.lake import DROP, RENAME
 
 # events that name a collection, which the collection filters apply to

@@ -44,18 +44,18 @@ from pymongo.collection import Collection
 
 import mongo_cdc
 from mongo_cdc import extjson
-from mongo_cdc.bench.data import load, small_documents
-from mongo_cdc.bench.table import Row
+from mongo_cdc.capture.offsets import OffsetKeeper
+from mongo_cdc.capture.snapshot import run_snapshot
+from mongo_cdc.capture.streaming import pull_changes
 from mongo_cdc.config import SourceConfig
 from mongo_cdc.lake import table_uri
-from mongo_cdc.offsets import OffsetKeeper
-from mongo_cdc.snapshot import run_snapshot
-from mongo_cdc.storage import LakeLocation, table_if_exists
-from mongo_cdc.streaming import pull_changes
-from mongo_cdc.testing.lake import database_source, memory_keeper
+from mongo_cdc.lake.storage import LakeLocation, table_if_exists
+from mongo_cdc_dev.bench.data import load, small_documents
+from mongo_cdc_dev.bench.table import Row
+from mongo_cdc_dev.testing.lake import database_source, memory_keeper
 
 if TYPE_CHECKING:
-    from mongo_cdc.bench.run import Bench
+    from mongo_cdc_dev.bench.run import Bench
 
 COLLECTION = "docs"
 HOT_DOCS = 10_000  # the changes touch the most recent documents, as an application's writes mostly do
@@ -381,7 +381,7 @@ def transform(bench: Bench) -> list[Row]:
     args = bench.args
     results = Results(args.state, args.small_state, args.changes)
     # the bench's mongod has a small oplog: its headroom warnings say nothing about the transform
-    oplog_log = logging.getLogger("mongo_cdc.oplog_window")
+    oplog_log = logging.getLogger("mongo_cdc.capture.oplog_window")
     level = oplog_log.level
     oplog_log.setLevel(logging.ERROR)
     client = bench.rs.client(datetime_conversion=extjson.DECODE_OPTIONS.datetime_conversion)

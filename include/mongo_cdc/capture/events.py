@@ -22,8 +22,8 @@ from bson.errors import InvalidBSON
 from bson.raw_bson import RawBSONDocument
 
 from mongo_cdc import __version__, extjson
+from mongo_cdc.capture.field_filters import CollectionFieldRules
 from mongo_cdc.extjson import DECODE_OPTIONS
-from mongo_cdc.field_filters import CollectionFieldRules
 from mongo_cdc.lake import RAW_SCHEMA, hour_partition, pack_cluster_time
 
 CONNECTOR = "mongodb"

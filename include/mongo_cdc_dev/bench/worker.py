@@ -1,4 +1,4 @@
-"""One measurement in a process of its own: ``python -m mongo_cdc.bench.worker '<json task>'``.
+"""One measurement in a process of its own: ``python -m mongo_cdc_dev.bench.worker '<json task>'``.
 
 A fresh process per measurement gives each path the same start (no warm caches or heap left by
 another path) and makes its peak RSS (``VmHWM``) that of one task, as an Airflow worker's task
@@ -22,13 +22,13 @@ from bson import CodecOptions
 from bson.raw_bson import RawBSONDocument
 from pymongo import MongoClient
 
+from mongo_cdc.capture.events import token_cluster_time
+from mongo_cdc.capture.offsets import MemoryOffsetStore, Offset
+from mongo_cdc.capture.snapshot import run_snapshot
+from mongo_cdc.capture.streaming import last_applied, pull_changes, stream_options
+from mongo_cdc.capture.topology import make_client
 from mongo_cdc.config import SourceConfig
-from mongo_cdc.events import token_cluster_time
-from mongo_cdc.offsets import MemoryOffsetStore, Offset
-from mongo_cdc.snapshot import run_snapshot
-from mongo_cdc.streaming import last_applied, pull_changes, stream_options
-from mongo_cdc.testing.lake import database_source, memory_keeper
-from mongo_cdc.topology import make_client
+from mongo_cdc_dev.testing.lake import database_source, memory_keeper
 
 RAW = CodecOptions(document_class=RawBSONDocument)
 

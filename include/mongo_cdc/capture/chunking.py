@@ -26,8 +26,8 @@ import bson
 from bson import MaxKey
 from pymongo.collection import Collection
 
-from mongo_cdc.landing import Chunk
-from mongo_cdc.topology import OwnedRanges
+from mongo_cdc.capture.topology import OwnedRanges
+from mongo_cdc.lake.snapshot_log import Chunk
 
 log = logging.getLogger(__name__)
 

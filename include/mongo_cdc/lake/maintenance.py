@@ -16,7 +16,7 @@ import datetime as dt
 from collections.abc import Mapping
 from typing import Any
 
-from mongo_cdc.storage import open_table
+from mongo_cdc.lake.storage import open_table
 
 # Delta's default: the log keeps 30 days of commits. Time travel needs the commit and the files,
 # so a longer file retention lengthens the log's too.

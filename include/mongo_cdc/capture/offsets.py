@@ -42,7 +42,8 @@ from typing import Any, Protocol
 from bson import json_util
 
 from mongo_cdc import extjson
-from mongo_cdc.landing import Batch, SourceLake
+from mongo_cdc.lake.batch_log import Batch
+from mongo_cdc.lake.landing import SourceLake
 
 log = logging.getLogger(__name__)
 

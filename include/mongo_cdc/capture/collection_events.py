@@ -24,8 +24,8 @@ from typing import Any
 from pymongo import MongoClient
 
 from mongo_cdc import extjson
+from mongo_cdc.capture.events import SourceInfo, bson_bytes, event_position, now_ms
 from mongo_cdc.config import SourceConfig
-from mongo_cdc.events import SourceInfo, bson_bytes, event_position, now_ms
 from mongo_cdc.lake import COLLECTION_KEY
 
 

@@ -35,253 +35,26 @@ as a batch that names no table), so rows of an abandoned snapshot never count.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import logging
-from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import Any
 
-import bson
 import pyarrow as pa
 import pyarrow.compute as pc
-from bson import json_util
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake import Schema as DeltaSchema
 from deltalake.exceptions import DeltaError
 from deltalake.transaction import create_table_with_add_actions
 
-from mongo_cdc import extjson, lake
-from mongo_cdc.lake import SnapshotManifest
-from mongo_cdc.lake_files import write_files
-from mongo_cdc.storage import LakeLocation, table_if_exists
-from mongo_cdc.table_reads import Where, read_rows
-from mongo_cdc.transform.raw_events import BatchWindow
+from mongo_cdc import lake
+from mongo_cdc.lake.batch_log import BATCH_LOG_SCHEMA, Batch, BatchWindow, last_batches
+from mongo_cdc.lake.raw_files import write_files
+from mongo_cdc.lake.snapshot_log import CHUNK, COPIED, SNAPSHOT, SNAPSHOT_LOG_SCHEMA, Chunk, SnapshotPlan
+from mongo_cdc.lake.storage import LakeLocation, table_if_exists
+from mongo_cdc.lake.table_reads import Where, read_rows
 
 log = logging.getLogger(__name__)
 
-BATCH_LOG_SCHEMA = pa.schema(
-    [
-        pa.field("rs", pa.string(), nullable=False),
-        pa.field("seq", pa.int64(), nullable=False),
-        # snapshot (a copy of collections), stream (change events), start (a position, no data)
-        pa.field("kind", pa.string(), nullable=False),
-        # where streaming resumes after this batch (Extended JSON) and its packed cluster time
-        pa.field("resume_token", pa.string()),
-        pa.field("cluster_time", pa.int64()),
-        # the snapshot manifest: these collections were copied completely as of this position
-        pa.field("snapshot_cluster_time", pa.int64()),
-        pa.field("collections", pa.list_(pa.string())),
-        # the raw tables (<db>.<collection>) this batch wrote rows to
-        pa.field("namespaces", pa.list_(pa.string())),
-        # counters of a transaction the batch ended inside of (transactions.OpenTransaction)
-        pa.field("open_transaction", pa.string()),
-        pa.field("landed_at", pa.timestamp("us", tz="UTC")),
-    ]
-)
 # delta-rs retries a commit that lost a race with another writer (shards land concurrently)
 COMMIT_RETRIES = 20
-
-SNAPSHOT_LOG_SCHEMA = pa.schema(
-    [
-        pa.field("rs", pa.string(), nullable=False),
-        pa.field("seq", pa.int64(), nullable=False),  # the snapshot's batch number
-        # snapshot (its position and settings) and chunk (one row per chunk): the plan, written in
-        # one commit when the snapshot starts; copied: one row per chunk whose rows are committed
-        pa.field("kind", pa.string(), nullable=False),
-        pa.field("namespace", pa.string(), nullable=False),  # "" in the snapshot row
-        pa.field("chunk", pa.int32(), nullable=False),  # 0-based, in index order within the namespace
-        pa.field("chunks", pa.int32()),  # how many chunks the namespace has
-        # the index the bounds are on, JSON [[field, direction], ...]; null: the whole collection
-        pa.field("index_key", pa.string()),
-        # BSON documents {field: value, ...}: the inclusive lower and exclusive upper bound (null: open)
-        pa.field("low", pa.binary()),
-        pa.field("high", pa.binary()),
-        # chunk rows: documents when planned (for progress); copied rows: documents landed (null: unknown)
-        pa.field("documents", pa.int64()),
-        # the snapshot row: the snapshot's position and settings (JSON, see SnapshotPlan)
-        pa.field("snapshot", pa.string()),
-        pa.field("recorded_at", pa.timestamp("us", tz="UTC")),
-    ]
-)
-SNAPSHOT = "snapshot"
-CHUNK = "chunk"
-COPIED = "copied"
-
-
-@dataclass(frozen=True)
-class Batch:
-    """One row of the batch log."""
-
-    rs: str
-    seq: int
-    kind: str
-    resume_token: dict | None
-    cluster_time: int | None
-    snapshot_cluster_time: int | None = None
-    collections: tuple[str, ...] | None = None
-    namespaces: tuple[str, ...] = ()
-    open_transaction: dict | None = None
-
-    @property
-    def manifest(self) -> SnapshotManifest | None:
-        if self.collections is None or self.snapshot_cluster_time is None:
-            return None
-        return SnapshotManifest(self.rs, self.seq, self.snapshot_cluster_time, self.collections)
-
-    def to_row(self) -> dict:
-        return {
-            "rs": self.rs,
-            "seq": self.seq,
-            "kind": self.kind,
-            "resume_token": extjson.encode_str(self.resume_token) if self.resume_token is not None else None,
-            "cluster_time": self.cluster_time,
-            "snapshot_cluster_time": self.snapshot_cluster_time,
-            "collections": list(self.collections) if self.collections is not None else None,
-            "namespaces": list(self.namespaces),
-            "open_transaction": json.dumps(self.open_transaction) if self.open_transaction else None,
-            "landed_at": dt.datetime.now(dt.timezone.utc),
-        }
-
-    @classmethod
-    def from_row(cls, row: dict) -> Batch:
-        token = row["resume_token"]
-        return cls(
-            rs=row["rs"],
-            seq=row["seq"],
-            kind=row["kind"],
-            resume_token=json_util.loads(token) if token is not None else None,
-            cluster_time=row["cluster_time"],
-            snapshot_cluster_time=row["snapshot_cluster_time"],
-            collections=tuple(row["collections"]) if row["collections"] is not None else None,
-            namespaces=tuple(row["namespaces"] or ()),
-            open_transaction=json.loads(row["open_transaction"]) if row["open_transaction"] else None,
-        )
-
-
-@dataclass(frozen=True)
-class Chunk:
-    """One key range of a collection, copied and committed on its own.
-
-    ``key`` is the index the bounds are on (``_id``, or a sharded collection's shard key) as
-    (field, direction) pairs, None for a collection copied whole in natural order. ``low`` and
-    ``high`` are BSON documents of index-key values (``cursor.min``/``max``: inclusive, exclusive),
-    None where the range is open.
-    """
-
-    namespace: str
-    index: int
-    count: int
-    key: tuple[tuple[str, Any], ...] | None = None
-    low: bytes | None = None
-    high: bytes | None = None
-    expected: int = 0  # documents when planned: progress and ETA only
-
-    @property
-    def label(self) -> str:
-        return f"{self.namespace} {self.index + 1}/{self.count}"
-
-    def bounds(self) -> tuple[dict | None, dict | None]:
-        """The bounds decoded, for ``cursor.min``/``max``."""
-        return _decoded(self.low), _decoded(self.high)
-
-    def describe(self) -> str:
-        """The range as a log line shows it."""
-        if self.key is None:
-            return "the whole collection"
-        low, high = self.bounds()
-        return f"[{_bound_text(low, 'start')}, {_bound_text(high, 'end')})"
-
-
-def _decoded(bound: bytes | None) -> dict | None:
-    return bson.decode(bound, extjson.DECODE_OPTIONS) if bound is not None else None
-
-
-def _bound_text(bound: dict | None, open_end: str) -> str:
-    if bound is None:
-        return open_end
-    return ", ".join(extjson.encode_str(value) for value in bound.values())
-
-
-def _index_key(text: str | None) -> tuple[tuple[str, Any], ...] | None:
-    return tuple((field, direction) for field, direction in json.loads(text)) if text else None
-
-
-@dataclass(frozen=True)
-class SnapshotPlan:
-    """A snapshot batch's position, settings and chunks, recorded before any chunk is read."""
-
-    rs: str
-    seq: int
-    resume_token: dict  # the position taken before the copy
-    cluster_time: int
-    requested: tuple[str, ...]  # the collections asked for (``run_snapshot``'s ``only``); (): every one
-    keeps_position: bool  # streaming goes on from the stored position, not from this one
-    back_from_retirement: bool
-    started_at: str
-    # every collection copied (its manifest): one a shard owns no range of has no chunk
-    collections: tuple[str, ...]
-    chunks: tuple[Chunk, ...]
-
-    def to_rows(self) -> list[dict]:
-        now = dt.datetime.now(dt.timezone.utc)
-        settings = {
-            "resume_token": json.loads(extjson.encode(self.resume_token)),
-            "cluster_time": self.cluster_time,
-            "requested": list(self.requested),
-            "keeps_position": self.keeps_position,
-            "back_from_retirement": self.back_from_retirement,
-            "started_at": self.started_at,
-            "collections": list(self.collections),
-        }
-        header = {"rs": self.rs, "seq": self.seq, "kind": SNAPSHOT, "namespace": "", "chunk": -1,
-                  "snapshot": json.dumps(settings, sort_keys=True), "recorded_at": now}  # fmt: skip
-        return [header] + [
-            {
-                "rs": self.rs,
-                "seq": self.seq,
-                "kind": CHUNK,
-                "namespace": chunk.namespace,
-                "chunk": chunk.index,
-                "chunks": chunk.count,
-                "index_key": json.dumps(chunk.key) if chunk.key is not None else None,
-                "low": chunk.low,
-                "high": chunk.high,
-                "documents": chunk.expected,
-                "recorded_at": now,
-            }
-            for chunk in self.chunks
-        ]
-
-    @classmethod
-    def from_rows(cls, header: dict, rows: list[dict]) -> SnapshotPlan:
-        settings = json.loads(header["snapshot"])
-        chunks = sorted(
-            (
-                Chunk(
-                    namespace=row["namespace"],
-                    index=row["chunk"],
-                    count=row["chunks"],
-                    key=_index_key(row["index_key"]),
-                    low=row["low"],
-                    high=row["high"],
-                    expected=row["documents"] or 0,
-                )
-                for row in rows
-            ),
-            key=lambda chunk: (chunk.namespace, chunk.index),
-        )
-        return cls(
-            rs=header["rs"],
-            seq=header["seq"],
-            resume_token=json_util.loads(json.dumps(settings["resume_token"])),
-            cluster_time=settings["cluster_time"],
-            requested=tuple(settings["requested"]),
-            keeps_position=settings["keeps_position"],
-            back_from_retirement=settings["back_from_retirement"],
-            started_at=settings["started_at"],
-            collections=tuple(settings["collections"]),
-            chunks=tuple(chunks),
-        )
 
 
 class SourceLake:
@@ -574,12 +347,3 @@ class SourceLake:
 
 def _sql_string(value: str) -> str:
     return value.replace("'", "''")
-
-
-def last_batches(batches: Iterable[Batch]) -> dict[str, Batch]:
-    """Each replica set's last committed batch among ``batches``, by replica set name."""
-    last: dict[str, Batch] = {}
-    for batch in batches:
-        if batch.rs not in last or batch.seq > last[batch.rs].seq:
-            last[batch.rs] = batch
-    return dict(sorted(last.items()))

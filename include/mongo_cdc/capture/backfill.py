@@ -26,13 +26,13 @@ from typing import Any
 from bson.timestamp import Timestamp
 from pymongo import MongoClient
 
+from mongo_cdc.capture.events import SourceInfo, rows_to_table, token_cluster_time
+from mongo_cdc.capture.offsets import Offset
+from mongo_cdc.capture.streaming import MicroBatch, collect_change, stream_options
+from mongo_cdc.capture.transactions import TransactionTracker
 from mongo_cdc.config import SourceConfig
-from mongo_cdc.events import SourceInfo, rows_to_table, token_cluster_time
 from mongo_cdc.lake import HISTORY_SEQ, hour_partition, pack_cluster_time
-from mongo_cdc.landing import SourceLake
-from mongo_cdc.offsets import Offset
-from mongo_cdc.streaming import MicroBatch, collect_change, stream_options
-from mongo_cdc.transactions import TransactionTracker
+from mongo_cdc.lake.landing import SourceLake
 
 log = logging.getLogger(__name__)
 

@@ -22,13 +22,13 @@ import pyarrow.compute as pc
 from deltalake import write_deltalake
 
 from mongo_cdc import extjson
+from mongo_cdc.capture.events import now_ms
+from mongo_cdc.capture.offsets import Offset
 from mongo_cdc.config import SourceConfig
-from mongo_cdc.events import now_ms
 from mongo_cdc.lake import HEARTBEAT_DIR, hour_partition, pack_cluster_time
-from mongo_cdc.landing import SourceLake
-from mongo_cdc.offsets import Offset
-from mongo_cdc.storage import table_if_exists
-from mongo_cdc.table_reads import Where, read_rows
+from mongo_cdc.lake.landing import SourceLake
+from mongo_cdc.lake.storage import table_if_exists
+from mongo_cdc.lake.table_reads import Where, read_rows
 
 HEARTBEAT_SCHEMA = pa.schema(
     [

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from mongo_cdc.lake_errors import naming_damaged_files
-from mongo_cdc.storage import TableVersion, open_table
-from mongo_cdc.table_reads import Where, read_rows
+from mongo_cdc.lake.errors import naming_damaged_files
+from mongo_cdc.lake.storage import TableVersion, open_table
+from mongo_cdc.lake.table_reads import Where, read_rows
 
 if TYPE_CHECKING:
     import pyarrow as pa

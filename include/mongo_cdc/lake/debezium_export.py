@@ -9,8 +9,9 @@ emits none). ``--transactions`` exports the BEGIN/END records instead
 (``provide.transaction.metadata``), each
 ``{"key": {"id": <transaction id>}, "value": {status, id, event_count, data_collections, ts_ms}}``.
 
-    python -m mongo_cdc.debezium_export --lake-root LAKE --topic-prefix P --collection db.coll [--output F]
-    python -m mongo_cdc.debezium_export --lake-root LAKE --topic-prefix P --transactions [--output F]
+    python -m mongo_cdc.lake.debezium_export --lake-root LAKE --topic-prefix P --collection db.coll \
+        [--output F]
+    python -m mongo_cdc.lake.debezium_export --lake-root LAKE --topic-prefix P --transactions [--output F]
 """
 
 from __future__ import annotations
@@ -25,9 +26,9 @@ import pyarrow.compute as pc
 
 from mongo_cdc import extjson
 from mongo_cdc.lake import COLLECTION_OPERATIONS, TRANSACTION_DIR
-from mongo_cdc.landing import SourceLake
-from mongo_cdc.storage import LakeLocation, table_if_exists
-from mongo_cdc.table_reads import Where, read_rows
+from mongo_cdc.lake.landing import SourceLake
+from mongo_cdc.lake.storage import LakeLocation, table_if_exists
+from mongo_cdc.lake.table_reads import Where, read_rows
 
 
 def debezium_record(row: dict[str, Any]) -> dict[str, Any]:

@@ -43,15 +43,17 @@ from pymongo.collection import Collection
 from pymongo.cursor import RawBatchCursor
 from pymongo.errors import OperationFailure
 
-from mongo_cdc.capture_modes import captured_collection_options, require_images
-from mongo_cdc.chunking import max_key_filter, plan_chunks
+from mongo_cdc.capture.capture_modes import captured_collection_options, require_images
+from mongo_cdc.capture.chunking import max_key_filter, plan_chunks
+from mongo_cdc.capture.events import SnapshotColumns, SourceInfo, token_cluster_time
+from mongo_cdc.capture.offsets import Offset, OffsetKeeper
+from mongo_cdc.capture.streaming import CHANGE_STREAM_HISTORY_LOST
+from mongo_cdc.capture.topology import owned_ranges
 from mongo_cdc.config import SourceConfig
-from mongo_cdc.events import SnapshotColumns, SourceInfo, token_cluster_time
 from mongo_cdc.lake import RAW_SCHEMA
-from mongo_cdc.landing import Batch, Chunk, SnapshotPlan, SourceLake
-from mongo_cdc.offsets import Offset, OffsetKeeper
-from mongo_cdc.streaming import CHANGE_STREAM_HISTORY_LOST
-from mongo_cdc.topology import owned_ranges
+from mongo_cdc.lake.batch_log import Batch
+from mongo_cdc.lake.landing import SourceLake
+from mongo_cdc.lake.snapshot_log import Chunk, SnapshotPlan
 
 log = logging.getLogger(__name__)
 

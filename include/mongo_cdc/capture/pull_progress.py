@@ -14,11 +14,11 @@ import time
 from collections import Counter
 from typing import TYPE_CHECKING
 
-from mongo_cdc.events import token_cluster_time
+from mongo_cdc.capture.events import token_cluster_time
 
 if TYPE_CHECKING:
-    from mongo_cdc.offsets import Offset
-    from mongo_cdc.streaming import PullResult
+    from mongo_cdc.capture.offsets import Offset
+    from mongo_cdc.capture.streaming import PullResult
 
 log = logging.getLogger(__name__)
 

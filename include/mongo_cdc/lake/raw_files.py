@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake.transaction import AddAction
 
-from mongo_cdc.storage import LakeLocation
+from mongo_cdc.lake.storage import LakeLocation
 
 # A file is closed and the next one started past this many bytes (delta-rs' default target size).
 TARGET_FILE_BYTES = 100 * 1024 * 1024

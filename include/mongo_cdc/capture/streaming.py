@@ -36,16 +36,19 @@ import pyarrow as pa
 from pymongo import MongoClient
 from pymongo.errors import ConnectionFailure, CursorNotFound, OperationFailure, PyMongoError
 
-from mongo_cdc.capture_modes import require_images, watch_options
-from mongo_cdc.collection_events import collection_row, rename_namespaces, renamed_collection_reads
-from mongo_cdc.config import SourceConfig
-from mongo_cdc.events import DATA_OPERATIONS, SourceInfo, change_rows, rows_to_table, token_cluster_time
-from mongo_cdc.heartbeats import Heartbeats
-from mongo_cdc.lake import DROP, RENAME, TRANSACTION_DIR, pack_cluster_time
-from mongo_cdc.landing import Batch
-from mongo_cdc.offsets import Offset, OffsetError, OffsetKeeper
-from mongo_cdc.oplog_window import guard as oplog_guard
-from mongo_cdc.oversized_events import (
+from mongo_cdc.capture.capture_modes import require_images, watch_options
+from mongo_cdc.capture.collection_events import collection_row, rename_namespaces, renamed_collection_reads
+from mongo_cdc.capture.events import (
+    DATA_OPERATIONS,
+    SourceInfo,
+    change_rows,
+    rows_to_table,
+    token_cluster_time,
+)
+from mongo_cdc.capture.heartbeats import Heartbeats
+from mongo_cdc.capture.offsets import Offset, OffsetError, OffsetKeeper
+from mongo_cdc.capture.oplog_window import guard as oplog_guard
+from mongo_cdc.capture.oversized_events import (
     BSON_OBJECT_TOO_LARGE,
     OVERSIZED_MARKER,
     FragmentJoiner,
@@ -53,10 +56,13 @@ from mongo_cdc.oversized_events import (
     is_oversized_marker,
     too_large_error,
 )
-from mongo_cdc.oversized_events import pipeline as oversize_pipeline
-from mongo_cdc.pull_progress import PullProgress
-from mongo_cdc.stream_filter import namespace_filter
-from mongo_cdc.transactions import TRANSACTION_SCHEMA, TransactionTracker
+from mongo_cdc.capture.oversized_events import pipeline as oversize_pipeline
+from mongo_cdc.capture.pull_progress import PullProgress
+from mongo_cdc.capture.stream_filter import namespace_filter
+from mongo_cdc.capture.transactions import TRANSACTION_SCHEMA, TransactionTracker
+from mongo_cdc.config import SourceConfig
+from mongo_cdc.lake import DROP, RENAME, TRANSACTION_DIR, pack_cluster_time
+from mongo_cdc.lake.batch_log import Batch
 
 log = logging.getLogger(__name__)
 

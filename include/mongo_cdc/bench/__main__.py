@@ -1,5 +1,0 @@
-import sys
-
-from mongo_cdc.bench.run import main
-
-sys.exit(main())
