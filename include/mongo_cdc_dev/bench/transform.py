@@ -7,7 +7,7 @@ a lake of their own. Then, one step after the other:
 1. ``snapshot.run_snapshot`` of each: the large one's rows landed per second is the baseline (the
    previous step of the pipeline, measured in the same run);
 2. the first build of each state and changes table by the real job (``spark_apps/cdc_transform.py``
-   through ``spark-submit --master local[*]``, as ``tests/cdc_support.py`` runs it), in events/s;
+   through ``spark-submit --master local[*]``, as ``tests/support/cdc_support.py`` runs it), in events/s;
 3. ``--changes`` changes per source (updates, deletes and inserts among its ``HOT_DOCS`` most recent
    documents, landed by a real ``streaming.pull_changes``), applied to each state; the ratio of the
    large state's cost to the small one's;

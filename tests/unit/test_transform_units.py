@@ -1,6 +1,7 @@
 """Pure-Python parts of the transform (mongo_cdc.transform): no Spark involved.
 
-Column types and table layouts: tests/test_columns.py; document keys: tests/test_document_keys.py.
+Column types and table layouts: tests/unit/test_columns.py; document keys:
+tests/integration/test_document_keys.py.
 """
 
 from __future__ import annotations

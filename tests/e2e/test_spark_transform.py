@@ -36,7 +36,7 @@ from mongo_cdc.lake.landing import SourceLake
 from mongo_cdc.lake.storage import LakeLocation
 from mongo_cdc.transform.flatten_options import FlatteningOptions
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 APPS = os.path.join(REPO, "spark_apps")
 APP = os.path.join(APPS, "cdc_transform.py")
 SPARK_SUBMIT = os.path.join(os.path.dirname(sys.executable), "spark-submit")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from mongo_cdc_dev.bench.table import Row, render
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_smoke_run_prints_every_row_of_the_table() -> None:

@@ -25,7 +25,7 @@ from mongo_cdc.transform.flatten_options import EVENT_FIELDS, FIXED_COLUMNS, Fla
 from mongo_cdc.transform.raw_events import ChangeEvent
 from mongo_cdc.transform.table_layout import TableLayout, documents_to_batch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "spark_apps"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "spark_apps"))
 import cdc_transform  # noqa: E402 - the Spark job's module, found through the path set just above
 
 DOCUMENT_ENCODING = FlatteningOptions(array_encoding="document")

@@ -32,7 +32,7 @@ from mongo_cdc import lake
 from mongo_cdc.capture.backfill import HOUR, hour_partitions
 from mongo_cdc.transform.flatten_options import FlatteningOptions
 
-APPS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "spark_apps")
+APPS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "spark_apps")
 sys.path.insert(0, APPS)
 import cdc_transform  # noqa: E402 - the Spark job's module, found through the path set just above
 

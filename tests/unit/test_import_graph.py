@@ -10,7 +10,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SOURCES = [ROOT / "include", ROOT / "spark_apps"]
 PACKAGES = ("mongo_cdc", "mongo_cdc_airflow", "mongo_cdc_dev")
 

@@ -1,5 +1,5 @@
 """docker-compose.yaml, checked without a container engine: the Compose specification's JSON schema
-(tests/compose-spec.json, from github.com/compose-spec/compose-spec, schema/compose-spec.json at
+(tests/system/compose-spec.json, from github.com/compose-spec/compose-spec, schema/compose-spec.json at
 commit a08f8d51631b7127ddac3d2c65537db429d0f1d0) and the cross-references Compose only finds at
 ``up`` time or the DAGs only find at run time."""
 

@@ -452,7 +452,7 @@ class DagSequence(Sequence):
     """A sequence whose runs are real DAG runs (``CdcSource.run``: dag.test, the transform by
     spark-submit); a re-snapshot is the next run's, through its trigger params."""
 
-    source: Any = None  # tests/cdc_support.py's CdcSource
+    source: Any = None  # tests/support/cdc_support.py's CdcSource
     requested: list[str] = field(default_factory=list)
     batches_seen: int = 0
 
@@ -481,7 +481,7 @@ class DagSequence(Sequence):
 
 
 def render_test(name: str, mode: str, full_update_type: str, steps: list[Any]) -> str:
-    """``steps`` as a pytest test for tests/test_model_based.py (which has the fixture and names)."""
+    """``steps`` as a pytest test for tests/e2e/test_model_based.py (which has the fixture and names)."""
     body = "".join(f"            {step!r},\n" for step in steps)
     return (
         f"def {name}(sequence):\n"

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 INCLUDE = REPO / "include"
 SITE_PACKAGES = sysconfig.get_paths()["purelib"]
 WITHOUT_EDITABLE_INSTALL = f"""

@@ -13,7 +13,7 @@ from mongo_cdc.config import SETTINGS, SourceConfig, SourceConfigError, load_sou
 from mongo_cdc.config.reference import EXAMPLE_SOURCE, REGENERATE, render
 from mongo_cdc.config.values import Integer
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "configuration.md"
 
 

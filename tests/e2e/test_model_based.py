@@ -1,4 +1,4 @@
-"""Model-based tests of the data path (tests/model_support.py says what each sequence checks).
+"""Model-based tests of the data path (tests/support/model_support.py says what each sequence checks).
 
 Hypothesis draws sequences of writes, runs and upkeep, in every capture mode, and shrinks a failing
 one to a minimal sequence, printed as a ready test. CI draws a fixed, derandomized budget;
@@ -45,7 +45,7 @@ from model_support import (
 from mongo_cdc.capture import streaming
 from mongo_cdc.capture.topology import make_client
 
-APPS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "spark_apps")
+APPS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "spark_apps")
 sys.path.insert(0, APPS)
 import cdc_transform  # noqa: E402 - the Spark job's module, found through the path set just above
 
@@ -154,7 +154,7 @@ def drawn_sequences(make, mode: str, full_update_type: str, chosen: settings):
     def sequences(steps: list) -> None:
         # printed for the minimal failing sequence only
         note(
-            "A failing sequence, as a test for tests/test_model_based.py:\n\n"
+            "A failing sequence, as a test for tests/e2e/test_model_based.py:\n\n"
             + render_test("test_found_by_soak", mode, full_update_type, steps)
         )
         played(make(mode, full_update_type), steps)

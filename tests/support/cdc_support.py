@@ -23,7 +23,7 @@ from mongo_cdc.lake import pack_cluster_time, table_uri
 from mongo_cdc.lake.landing import SourceLake
 from mongo_cdc.lake.storage import LakeLocation, table_if_exists
 
-README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
+README = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "README.md")
 README_ASSET_URI = "file:///data/lake/state/shop/shop/orders"
 EJSON_OPTIONS = json_util.JSONOptions(datetime_conversion=bson.DatetimeConversion.DATETIME_MS)
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
@@ -139,7 +139,7 @@ class CdcSource:
 
     def transform_command(self, *arguments: str) -> list[str]:
         """The spark-submit command of the DAG's Spark job (e.g. with ``--rebuild-hours``)."""
-        app = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "spark_apps")
+        app = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "spark_apps")
         return [
             "spark-submit",
             "--master",
