@@ -1,4 +1,4 @@
-"""Issue 10 item 6: every collection's state and changes tables are Airflow Assets. A run's summary
+"""Every collection's state and changes tables are Airflow Assets. A run's summary
 emits their events with the documented extras, and a DAG scheduled on a state Asset (the README's
 example) is queued by it."""
 

@@ -1,4 +1,5 @@
-"""Issue 4 item 6 end to end: backfills, as Airflow's backfill creates them (real mongod, real Spark).
+"""Backfills, as Airflow's backfill creates them, fill past hours and move nothing live (real mongod,
+real Spark).
 
 A backfill completes its past hours' raw and changes partitions: history older than the live
 sync's first snapshot comes from the oplog, what the live sync landed is used as is; the offsets

@@ -1,4 +1,4 @@
-"""Issue 4 item 7: drop, rename, dropDatabase and invalidate (real mongod and Spark; a fake stream
+"""Drop, rename, dropDatabase and invalidate reach the state tables (real mongod and Spark; a fake stream
 only for the invalidate, which a deployment-wide stream never gets from a real server).
 
 Every scenario ends with each state table equal to its live collection and the raw zone holding

@@ -1,4 +1,4 @@
-"""Issue 27 item 4: two transforms writing one collection's tables at once converge.
+"""Two transforms writing one collection's tables at once converge.
 
 Airflow runs one ``transform`` at a time across a source's runs (``max_active_tis_per_dag``, see
 test_dag_shape); these tests take that away and race the Spark job against itself on one lake:

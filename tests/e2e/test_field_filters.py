@@ -1,4 +1,4 @@
-"""Issue 5 item 4: field exclusion and renames, sanitized column names, snapshot-only-some-collections,
+"""Field exclusion and renames, sanitized column names, snapshot-only-some-collections,
 and the capture filters, each changing the output as documented."""
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Issue 4 items 9 and 10 through Airflow: corrupted offsets and stale writer claims."""
+"""Through Airflow: a corrupted offset fails the run naming its Variable and writes nothing; a writer
+claim left by a crashed task does not block the next run."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Issue 10 item 7: the oplog-window guard, on a real 1 MB oplog and through a real DAG run.
+"""The oplog-window guard warns, or refuses to start, before the committed position can leave the oplog,
+on a real 1 MB oplog and through a real DAG run.
 
 With an hourly schedule a 1 MB oplog holds far less than three intervals of writes, so the pull
 warns naming the replica set and the fix; with ``oplog.headroom.fail`` it refuses to start while

@@ -1,4 +1,6 @@
-"""Issue 2 acceptance, end to end through Airflow (dag.test), a real mongod and a real Spark.
+"""One replica set captured end to end through Airflow (dag.test), a real mongod and a real Spark: the
+snapshot's state equals each collection, streamed writes reach state and raw exactly once, a cleared
+and rerun run changes nothing, and a deleted offset takes a new snapshot.
 
 The tests of this module form one scenario and run in file order: snapshot, then streamed
 writes, then a cleared-and-rerun DAG run.

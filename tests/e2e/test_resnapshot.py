@@ -1,4 +1,5 @@
-"""Issue 4 items 4 and 5 end to end (Airflow dag.test, a real mongod, real Spark): re-snapshots.
+"""Re-snapshots, asked for or forced by a lost oplog position, end to end (Airflow dag.test, a real
+mongod, real Spark).
 
 An on-call re-snapshot through the trigger params and their validation, then a stored position
 that the oplog has lost: ``initial`` fails saying how to re-snapshot, ``when_needed`` re-snapshots

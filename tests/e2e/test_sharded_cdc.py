@@ -1,4 +1,6 @@
-"""Issue 3 acceptance against real mongods: a config-server replica set describing shard replica sets.
+"""A sharded cluster (a config-server replica set describing shard replica sets, real mongods): one
+pull per shard and state the union of the shards, migrations produce no events, an added shard is
+snapshotted then streamed, a removed one drained and retired, an unreachable one fails alone.
 
 There is no mongos binary here: the tests play the router's part by writing the cluster
 metadata (config.shards, config.collections, config.chunks) themselves and writing each document

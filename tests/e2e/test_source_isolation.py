@@ -1,4 +1,4 @@
-"""Issue 10 (c): one broken source YAML takes only its own source down, and says everything wrong with it."""
+"""One broken source YAML takes only its own source down, and says everything wrong with it."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 27 item 5 and issue 25 item 5: a collection whose transform fails holds back no other, and
+"""A collection whose transform fails holds back no other, and
 is loud. Its state table's data file is damaged (a real failure of its MERGE) while both
 collections keep landing: every run fails naming it and the committed batches it is behind (in
 the Spark job's summary and log, the ``summary`` task and its tables' asset events), the other

@@ -1,4 +1,4 @@
-"""Issue 10 item 8: the topology sensor's log names the stored and live shard ids it compared."""
+"""The topology sensor's log names the stored and live shard ids it compared."""
 
 from __future__ import annotations
 

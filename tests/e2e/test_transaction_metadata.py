@@ -1,4 +1,5 @@
-"""Issue 5 items 3 and 5: Debezium transaction metadata and heartbeats, against a real mongod.
+"""Debezium transaction metadata (begin and end records, each event's transaction block) and
+heartbeats land as configured, against a real mongod.
 
 Pulls run at core level (``pull_changes`` with an in-memory offset store) after a real snapshot;
 one DAG run with Spark checks that the transform ignores the reserved directories.

@@ -1,4 +1,4 @@
-"""Issue 10 item 5: a wrong trigger fails its run at once, without retries and without Spark."""
+"""A wrong trigger fails its run at once, without retries and without Spark."""
 
 from __future__ import annotations
 

@@ -1,3 +1,6 @@
+"""The throwaway mongod launcher (mongo_cdc_dev.testing): a missing binary is named, members crash,
+restart on their data and port, and elect a new primary."""
+
 from __future__ import annotations
 
 import os

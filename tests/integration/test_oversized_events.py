@@ -1,4 +1,5 @@
-"""Issue 4 item 8: change events over 16 MB, in each cursor.oversize.handling.mode, on a real mongod.
+"""A change event over 16 MB stops the pull with the fix or is skipped and counted, as
+``cursor.oversize.handling.mode`` says, on a real mongod.
 
 An update that adds ~7 MB to an ~8 MB document makes an event of ~23 MB with the looked-up
 document: the server cannot send it, and in the default mode the pull must stop with a clear

@@ -1,4 +1,4 @@
-"""Issue 4 items 1-3: a pull rides out an election and a restarted server, and gives up cleanly on a dead one.
+"""A pull rides out an election and a restarted server, and gives up cleanly on a dead one.
 
 Each fault is injected right after a chosen micro-batch commits, so it always lands mid-pull with
 batches still to come; the backoff sleep is injected, so the tests check its delays instead of

@@ -1,4 +1,4 @@
-"""Issue 10 item 8 (the pull's part): progress lines while a pull reads, and a last one when it is done."""
+"""A pull logs progress lines while it reads, and a last one when it is done."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 11 item 6: the change stream's namespace $match, on a real mongod.
+"""The change stream's namespace $match passes exactly the captured namespaces, on a real mongod.
 
 The pull's stream must return only captured namespaces, so an uncaptured database's writes
 (even an event over 16 MB there) never reach the client, while filters the server cannot

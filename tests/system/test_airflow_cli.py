@@ -1,4 +1,5 @@
-"""Issue 10 (a): the DAGs load the way Airflow itself loads them, through the real ``airflow`` CLI.
+"""The DAGs load the way Airflow itself loads them, through the real ``airflow`` CLI: no import
+error, no deprecation warning in the parse, both DAGs listed from the repo's dags folder.
 
 One fresh AIRFLOW_HOME (SQLite) for the module: ``airflow db migrate`` once, then in two Python
 environments ``airflow dags reserialize`` (parses the dags folder in-process, as the dag-processor
