@@ -19,10 +19,12 @@ from deltalake import DeltaTable
 
 from mongo_cdc.capture.backfill import HOUR, BackfillResult, backfill_interval, hour_partitions
 from mongo_cdc.capture.offsets import offset_key, parse_offset
+from mongo_cdc.capture.replica_set import ReplicaSetCapture
 from mongo_cdc.capture.topology import make_client
 from mongo_cdc.config import load_source
 from mongo_cdc.lake import HISTORY_SEQ, table_uri
 from mongo_cdc.lake.storage import LakeLocation
+from mongo_cdc_dev.testing.lake import memory_keeper
 
 
 def _hour_of(moment: dt.datetime) -> dt.datetime:
@@ -52,9 +54,9 @@ def _backfill_this_hour(uri: str, source, rs: str, began: dt.datetime) -> Backfi
     config = load_source(os.path.join(os.environ["MONGO_CDC_SOURCES_DIR"], f"{source.name}.yaml"))
     offset = parse_offset("offset", Variable.get(offset_key(source.name, rs)))
     with make_client(uri, {}) as client:
-        return backfill_interval(
-            client, config, rs, offset, began, dt.datetime.now(dt.timezone.utc), source.lake
-        )
+        # the backfill reads the replica set's name and lake from its keeper, never its offset
+        capture = ReplicaSetCapture(client, config, memory_keeper(config, rs))
+        return backfill_interval(capture, offset, began, dt.datetime.now(dt.timezone.utc))
 
 
 def test_a_backfill_adds_the_history_before_the_first_snapshot_and_moves_nothing_live(

@@ -18,6 +18,7 @@ from bson import json_util
 from cdc_support import CdcSource, assert_state_equals_collection
 
 from mongo_cdc.capture.capture_modes import ImagesNotEnabledError, watch_options
+from mongo_cdc.capture.replica_set import ReplicaSetCapture
 from mongo_cdc.capture.snapshot import run_snapshot
 from mongo_cdc.capture.streaming import pull_changes
 from mongo_cdc.capture.topology import make_client
@@ -56,7 +57,7 @@ def _capture(replica_set, db_name: str, config: SourceConfig) -> list[dict]:
         db = client[db_name]
         db.create_collection("items", **IMAGES_ON)
         db.items.insert_one({"_id": 0, "snapshotted": True})
-        run_snapshot(client, config, "rs0", keeper)
+        run_snapshot(ReplicaSetCapture(client, config, keeper))
         db.items.insert_one(V1)
         db.items.update_one({"_id": 1}, {"$set": {"name": "b"}, "$unset": {"x": ""}})
         db.items.update_one({"_id": 1}, [{"$set": {"tags": {"$slice": ["$tags", 2]}}}])
@@ -65,7 +66,7 @@ def _capture(replica_set, db_name: str, config: SourceConfig) -> list[dict]:
         db.items.insert_one(W1)
         db.items.update_one({"_id": 2}, {"$set": {"n": 1}})
         db.items.update_one({"_id": 2}, {"$set": {"n": 2}})
-        pull_changes(client, config, "rs0", keeper)
+        pull_changes(ReplicaSetCapture(client, config, keeper))
     return raw_rows(SourceLake(LakeLocation(config.lake_root), config.topic_prefix), f"{db_name}.items")
 
 
@@ -217,7 +218,7 @@ def test_missing_images_refuse_the_snapshot_naming_every_collection(
     with make_client(replica_set.uri) as client:
         _prepare_collections(client, db_name)
         with pytest.raises(ImagesNotEnabledError) as failure:
-            run_snapshot(client, config, "rs0", keeper)
+            run_snapshot(ReplicaSetCapture(client, config, keeper))
     message = str(failure.value)
     assert reason in message
     assert f"do not record them: {db_name}.customers, {db_name}.orders." in message
@@ -233,18 +234,18 @@ def test_missing_images_refuse_the_pull_leaving_offset_and_lake_untouched(replic
     keeper = memory_keeper(lookup, "rs0")
     with make_client(replica_set.uri) as client:
         _prepare_collections(client, db_name)
-        run_snapshot(client, lookup, "rs0", keeper)
+        run_snapshot(ReplicaSetCapture(client, lookup, keeper))
         committed, landed = keeper.load(), _lake_files(lookup)
         client[db_name].orders.insert_one({"_id": 2})
         pre_image = dataclasses.replace(lookup, capture_mode="change_streams_update_full_with_pre_image")
         with pytest.raises(ImagesNotEnabledError, match=f"{db_name}.customers, {db_name}.orders, "):
-            pull_changes(client, pre_image, "rs0", keeper)
+            pull_changes(ReplicaSetCapture(client, pre_image, keeper))
         assert keeper.load() == committed and _lake_files(lookup) == landed
 
         # the fix the message gives, and the pull goes ahead
         for name in ("orders", "customers", "scratch"):
             client[db_name].command({"collMod": name, **IMAGES_ON})
-        result = pull_changes(client, pre_image, "rs0", keeper)
+        result = pull_changes(ReplicaSetCapture(client, pre_image, keeper))
     assert result.events[f"{db_name}.orders"] == {"c": 1}
 
 

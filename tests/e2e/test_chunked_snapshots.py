@@ -21,8 +21,9 @@ from cdc_support import assert_state_equals_collection
 from datagen import COLLECTIONS, FALLBACK_FIELDS, load, random_writes
 
 from mongo_cdc import extjson
-from mongo_cdc.capture import snapshot
+from mongo_cdc.capture import chunk_reads, snapshot
 from mongo_cdc.capture.offsets import Offset
+from mongo_cdc.capture.replica_set import ReplicaSetCapture
 from mongo_cdc.capture.topology import make_client
 from mongo_cdc.lake.landing import SourceLake
 from mongo_cdc.lake.snapshot_log import Chunk
@@ -124,13 +125,13 @@ def test_a_run_cut_short_re_reads_only_the_chunks_that_did_not_commit(
     with replica_set.client() as client:
         load(client[db_name], {"orders": 1500})
         read: list[str] = []
-        raw_batches = snapshot._raw_batches
+        raw_batches = chunk_reads._raw_batches
 
         def reading(collection, fetch_size, chunk):
             read.append(chunk.label)
             return raw_batches(collection, fetch_size, chunk)
 
-        monkeypatch.setattr(snapshot, "_raw_batches", reading)
+        monkeypatch.setattr(chunk_reads, "_raw_batches", reading)
         record_copied = SourceLake.record_copied
         recorded = []
 
@@ -254,7 +255,7 @@ def test_one_copier_reads_the_next_chunk_while_this_one_commits(replica_set, db_
     and a range chunk is read in several batches, so the server reads while the client encodes."""
     config = database_source("shop", tmp_path / "lake", re.escape(db_name), snapshot_chunk_size=1_000)
     events: list[str] = []
-    raw_batches, write_chunk = snapshot._raw_batches, SourceLake.write_chunk
+    raw_batches, write_chunk = chunk_reads._raw_batches, SourceLake.write_chunk
     fetch_sizes = []
 
     def reading(collection, fetch_size, chunk):
@@ -266,11 +267,11 @@ def test_one_copier_reads_the_next_chunk_while_this_one_commits(replica_set, db_
         write_chunk(lake, rs, seq, chunk, data)
         events.append(f"commit {chunk.index}")
 
-    monkeypatch.setattr(snapshot, "_raw_batches", reading)
+    monkeypatch.setattr(chunk_reads, "_raw_batches", reading)
     monkeypatch.setattr(SourceLake, "write_chunk", committing)
     with make_client(replica_set.uri) as client:
         client[db_name].orders.insert_many([{"_id": i, "n": i} for i in range(4_000)])
-        result = snapshot.run_snapshot(client, config, "rs0", memory_keeper(config, "rs0"))
+        result = snapshot.run_snapshot(ReplicaSetCapture(client, config, memory_keeper(config, "rs0")))
     assert result.total == 4_000
     chunks = sum(event.startswith("commit") for event in events)
     assert chunks >= 3

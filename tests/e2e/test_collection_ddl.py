@@ -15,6 +15,7 @@ from cdc_support import assert_state_equals_collection
 from pymongo.errors import OperationFailure
 
 from mongo_cdc.capture.offsets import Offset
+from mongo_cdc.capture.replica_set import ReplicaSetCapture
 from mongo_cdc.capture.streaming import pull_changes
 from mongo_cdc.lake import COLLECTION_KEY, pack_cluster_time
 from mongo_cdc.lake.batch_log import Batch
@@ -159,7 +160,7 @@ def test_an_invalidated_stream_is_reopened_after_the_invalidate_with_nothing_los
     keeper.commit_batch(Offset(), start)  # streaming starts here, in the lake and the offset
     client = _FakeClient()
 
-    result = pull_changes(client, config, "rs0", keeper)
+    result = pull_changes(ReplicaSetCapture(client, config, keeper))
 
     assert result.events == {"shop.orders": {"c": 2}}
     first, reopened = client.watches

@@ -12,6 +12,7 @@ import yaml
 from bson import json_util
 
 from mongo_cdc.capture.field_filters import FieldFilters, FieldRenameConflict, parse_rules
+from mongo_cdc.capture.replica_set import ReplicaSetCapture
 from mongo_cdc.capture.snapshot import run_snapshot
 from mongo_cdc.capture.streaming import pull_changes
 from mongo_cdc.capture.topology import make_client
@@ -328,13 +329,13 @@ def test_capture_filters_and_skipped_operations_change_what_lands(
             db, collection = namespace.split(".")
             client[db][collection].insert_one({"_id": 0})
         keeper = memory_keeper(config, replica_set.name)
-        run_snapshot(client, config, replica_set.name, keeper)
+        run_snapshot(ReplicaSetCapture(client, config, keeper))
         for namespace in names:
             db, collection = namespace.split(".")
             client[db][collection].insert_one({"_id": 1})
             client[db][collection].update_one({"_id": 0}, {"$set": {"x": 1}})
             client[db][collection].delete_one({"_id": 1})
-        pull_changes(client, config, replica_set.name, keeper)
+        pull_changes(ReplicaSetCapture(client, config, keeper))
     full = ["c", "d", "r", "tombstone", "u"]
     want = {ns.format(one=one, two=two): full if ops == "full" else ops for ns, ops in expected.items()}
     assert landed(config, names) == {ns: want.get(ns, []) for ns in names}
@@ -360,9 +361,9 @@ def test_a_narrowed_snapshot_keeps_the_streaming_position_of_the_stream_only_col
         client[db_name].copied.insert_one({"_id": 0})
         client[db_name].streamed.insert_one({"_id": 0})
         keeper = memory_keeper(config, replica_set.name)
-        run_snapshot(client, config, replica_set.name, keeper)
-        pull_changes(client, config, replica_set.name, keeper)
+        run_snapshot(ReplicaSetCapture(client, config, keeper))
+        pull_changes(ReplicaSetCapture(client, config, keeper))
         client[db_name].streamed.insert_one({"_id": 1})  # written between two runs
-        run_snapshot(client, config, replica_set.name, keeper)  # as snapshot.mode always does
-        pull_changes(client, config, replica_set.name, keeper)
+        run_snapshot(ReplicaSetCapture(client, config, keeper))  # as snapshot.mode always does
+        pull_changes(ReplicaSetCapture(client, config, keeper))
     assert landed(config, names) == {names[0]: ["r", "r"], names[1]: ["c"]}

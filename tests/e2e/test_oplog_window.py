@@ -20,6 +20,7 @@ from conftest import make_source
 from mongo_cdc.capture.events import token_cluster_time
 from mongo_cdc.capture.offsets import offset_key
 from mongo_cdc.capture.oplog_window import OplogHeadroomError, OplogWindow, measure
+from mongo_cdc.capture.replica_set import ReplicaSetCapture
 from mongo_cdc.capture.snapshot import start_without_snapshot
 from mongo_cdc.capture.streaming import pull_changes
 from mongo_cdc.capture.topology import make_client
@@ -71,7 +72,9 @@ def test_small_oplog_warns_and_the_fail_setting_stops_before_the_position_is_los
         before = keeper.load()
 
         with pytest.raises(OplogHeadroomError) as failure:
-            pull_changes(client, replace(config, oplog_headroom_fail=True), rs, keeper, interval_s=HOUR)
+            pull_changes(
+                ReplicaSetCapture(client, replace(config, oplog_headroom_fail=True), keeper), interval_s=HOUR
+            )
         message = str(failure.value)
         assert message.startswith(f"replica set {rs}: the committed position ({keeper.key}) leaves the oplog")
         assert "less than 3 schedule intervals (1 h 00 min each" in message
@@ -81,7 +84,7 @@ def test_small_oplog_warns_and_the_fail_setting_stops_before_the_position_is_los
         assert not measure(client, rs, token_cluster_time(before.resume_token)).position_lost
 
         caplog.set_level(logging.INFO)
-        result = pull_changes(client, config, rs, keeper, interval_s=HOUR).to_dict()
+        result = pull_changes(ReplicaSetCapture(client, config, keeper), interval_s=HOUR).to_dict()
     [warning] = _headroom_warnings(caplog)
     assert warning.startswith(f"replica set {rs}: the committed position ({keeper.key})")
     assert result["events"] == {"guarded.docs": {"c": 3}}
@@ -98,11 +101,11 @@ def test_ample_oplog_does_not_warn_and_zero_intervals_turn_the_warning_off(repli
         keeper = memory_keeper(config, replica_set.name)
         start_without_snapshot(client, replica_set.name, keeper)
         # the test replica set's oplog is at least 990 MB: seconds-apart pulls are safe
-        result = pull_changes(client, config, replica_set.name, keeper, interval_s=1).to_dict()
+        result = pull_changes(ReplicaSetCapture(client, config, keeper), interval_s=1).to_dict()
         assert result["oplog"]["headroom_seconds"] > 3
         # and with warn.intervals 0 even an hourly schedule stays quiet
         quiet = replace(config, oplog_headroom_warn_intervals=0, oplog_headroom_fail=True)
-        assert pull_changes(client, quiet, replica_set.name, keeper, interval_s=HOUR).oplog is not None
+        assert pull_changes(ReplicaSetCapture(client, quiet, keeper), interval_s=HOUR).oplog is not None
     assert _headroom_warnings(caplog) == []
 
 

@@ -20,6 +20,7 @@ from pymongo import MongoClient
 
 from mongo_cdc import lake
 from mongo_cdc.capture.offsets import OffsetKeeper
+from mongo_cdc.capture.replica_set import ReplicaSetCapture
 from mongo_cdc.capture.snapshot import run_snapshot
 from mongo_cdc.capture.streaming import pull_changes
 from mongo_cdc.capture.topology import make_client
@@ -48,7 +49,7 @@ def _snapshotted(
     client[db_name].a.insert_one({"_id": "seed-a"})
     client[db_name].b.insert_one({"_id": "seed-b"})
     keeper = memory_keeper(config, RS)
-    run_snapshot(client, config, RS, keeper)
+    run_snapshot(ReplicaSetCapture(client, config, keeper))
     return config, keeper
 
 
@@ -90,7 +91,7 @@ def test_transaction_across_two_collections_gets_begin_end_and_event_blocks(clie
 
     session_uuid = _in_transaction(client, work)
     db.b.insert_one({"_id": "after"})
-    pull_changes(client, config, RS, keeper)
+    pull_changes(ReplicaSetCapture(client, config, keeper))
 
     begin, end = _transaction_records(config)
     assert re.fullmatch(rf"{session_uuid}:\d+", begin["id"]), begin["id"]
@@ -132,7 +133,7 @@ def test_transaction_split_across_micro_batches_gets_one_begin_and_end(client, t
     db = client[db_name]
     _in_transaction(client, lambda s: [db.a.insert_one({"_id": i}, session=s) for i in range(5)])
     _in_transaction(client, lambda s: [db.b.insert_one({"_id": i}, session=s) for i in range(3)])
-    pull_changes(client, config, RS, keeper)
+    pull_changes(ReplicaSetCapture(client, config, keeper))
 
     records = _transaction_records(config)
     assert [(r["status"], r["event_count"]) for r in records] == [
@@ -164,11 +165,11 @@ def test_transaction_interrupted_between_pulls_keeps_counting(client, tmp_path, 
 
     monkeypatch.setattr(OffsetKeeper, "commit", commit_then_die)
     with pytest.raises(KeyboardInterrupt):
-        pull_changes(client, config, RS, keeper)
+        pull_changes(ReplicaSetCapture(client, config, keeper))
     monkeypatch.undo()
     assert keeper.load().open_transaction["total_order"] == 2
 
-    pull_changes(client, config, RS, keeper)
+    pull_changes(ReplicaSetCapture(client, config, keeper))
     records = _transaction_records(config)
     assert [(r["status"], r["event_count"]) for r in records] == [("BEGIN", None), ("END", 5)]
     orders = [r["transaction"]["total_order"] for r in _raw_rows(config, db_name, "a") if r["op"] == "c"]
@@ -179,7 +180,7 @@ def test_metadata_off_writes_no_records_and_no_blocks(client, tmp_path, db_name)
     config, keeper = _snapshotted(client, tmp_path, db_name)
     db = client[db_name]
     _in_transaction(client, lambda s: [db.a.insert_one({"_id": i}, session=s) for i in range(2)])
-    pull_changes(client, config, RS, keeper)
+    pull_changes(ReplicaSetCapture(client, config, keeper))
 
     assert _landed_transaction_rows(config) == []
     streamed = [r for r in _raw_rows(config, db_name, "a") if r["op"] == "c"]
@@ -196,7 +197,7 @@ def test_heartbeats_land_on_a_quiet_pull_at_most_once_per_interval(client, tmp_p
     config, keeper = _snapshotted(client, tmp_path, db_name, heartbeat_interval_ms=1)
     # only a collection the source does not capture changes
     client[f"{db_name}_other"].c.insert_one({"_id": 1})
-    pull_changes(client, config, RS, keeper)
+    pull_changes(ReplicaSetCapture(client, config, keeper))
 
     (beat,) = _heartbeats(config)
     offset = keeper.load()
@@ -207,16 +208,16 @@ def test_heartbeats_land_on_a_quiet_pull_at_most_once_per_interval(client, tmp_p
 
     # the newest heartbeat is what the interval counts from, across pulls
     hourly = dataclasses.replace(config, heartbeat_interval_ms=3_600_000)
-    pull_changes(client, hourly, RS, keeper)
+    pull_changes(ReplicaSetCapture(client, hourly, keeper))
     assert len(_heartbeats(config)) == 1
-    pull_changes(client, config, RS, keeper)
+    pull_changes(ReplicaSetCapture(client, config, keeper))
     assert len(_heartbeats(config)) == 2
 
 
 def test_no_heartbeats_when_disabled(client, tmp_path, db_name):
     config, keeper = _snapshotted(client, tmp_path, db_name)
     client[db_name].a.insert_one({"_id": "new"})
-    pull_changes(client, config, RS, keeper)
+    pull_changes(ReplicaSetCapture(client, config, keeper))
     assert _heartbeats(config) == []
 
 

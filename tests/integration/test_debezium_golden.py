@@ -11,6 +11,7 @@ import pytest
 from bson import Binary, Int64, ObjectId, json_util
 
 from mongo_cdc import extjson
+from mongo_cdc.capture.replica_set import ReplicaSetCapture
 from mongo_cdc.capture.snapshot import run_snapshot
 from mongo_cdc.capture.streaming import pull_changes
 from mongo_cdc.capture.topology import make_client
@@ -58,13 +59,13 @@ def customer_1004_events(replica_set, db_name, tmp_path):
     config = database_source("inventory", tmp_path, db_name, topic_prefix="fulfillment")
     keeper = memory_keeper(config, "rs0")
     with make_client(replica_set.uri) as client:
-        run_snapshot(client, config, "rs0", keeper)
+        run_snapshot(ReplicaSetCapture(client, config, keeper))
         customers = client[db_name].customers
         customers.insert_one(json_util.loads(SEED_AFTER))
         customers.update_one({"_id": Int64(1004)}, {"$set": {"first_name": "Anne Marie"}})
         customers.update_one({"_id": Int64(1004)}, {"$unset": {"email": ""}})
         customers.delete_one({"_id": Int64(1004)})
-        pull_changes(client, config, "rs0", keeper)
+        pull_changes(ReplicaSetCapture(client, config, keeper))
     return config, raw_rows(keeper.lake, f"{db_name}.customers"), db_name
 
 

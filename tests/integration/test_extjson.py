@@ -22,9 +22,10 @@ from bson.raw_bson import RawBSONDocument
 from deltalake import DeltaTable
 
 from mongo_cdc import extjson
-from mongo_cdc.capture import snapshot
+from mongo_cdc.capture import chunk_reads, snapshot
 from mongo_cdc.capture.events import SnapshotColumns, SourceInfo, rows_to_table
 from mongo_cdc.capture.field_filters import FieldFilters, parse_rules
+from mongo_cdc.capture.replica_set import ReplicaSetCapture
 from mongo_cdc.config import SourceConfig
 from mongo_cdc.lake import RAW_SCHEMA
 from mongo_cdc.lake.landing import SourceLake
@@ -277,7 +278,7 @@ def test_snapshot_rows_equal_documents_encoded_one_by_one(replica_set, db_name, 
             snapshot_fetch_size=333,
         )
         keeper = memory_keeper(config, "rs0")
-        result = snapshot.run_snapshot(client, config, "rs0", keeper)
+        result = snapshot.run_snapshot(ReplicaSetCapture(client, config, keeper))
         raw_things = client[db_name].get_collection("things", codec_options=CodecOptions(RawBSONDocument))
         expected = {
             extjson.document_key(bson.decode(d.raw, extjson.DECODE_OPTIONS)["_id"]): d.raw
@@ -318,10 +319,10 @@ def test_snapshot_rows_equal_documents_encoded_one_by_one(replica_set, db_name, 
 def test_raw_batch_replies_are_cut_without_decoding_their_batch():
     batch = [{"_id": i, "v": "x" * i} for i in range(3)]
     reply = {"cursor": {"nextBatch": batch, "id": Int64(7), "ns": "db.c"}, "ok": 1.0}
-    small, array, key = snapshot._without_batch(memoryview(bson.encode(reply)))
+    small, array, key = chunk_reads._without_batch(memoryview(bson.encode(reply)))
     assert key == "nextBatch"
     assert bson.decode(small) == {"cursor": {"nextBatch": [], "id": 7, "ns": "db.c"}, "ok": 1.0}
     assert bson._array_of_documents_to_buffer(array) == b"".join(bson.encode(d) for d in batch)
     # a type the walk does not know (a regex): pymongo's own unpacking takes the reply
     odd = {"note": Regex("^x"), **reply}
-    assert snapshot._without_batch(memoryview(bson.encode(odd))) is None
+    assert chunk_reads._without_batch(memoryview(bson.encode(odd))) is None

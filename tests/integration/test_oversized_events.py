@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from mongo_cdc.capture.oversized_events import FragmentJoiner, OversizedEventError, supports_split
+from mongo_cdc.capture.replica_set import ReplicaSetCapture
 from mongo_cdc.capture.snapshot import start_without_snapshot
 from mongo_cdc.capture.streaming import pull_changes
 from mongo_cdc.capture.topology import make_client
@@ -59,7 +60,7 @@ def test_fail_mode_stops_with_the_fix_and_leaves_the_offset(client, replica_set,
     _write_around_an_oversized_update(client, db_name)
 
     with pytest.raises(OversizedEventError) as failure:
-        pull_changes(client, config, replica_set.name, keeper)
+        pull_changes(ReplicaSetCapture(client, config, keeper))
 
     message = str(failure.value)
     assert "larger than MongoDB's 16 MB limit (BSONObjectTooLarge)" in message
@@ -76,7 +77,7 @@ def test_skip_mode_counts_the_oversized_event_and_lands_the_rest(client, replica
     start_without_snapshot(client, replica_set.name, keeper)
     _write_around_an_oversized_update(client, db_name)
 
-    result = pull_changes(client, config, replica_set.name, keeper).to_dict()
+    result = pull_changes(ReplicaSetCapture(client, config, keeper)).to_dict()
 
     assert result["oversized_skipped"] == {f"{db_name}.docs": 1}
     assert _landed(config, db_name) == [
@@ -84,7 +85,7 @@ def test_skip_mode_counts_the_oversized_event_and_lands_the_rest(client, replica
     ]  # fmt: skip
     assert result["events"] == {f"{db_name}.docs": {"c": 3}}
     # a second pull starts past it: nothing read twice
-    assert pull_changes(client, config, replica_set.name, keeper).to_dict()["events"] == {}
+    assert pull_changes(ReplicaSetCapture(client, config, keeper)).to_dict()["events"] == {}
 
 
 def test_skip_threshold_skips_smaller_events_too(client, replica_set, db_name, tmp_path):
@@ -95,7 +96,7 @@ def test_skip_threshold_skips_smaller_events_too(client, replica_set, db_name, t
     start_without_snapshot(client, replica_set.name, keeper)
     client[db_name].docs.insert_many([{"_id": "small"}, {"_id": "medium", "a": "a" * (2 * MB)}])
 
-    result = pull_changes(client, config, replica_set.name, keeper).to_dict()
+    result = pull_changes(ReplicaSetCapture(client, config, keeper)).to_dict()
 
     assert result["oversized_skipped"] == {f"{db_name}.docs": 1}
     assert _landed(config, db_name) == [('"small"', "c")]
@@ -109,7 +110,7 @@ def test_split_mode_is_refused_by_a_server_without_it(client, replica_set, db_na
     before = keeper.load()
 
     with pytest.raises(OversizedEventError, match=r"runs MongoDB 6\.0\.5, which cannot split large change"):
-        pull_changes(client, config, replica_set.name, keeper)
+        pull_changes(ReplicaSetCapture(client, config, keeper))
     assert keeper.load() == before
 
 

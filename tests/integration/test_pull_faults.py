@@ -19,6 +19,7 @@ from datagen import COLLECTIONS, WriteLog, load, random_writes
 from pymongo import MongoClient, monitoring
 
 from mongo_cdc.capture.offsets import OffsetKeeper
+from mongo_cdc.capture.replica_set import ReplicaSetCapture
 from mongo_cdc.capture.snapshot import run_snapshot
 from mongo_cdc.capture.streaming import SourceUnreachableError, pull_changes
 from mongo_cdc.capture.topology import make_client
@@ -47,7 +48,7 @@ def _snapshot_then_write(client: MongoClient, config: SourceConfig) -> tuple[Off
     """An offset from a real snapshot, then a few hundred writes (some 15 batches) for the pull."""
     load(client[DATABASE], {"customers": 30, "orders": 30, "products": 30})
     keeper = memory_keeper(config, RS)
-    run_snapshot(client, config, RS, keeper)
+    run_snapshot(ReplicaSetCapture(client, config, keeper))
     return keeper, random_writes(client[DATABASE], 300, seed=4)
 
 
@@ -118,7 +119,7 @@ def test_a_pull_follows_a_primary_elected_mid_pull(tmp_path, monkeypatch):
             election.update(primary=new_primary, commands_before=len(commands.sent))
 
         _fault_after_batches(monkeypatch, {1}, step_down)
-        result = pull_changes(client, config, RS, keeper)
+        result = pull_changes(ReplicaSetCapture(client, config, keeper))
 
     after = commands.sent[election["commands_before"] :]
     reopened = [i for i, (name, _) in enumerate(after) if name == "aggregate"]
@@ -145,7 +146,7 @@ def test_a_server_restarted_within_the_backoff_loses_and_repeats_nothing(tmp_pat
                 replica_set.restart(0)
                 replica_set.primary_index()
 
-        result = pull_changes(client, config, RS, keeper, sleep=sleep_then_restart)
+        result = pull_changes(ReplicaSetCapture(client, config, keeper), sleep=sleep_then_restart)
 
     # each outage starts the backoff over: a successful read resets the attempt count
     assert sleeps == [0.05, 0.1, 0.05, 0.1]
@@ -175,7 +176,7 @@ def test_a_server_that_stays_down_fails_the_pull_and_leaves_the_offset(tmp_path,
         monkeypatch.setattr(OffsetKeeper, "commit", recording_commit)
         _fault_after_batches(monkeypatch, {1}, lambda: replica_set.kill(0))
         with pytest.raises(SourceUnreachableError) as failure:
-            pull_changes(client, config, RS, keeper, sleep=sleeps.append)
+            pull_changes(ReplicaSetCapture(client, config, keeper), sleep=sleeps.append)
 
         message = str(failure.value)
         assert "\n" not in message

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from mongo_cdc.capture import streaming
+from mongo_cdc.capture import read_ahead
+from mongo_cdc.capture.replica_set import ReplicaSetCapture
 from mongo_cdc.capture.snapshot import start_without_snapshot
 from mongo_cdc.capture.streaming import pull_changes
 from mongo_cdc.capture.topology import make_client
@@ -28,7 +29,7 @@ def test_a_batch_lands_on_its_own_thread_while_the_pull_reads_on(
     config = _config(tmp_path, db_name)
     reads = 0
     third_read = threading.Event()
-    read_events = streaming.read_events
+    read_events = read_ahead.read_events
 
     def counted(stream, limit):
         nonlocal reads
@@ -50,13 +51,13 @@ def test_a_batch_lands_on_its_own_thread_while_the_pull_reads_on(
             read_during_first_landing.append(third_read.wait(timeout=30))
         return write_raw(self, rs, seq, namespace, data)
 
-    monkeypatch.setattr(streaming, "read_events", counted)
+    monkeypatch.setattr(read_ahead, "read_events", counted)
     monkeypatch.setattr(SourceLake, "write_raw", watched)
     with make_client(replica_set.uri) as client:
         keeper = memory_keeper(config, replica_set.name)
         first_seq = start_without_snapshot(client, replica_set.name, keeper).batch_seq + 1
         client[db_name].docs.insert_many([{"_id": i} for i in range(6)])
-        result = pull_changes(client, config, replica_set.name, keeper)
+        result = pull_changes(ReplicaSetCapture(client, config, keeper))
 
     assert read_during_first_landing == [True]
     assert len(landed_by) == 3 and all(name.startswith("land") for name in landed_by)
@@ -84,12 +85,12 @@ def test_a_failed_landing_stops_the_pull_at_the_batch_before_it(
         with monkeypatch.context() as patched:
             patched.setattr(SourceLake, "write_raw", failing)
             with pytest.raises(OSError, match="disk full"):
-                pull_changes(client, config, replica_set.name, keeper)
+                pull_changes(ReplicaSetCapture(client, config, keeper))
         # the offset and the lake stop at the batch before: nothing after the failed batch landed
         assert keeper.load().batch_seq == first_seq
         assert [batch.seq for batch in keeper.lake.batches() if batch.kind == "stream"] == [first_seq]
 
-        result = pull_changes(client, config, replica_set.name, keeper)
+        result = pull_changes(ReplicaSetCapture(client, config, keeper))
 
     assert result.batches == 2 and keeper.load().batch_seq == first_seq + 2
     keys = keeper.lake.committed_raw(f"{db_name}.docs", columns=["key"]).column("key").to_pylist()
@@ -104,7 +105,7 @@ def test_a_micro_batch_lands_once_its_documents_reach_max_queue_size_in_bytes(
         keeper = memory_keeper(config, replica_set.name)
         start_without_snapshot(client, replica_set.name, keeper)
         client[db_name].docs.insert_many([{"_id": i, "pad": "x" * 4000} for i in range(10)])
-        result = pull_changes(client, config, replica_set.name, keeper)
+        result = pull_changes(ReplicaSetCapture(client, config, keeper))
 
     # about 4 KB a document: a batch is full at its third (12 KB >= 10,000 bytes), not at 1,000 events
     assert result.batches == 4

@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 from mongo_cdc.capture import pull_progress
+from mongo_cdc.capture.replica_set import ReplicaSetCapture
 from mongo_cdc.capture.snapshot import start_without_snapshot
 from mongo_cdc.capture.streaming import pull_changes
 from mongo_cdc.capture.topology import make_client
@@ -24,7 +25,7 @@ def test_the_pull_logs_progress_and_a_final_line(replica_set, db_name, tmp_path:
         start_without_snapshot(client, replica_set.name, keeper)
         client[db_name].docs.insert_many([{"_id": i} for i in range(5)])
         client[db_name].docs.update_one({"_id": 0}, {"$set": {"a": 1}})
-        result = pull_changes(client, config, replica_set.name, keeper)
+        result = pull_changes(ReplicaSetCapture(client, config, keeper))
 
     lines = [r.getMessage() for r in caplog.records]
     progress = [line for line in lines if line.startswith(f"replica set {replica_set.name}: pulling: ")]

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from mongo_cdc.capture.oversized_events import OversizedEventError
+from mongo_cdc.capture.replica_set import ReplicaSetCapture
 from mongo_cdc.capture.snapshot import start_without_snapshot
 from mongo_cdc.capture.stream_filter import full_match_regex, namespace_filter, server_regex
 from mongo_cdc.capture.streaming import pull_changes
@@ -129,20 +130,20 @@ def test_the_stream_returns_only_captured_namespaces(replica_set, db_name, tmp_p
         client[other].big.update_one({"_id": "big"}, {"$set": {"b": "b" * (7 * MB)}})
 
         # default cursor.oversize.handling.mode fail: the oversized event never reaches the pull
-        result = pull_changes(client, server, replica_set.name, keepers["server"])
+        result = pull_changes(ReplicaSetCapture(client, server, keepers["server"]))
         landed = {f"{db_name}.docs": {"c": 3, "u": 1, "d": 1}}
         assert result.to_dict()["events"] == landed
         assert result.events_received == 5
 
         # Without the server filter, that event stops the pull (the behaviour before the $match) ...
         with pytest.raises(OversizedEventError):
-            pull_changes(client, replace(client_side, name="fails"), replica_set.name, keepers["fails"])
+            pull_changes(ReplicaSetCapture(client, replace(client_side, name="fails"), keepers["fails"]))
         # ... and with skip every database's events reach the client, which lands the same ones (the
         # collection.exclude.list, still translatable, keeps the 10 "skipped" events on the server).
         caplog.clear()
         caplog.set_level(logging.WARNING, logger="mongo_cdc.capture.streaming")
         skipping = replace(client_side, cursor_oversize_handling_mode="skip")
-        wide = pull_changes(client, skipping, replica_set.name, keepers["client"])
+        wide = pull_changes(ReplicaSetCapture(client, skipping, keepers["client"]))
         assert wide.to_dict()["events"] == landed
         assert wide.events_received == 5 + 50 + 2
         fallbacks = [r.getMessage() for r in caplog.records if "cannot be matched on the server" in r.message]
@@ -154,6 +155,6 @@ def test_the_stream_returns_only_captured_namespaces(replica_set, db_name, tmp_p
         # a busy uncaptured database and a quiet captured one: the offset still moves past the writes
         client[other].busy.insert_many([{"_id": i} for i in range(50, 80)])
         written = client.admin.command("ping")["operationTime"]
-        quiet = pull_changes(client, server, replica_set.name, keepers["server"])
+        quiet = pull_changes(ReplicaSetCapture(client, server, keepers["server"]))
         assert quiet.events_received == 0 and quiet.batches == 0
         assert keepers["server"].load().cluster_time >= pack_cluster_time(written.time, written.inc)

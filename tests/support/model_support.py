@@ -33,6 +33,7 @@ from pymongo.client_session import ClientSession
 
 from mongo_cdc import extjson
 from mongo_cdc.capture.events import token_cluster_time
+from mongo_cdc.capture.replica_set import ReplicaSetCapture
 from mongo_cdc.capture.snapshot import run_snapshot
 from mongo_cdc.capture.streaming import pull_changes
 from mongo_cdc.lake import deletions_uri, pack_cluster_time, table_uri
@@ -321,7 +322,7 @@ class Sequence:
         self._snapshot(only=(f"{self.database}.{name}",))
 
     def _snapshot(self, only: tuple[str, ...] = ()) -> None:
-        result = run_snapshot(self.client, self.config, RS, self.keeper, only=only)
+        result = run_snapshot(ReplicaSetCapture(self.client, self.config, self.keeper), only=only)
         for name in [n.partition(".")[2] for n in only] or sorted(self.model):
             self.snapshot_reads.append(SnapshotRead(name, result.cluster_time, sorted(self.model[name])))
         if self.snapshotted_at is None:
@@ -341,7 +342,7 @@ class Sequence:
         if self.snapshotted_at is None:
             self._snapshot()
         else:
-            pull_changes(self.client, self.config, RS, self.keeper)
+            pull_changes(ReplicaSetCapture(self.client, self.config, self.keeper))
         code = self.transform_main(
             ["--lake-root", str(self.lake_root), "--topic-prefix", self.prefix], context=self.context
         )

@@ -1,4 +1,4 @@
-"""The pull reads the next getMore while it lands the current one (``streaming._ReadAhead``).
+"""The pull reads the next getMore while it lands the current one (``read_ahead.ReadAhead``).
 
 A scripted stream (a real one cannot be paused between getMores to look at what was asked of it).
 """
@@ -10,7 +10,7 @@ import threading
 import pytest
 from pymongo.errors import ConnectionFailure
 
-from mongo_cdc.capture.streaming import _ReadAhead
+from mongo_cdc.capture.read_ahead import ReadAhead
 from mongo_cdc.lake import pack_cluster_time
 
 
@@ -44,7 +44,7 @@ class _ScriptedStream:
 
 def test_the_next_read_is_under_way_while_this_one_is_landed_and_none_after_catching_up():
     stream = _ScriptedStream(events=5, idle_at=200)
-    reads = _ReadAhead(stream, limit=2, target=pack_cluster_time(150, 1))
+    reads = ReadAhead(stream, limit=2, target=pack_cluster_time(150, 1))
     try:
         first, idle = reads.next()
         assert len(first) == 2 and idle is None
@@ -64,7 +64,7 @@ def test_the_next_read_is_under_way_while_this_one_is_landed_and_none_after_catc
 
 def test_an_idle_read_before_the_target_is_followed_and_a_read_error_reaches_the_caller():
     stream = _ScriptedStream(events=0, idle_at=120, fail_after=2)
-    reads = _ReadAhead(stream, limit=2, target=pack_cluster_time(150, 1))
+    reads = ReadAhead(stream, limit=2, target=pack_cluster_time(150, 1))
     try:
         assert reads.next() == ([], _token(120))  # not caught up yet: the next read goes on
         assert reads.next() == ([], _token(120))

@@ -45,6 +45,7 @@ from pymongo.collection import Collection
 import mongo_cdc
 from mongo_cdc import extjson
 from mongo_cdc.capture.offsets import OffsetKeeper
+from mongo_cdc.capture.replica_set import ReplicaSetCapture
 from mongo_cdc.capture.snapshot import run_snapshot
 from mongo_cdc.capture.streaming import pull_changes
 from mongo_cdc.config import SourceConfig
@@ -208,7 +209,7 @@ class Source:
 
     def snapshot(self) -> float:
         started = time.perf_counter()
-        result = run_snapshot(self.client, self.config, self.rs, self.keeper)
+        result = run_snapshot(ReplicaSetCapture(self.client, self.config, self.keeper))
         seconds = time.perf_counter() - started
         if result.total != self.documents:
             raise AssertionError(
@@ -218,7 +219,7 @@ class Source:
 
     def pull(self, expected: dict[str, int]) -> int:
         """Land the changes since the last pull; the raw rows they make (a delete's tombstone too)."""
-        result = pull_changes(self.client, self.config, self.rs, self.keeper)
+        result = pull_changes(ReplicaSetCapture(self.client, self.config, self.keeper))
         pulled = {op: count for op, count in result.events.get(self.namespace, {}).items() if count}
         if pulled != expected:
             raise AssertionError(f"{self.namespace}: the pull landed {pulled}, not {expected}")
