@@ -68,7 +68,7 @@ clean:
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -exec rm -rf {} +
 
 # Model-based tests with fresh random sequences until SOAK_MINUTES are up; a failure prints the
-# minimal failing sequence as a ready test (README, "Model-based tests and make soak").
+# minimal failing sequence as a ready test (docs/development.md, "Model-based tests and make soak").
 SOAK_MINUTES ?= 30
 soak: $(STAMP)
 	MODEL_SOAK_MINUTES=$(SOAK_MINUTES) $(VENV)/bin/pytest tests/e2e/test_model_based.py -k test_soak -x

@@ -1,13 +1,13 @@
 """Every collection's state and changes tables are Airflow Assets. A run's summary
-emits their events with the documented extras, and a DAG scheduled on a state Asset (the README's
-example) is queued by it."""
+emits their events with the documented extras, and a DAG scheduled on a state Asset (the example in
+docs/reading.md) is queued by it."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from airflow.sdk import Asset
-from cdc_support import asset_events, readme_downstream_dag
+from cdc_support import asset_events, documented_downstream_dag
 from sqlalchemy import select
 
 from mongo_cdc.lake import table_uri
@@ -30,7 +30,7 @@ def test_asset_uris_are_the_table_locations_in_airflows_normal_form():
 
 
 def register_downstream_dag(directory: Path, uri: str) -> str:
-    """Parse the README's downstream DAG with Airflow's DagBag, write it to the metadata DB the way the
+    """Parse the documented downstream DAG with Airflow's DagBag, write it to the metadata DB the way the
     DAG processor does, and unpause it (paused DAGs are not queued); its dag_id."""
     from airflow.dag_processing.bundles.manager import DagBundlesManager
     from airflow.dag_processing.dagbag import DagBag, sync_bag_to_db
@@ -38,7 +38,7 @@ def register_downstream_dag(directory: Path, uri: str) -> str:
     from airflow.utils.session import create_session
 
     directory.mkdir()
-    (directory / "orders_report.py").write_text(readme_downstream_dag(uri))
+    (directory / "orders_report.py").write_text(documented_downstream_dag(uri))
     bag = DagBag(dag_folder=str(directory))
     assert not bag.import_errors, bag.import_errors
     [dag_id] = bag.dag_ids

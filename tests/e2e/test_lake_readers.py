@@ -1,4 +1,4 @@
-"""Every reader the README names sees exactly a Delta table's live rows; a Parquet glob does not."""
+"""Every reader docs/reading.md names sees exactly a Delta table's live rows; a Parquet glob does not."""
 
 from __future__ import annotations
 
@@ -79,7 +79,7 @@ def test_readers_see_exactly_the_live_rows(table_uri, spark) -> None:
 
 
 def test_a_parquet_glob_sees_removed_files(table_uri) -> None:
-    """Why the README sends readers to delta_scan: files of old versions stay until vacuum."""
+    """Why docs/reading.md sends readers to delta_scan: files of old versions stay until vacuum."""
     uri, before, live = table_uri
     globbed = duckdb.sql(f"SELECT id FROM read_parquet('{uri}/**/*.parquet')").fetchall()
     assert len(globbed) > len(live)

@@ -1,4 +1,4 @@
-"""Every engine the README names reads every state table of a real DAG run and gets exactly the
+"""Every engine docs/reading.md names reads every state table of a real DAG run and gets exactly the
 live documents; with ``lake.retention.hours: 0`` even a DuckDB glob over the lake does."""
 
 from __future__ import annotations

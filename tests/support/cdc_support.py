@@ -23,8 +23,8 @@ from mongo_cdc.lake import pack_cluster_time, table_uri
 from mongo_cdc.lake.landing import SourceLake
 from mongo_cdc.lake.storage import LakeLocation, table_if_exists
 
-README = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "README.md")
-README_ASSET_URI = "file:///data/lake/state/shop/shop/orders"
+ASSETS_PAGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "docs", "reading.md")
+DOCUMENTED_ASSET_URI = "file:///data/lake/state/shop/shop/orders"
 EJSON_OPTIONS = json_util.JSONOptions(datetime_conversion=bson.DatetimeConversion.DATETIME_MS)
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 OPLOG_TRUNCATION_TIMEOUT_S = 90
@@ -258,13 +258,14 @@ def op_counts(events: list[tuple[str, str]]) -> Counter:
     return Counter(op for _, op in events)
 
 
-def readme_downstream_dag(uri: str) -> str:
-    """The README's example DAG scheduled on a table's Asset ("Airflow Assets"), scheduled on ``uri``."""
-    with open(README) as readme:
-        section = readme.read().split("### Airflow Assets", 1)[1]
+def documented_downstream_dag(uri: str) -> str:
+    """The example DAG of docs/reading.md ("Airflow Assets") scheduled on a table's Asset, made to
+    schedule on ``uri``."""
+    with open(ASSETS_PAGE) as page:
+        section = page.read().split("\n## Airflow Assets\n", 1)[1]
     code = section.split("```python\n", 1)[1].split("```", 1)[0]
-    assert README_ASSET_URI in code
-    return code.replace(README_ASSET_URI, uri)
+    assert DOCUMENTED_ASSET_URI in code
+    return code.replace(DOCUMENTED_ASSET_URI, uri)
 
 
 def asset_events(dag_id: str, run_id: str) -> dict[str, dict]:

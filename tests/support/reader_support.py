@@ -1,4 +1,4 @@
-"""DuckDB as the README's readers use it: with its delta extension, loaded offline."""
+"""DuckDB as docs/reading.md's readers use it: with its delta extension, loaded offline."""
 
 from __future__ import annotations
 

@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 import psutil
 import pytest
-from cdc_support import CdcSource, assert_state_equals_collection, readme_downstream_dag
+from cdc_support import CdcSource, assert_state_equals_collection, documented_downstream_dag
 from conftest import make_source
 
 from mongo_cdc_airflow import local_env
@@ -49,7 +49,7 @@ STARTUP_TIMEOUT_S = 240
 # One run (Spark included) on a shared 2-core machine takes 2-3 minutes.
 RUN_TIMEOUT_S = 15 * 60
 TERMINAL = {"success", "failed"}
-# the README's example downstream DAG, scheduled on the state Asset of this collection
+# the example downstream DAG of docs/reading.md, scheduled on the state Asset of this collection
 DOWNSTREAM_DAG_ID = "orders_report"
 DOWNSTREAM_COLLECTION = "orders"
 
@@ -233,7 +233,7 @@ def airflow(
     replica_set: ReplicaSet, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[Airflow, CdcSource]]:
     """A private Airflow (SQLite, LocalExecutor, Spark local[2]) whose DAGs are one source's, capturing a
-    database loaded with the demo's inventory data, and the README's DAG scheduled on a state Asset."""
+    database loaded with the demo's inventory data, and the documented DAG scheduled on a state Asset."""
     work = tmp_path_factory.mktemp("scheduler")
     source = make_source(work, replica_set.uri, DATABASE)
     dags = work / "dags"
@@ -241,7 +241,7 @@ def airflow(
     for dag_file in glob.glob(os.path.join(local_env.REPO_ROOT, "dags", "*.py")):
         (dags / os.path.basename(dag_file)).write_text(Path(dag_file).read_text())
     state = table_asset_uri(source.location, "state", source.prefix, f"{DATABASE}.{DOWNSTREAM_COLLECTION}")
-    (dags / "orders_report.py").write_text(readme_downstream_dag(state))
+    (dags / "orders_report.py").write_text(documented_downstream_dag(state))
     home = work / "airflow"
     port = free_port()
     env = {
@@ -327,7 +327,7 @@ def test_a_dag_scheduled_on_a_state_asset_is_triggered_by_the_run(
         documents = client[DATABASE][DOWNSTREAM_COLLECTION].count_documents({})
     assert first["extra"]["rows"] == first["extra"]["new_events"] == documents
     logs = stack.home / "logs" / f"dag_id={DOWNSTREAM_DAG_ID}" / f"run_id={run['dag_run_id']}"
-    # the README example's task read the events' extras
+    # the documented example's task read the events' extras
     printed = f"{first['uri']}: {documents} rows at version {first['extra']['table_version']}"
     assert any(printed in log.read_text() for log in logs.glob("**/*.log")), stack.describe(
         DOWNSTREAM_DAG_ID, run["dag_run_id"]

@@ -69,22 +69,3 @@ def test_the_page_example_is_the_demo_source_and_loads():
     config = load_source(EXAMPLE_SOURCE)
     assert (config.topic_prefix, config.snapshot_max_threads) == ("dbserver1", 2)
     assert f"```yaml\n{EXAMPLE_SOURCE.read_text(encoding='utf-8')}```" in render()
-
-
-def _anchor(heading: str) -> str:
-    """GitHub's anchor of a Markdown heading."""
-    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
-
-
-def test_the_page_links_reach_readme_sections():
-    readme_anchors = {
-        _anchor(line.lstrip("#"))
-        for line in (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
-        if line.startswith("#")
-    }
-    links = re.findall(r"\]\(([^)\s]+)\)", render())
-    assert links
-    for link in links:
-        target, _, anchor = link.partition("#")
-        assert target == "../README.md", f"{link}: the page links to README sections only"
-        assert anchor in readme_anchors, f"{link}: no such README section"
