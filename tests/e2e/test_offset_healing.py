@@ -60,8 +60,8 @@ def test_a_token_from_another_replica_set_is_refused_and_the_documented_fix_work
         key = offset_key(source.name, "rs0")
         stored = _offset(source)
         foreign = current_position(other)
-        edited = {**stored, "resume_token": {"_data": foreign["_data"]}}
-        edited["cluster_time"] = int(foreign["_data"][2:18], 16)
+        edited = {**stored, "resume_after": {"_data": foreign["_data"]}}
+        edited["cluster_time"] = str(int(foreign["_data"][2:18], 16))
         Variable.set(key, json.dumps(edited))
         writes = random_writes(db, 150, seed=3)
 

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import shlex
+from dataclasses import replace
 
 import pyarrow as pa
 import pytest
+from airflow_ui import JS_SAFE_INTEGER, as_the_rest_api_shows, as_the_ui_saves
 from deltalake import DeltaTable
 
 from mongo_cdc.capture.events import rows_to_table
@@ -19,6 +22,7 @@ from mongo_cdc.capture.offsets import (
 )
 from mongo_cdc.lake.batch_log import Batch
 from mongo_cdc.lake.landing import SourceLake
+from mongo_cdc.lake.snapshot_log import SnapshotPlan
 from mongo_cdc.lake.storage import LakeLocation
 
 KEY = "mongo_cdc.shop.rs0"
@@ -43,7 +47,7 @@ def test_round_trip_keeps_binary_type_bits_of_resume_tokens():
         ),
         (json.dumps({"format": 1, "batch_seq": 1, "resume_token": {"_data": "82"}}), "must be set together"),
         (json.dumps({"format": 1, "batch_seq": 1, "pending": ["/lake/raw/x.parquet"]}), "old lake layout"),
-        (json.dumps({"batch_seq": 1}), "'format' must be 1"),
+        (json.dumps({"batch_seq": 1}), "'format' must be 2"),
     ],
 )
 def test_corrupted_offset_names_the_variable_and_how_to_reset_it(text, problem):
@@ -140,6 +144,129 @@ def test_without_an_offset_batches_are_numbered_after_the_lakes(tmp_path):
     keeper = _keeper(_lake_with_batches(tmp_path, 1, 2, 3))
     assert keeper.load_checked() is None
     assert keeper.next_offset().batch_seq == 3
+
+
+# A real packed cluster time ((t << 32) | i): far past 2**53, where JavaScript rounds numbers.
+NOW = (1_763_737_200 << 32) | 7
+
+
+def _every_number(value) -> list[int]:
+    if isinstance(value, dict):
+        return [n for item in value.values() for n in _every_number(item)]
+    if isinstance(value, list):
+        return [n for item in value for n in _every_number(item)]
+    return [value] if isinstance(value, int) and not isinstance(value, bool) else []
+
+
+def test_an_offset_saved_unchanged_in_the_airflow_ui_keeps_every_value():
+    offset = Offset(
+        resume_token={"_data": f"82{NOW:016X}0004", "_typeBits": b"\x81\x80"},
+        cluster_time=NOW,
+        batch_seq=42,
+        snapshot={"status": "complete", "seq": 1, "cluster_time": NOW - 99, "documents": 17,
+                  "captured": {"collection.include.list": ["shop[.]secret_.*"]}},  # fmt: skip
+        # a transaction counting events of collections whose names Airflow deems sensitive
+        open_transaction={"id": "5f1:3", "cluster_time": NOW + 1, "ts_ms": 1_763_737_200_000,
+                          "total_order": 4, "data_collections": {"shop.api_tokens": 3, "shop.passwords": 1}},
+        writer={"dag_id": "mongo_cdc__shop", "run_id": "manual__1", "task_id": "shard_sync.pull",
+                "map_index": 0},
+    )  # fmt: skip
+    text = offset.to_json()
+    assert "***" not in as_the_rest_api_shows(KEY, text)  # nothing masked
+    assert max(_every_number(json.loads(text))) <= JS_SAFE_INTEGER  # nothing JavaScript rounds
+    saved = parse_offset(KEY, as_the_ui_saves(KEY, text))
+    assert saved == parse_offset(KEY, text) and saved.updated_at
+    assert (saved.resume_token, saved.cluster_time, saved.snapshot, saved.open_transaction) == (
+        offset.resume_token, offset.cluster_time, offset.snapshot, offset.open_transaction
+    )  # fmt: skip
+
+
+# An offset as the previous version wrote it (format 1), with every field it could hold.
+FORMAT_1 = json.dumps(
+    {
+        "format": 1,
+        "resume_token": {"_data": f"82{NOW:016X}0004",
+                         "_typeBits": {"$binary": {"base64": "gYA=", "subType": "00"}}},
+        "cluster_time": NOW,
+        "batch_seq": 2,
+        "snapshot": {"status": "complete", "seq": 1, "cluster_time": NOW - 99, "documents": 17,
+                     "completed_at": "2026-11-21T15:38:55+00:00"},
+        "retired_at": "",
+        "open_transaction": {"id": "5f1:3", "cluster_time": NOW, "ts_ms": 1_763_737_200_000, "total_order": 4,
+                             "data_collections": {"shop.orders": 3}},
+        "writer": None,
+        "updated_at": "2026-11-21T15:39:14+00:00",
+    }
+)  # fmt: skip
+
+
+def test_offsets_written_in_format_1_keep_loading_and_are_saved_in_format_2():
+    offset = parse_offset(KEY, FORMAT_1)
+    assert offset.resume_token == {"_data": f"82{NOW:016X}0004", "_typeBits": b"\x81\x80"}
+    assert (offset.cluster_time, offset.batch_seq, offset.snapshot["cluster_time"]) == (NOW, 2, NOW - 99)
+    assert offset.open_transaction["cluster_time"] == NOW
+    assert offset.open_transaction["data_collections"] == {"shop.orders": 3}
+    saved = json.loads(offset.to_json())
+    assert saved["format"] == 2 and "resume_token" not in saved
+    assert saved["cluster_time"] == str(NOW) and saved["snapshot"]["cluster_time"] == str(NOW - 99)
+    assert saved["open_transaction"]["data_collections"] == [["shop.orders", 3]]
+    assert replace(parse_offset(KEY, offset.to_json()), updated_at=offset.updated_at) == offset
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        ({"cluster_time": NOW}, "'cluster_time' must be null or a string of digits"),
+        ({"snapshot": {"status": "complete", "cluster_time": 7.4e18}}, "'snapshot.cluster_time' must be"),
+        ({"resume_token": {"_data": "82"}, "resume_after": None},
+         "'resume_after' and 'cluster_time' must be set"),
+        ({"open_transaction": {"id": "x", "cluster_time": "1", "ts_ms": 1, "total_order": 1,
+                               "data_collections": {"shop.orders": 3}}},
+         "a list of [namespace, count] pairs"),
+    ],
+)  # fmt: skip
+def test_format_2_is_as_strict_as_format_1(change, problem):
+    text = json.dumps({**json.loads(parse_offset(KEY, FORMAT_1).to_json()), **change})
+    with pytest.raises(OffsetError, match="is corrupted") as refused:
+        parse_offset(KEY, text)
+    assert problem in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("stored", "refusal"),
+    [
+        # the masked token still parses: refused as another position than the lake's
+        (
+            json.dumps({**json.loads(FORMAT_1), "resume_token": {"_data": "82"}}),
+            "the resume token was edited",
+        ),
+        # masked binary _typeBits are no Extended JSON: refused as corrupted
+        (FORMAT_1, "is not a resume token in Extended JSON"),
+    ],
+)
+def test_the_fix_for_an_offset_the_ui_masked_and_rounded_is_the_lakes_own_position(tmp_path, stored, refusal):
+    lake = SourceLake(LakeLocation(str(tmp_path / "lake")), "shop")
+    token = {"_data": f"82{NOW:016X}0004"}
+    plan = SnapshotPlan(
+        "rs0", 1, token, NOW - 99, (), False, False, "2026-11-21T15:38:00+00:00", ("db.items",), ()
+    )
+    lake.record_plan(plan)
+    lake.commit(Batch("rs0", 1, "snapshot", token, NOW - 99, NOW - 99, ("db.items",)))
+    lake.commit(Batch("rs0", 2, "stream", token, NOW))
+    keeper = _keeper(lake)
+    # today's format, opened and saved unchanged in the UI: token masked, cluster times rounded
+    keeper.store.set(KEY, as_the_ui_saves(KEY, stored))
+    with pytest.raises(OffsetError, match=refusal) as refused:
+        keeper.load_checked()
+    [command] = [part for part in str(refused.value).split("`") if part.startswith("airflow variables set")]
+    program, verb, action, key, value = shlex.split(command)
+    assert (program, verb, action, key) == ("airflow", "variables", "set", KEY)
+    fixed = parse_offset(KEY, value)
+    assert (fixed.resume_token, fixed.cluster_time, fixed.batch_seq) == (token, NOW, 2)
+    assert fixed.snapshot["cluster_time"] == NOW - 99 and fixed.snapshot["status"] == "complete"
+    assert fixed.open_transaction is None and fixed.writer is None  # the lake's last batch has none
+    keeper.store.set(KEY, value)  # the fix, as an on-call would paste it
+    assert keeper.load_checked() == fixed
 
 
 ME = {"dag_id": "mongo_cdc__shop", "run_id": "scheduled__2026", "task_id": "shard_sync.pull", "map_index": 0}
