@@ -1,7 +1,11 @@
 """The CDC DAG's trigger params (docs/semantics.md, "Re-snapshots") and their checks.
 
-A wrong trigger fails its run at once with ``AirflowFailException`` (no retries): the checks that
-need no server run before ``discover`` connects, the known shards and collections right after.
+A wrong trigger fails its run at once (``failures.fail_at_once``: no retries, the one-line message
+first in the log): the checks that need no server run before ``discover`` connects, the known
+shards and collections right after.
+
+Every param is optional: its schema's type accepts null (the trigger form marks a param whose
+type does not as required), and null means the default.
 """
 
 from __future__ import annotations
@@ -10,9 +14,9 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from airflow.sdk import Param
-from airflow.sdk.exceptions import AirflowFailException
 
 from mongo_cdc.capture.shard_lifecycle import ResnapshotRequest
+from mongo_cdc_airflow.failures import fail_at_once
 
 
 def resnapshot_params() -> dict[str, Param]:
@@ -20,14 +24,14 @@ def resnapshot_params() -> dict[str, Param]:
     return {
         "resnapshot": Param(
             False,
-            type="boolean",
+            type=["boolean", "null"],
             title="Re-snapshot",
             description="Copy the collections below again, then stream. Their state tables are reconciled: "
             "documents that no longer exist disappear.",
         ),
         "collections": Param(
             [],
-            type="array",
+            type=["array", "null"],
             items={"type": "string"},
             title="Collections to re-snapshot",
             description="<db>.<collection> names, one per line. Empty: every captured collection. "
@@ -35,7 +39,7 @@ def resnapshot_params() -> dict[str, Param]:
         ),
         "shards": Param(
             [],
-            type="array",
+            type=["array", "null"],
             items={"type": "string"},
             title="Shards to re-snapshot",
             description="Shard ids, one per line (a plain replica set is one shard named like the set). "
@@ -60,14 +64,14 @@ def resnapshot_request(
         for key in sorted(conf or {})
         if key not in PARAM_NAMES
     ]
-    resnapshot = params.get("resnapshot", False)
+    resnapshot = _or_default(params, "resnapshot", False)
     if not isinstance(resnapshot, bool):
         problems.append(f'param "resnapshot" must be true or false, got {resnapshot!r}')
     for name, what in (("collections", "<db>.<collection> names"), ("shards", "shard ids")):
-        value = params.get(name, [])
+        value = _or_default(params, name, [])
         if not isinstance(value, list) or not all(isinstance(item, str) and item for item in value):
             problems.append(f'param "{name}" must be a list of {what}, got {value!r}')
-    collections, shards = params.get("collections", []), params.get("shards", [])
+    collections, shards = _or_default(params, "collections", []), _or_default(params, "shards", [])
     if not problems:
         bad = [name for name in collections if not _is_namespace(name)]
         if bad:
@@ -108,12 +112,18 @@ def check_known(
     _fail(problems)
 
 
+def _or_default(params: Mapping[str, Any], name: str, default: Any) -> Any:
+    """The param's value; its default when absent or null (a field the trigger form left empty)."""
+    value = params.get(name)
+    return default if value is None else value
+
+
 def _is_namespace(name: str) -> bool:
     db, dot, collection = name.partition(".")
     return bool(db and dot and collection)
 
 
 def _fail(problems: list[str]) -> None:
-    # AirflowFailException: a wrong trigger does not get better with retries
+    # a wrong trigger does not get better with retries
     if problems:
-        raise AirflowFailException("; ".join(problems))
+        fail_at_once("; ".join(problems))

@@ -24,6 +24,7 @@ from mongo_cdc.capture.shard_lifecycle import ShardPlan, plan_shard
 from mongo_cdc.capture.topology import Shard
 from mongo_cdc.config import SourceConfig
 from mongo_cdc_airflow import task_ids
+from mongo_cdc_airflow.failures import deterministic_failures
 from mongo_cdc_airflow.hooks import MongoCdcHook
 from mongo_cdc_airflow.params import resnapshot_request
 from mongo_cdc_airflow.variables import offset_keeper
@@ -56,6 +57,7 @@ def sole_writer(config: SourceConfig) -> Callable[[Callable[..., dict]], Callabl
     """Wrap a per-shard task so it is its offset's only writer while it runs (offsets.WriterConflict).
 
     A backfill run never writes an offset, so it claims none and never waits for the live sync.
+    An offset or config error fails the task at once (``failures.deterministic_failures``).
     """
 
     def decorate(work: Callable[..., dict]) -> Callable[..., dict]:
@@ -63,6 +65,10 @@ def sole_writer(config: SourceConfig) -> Callable[[Callable[..., dict]], Callabl
         def claimed(shard_entry: dict, *args: object) -> dict:
             # lets the UI label each mapped task by its shard id (map_index_template)
             get_current_context()["shard_id"] = shard_entry["id"]
+            with deterministic_failures():  # an offset to fix by hand does not mend with retries
+                return claim_and_work(shard_entry, *args)
+
+        def claim_and_work(shard_entry: dict, *args: object) -> dict:
             if is_backfill():
                 return work(shard_entry, *args)
             ti = get_current_context()["ti"]

@@ -18,6 +18,7 @@ from mongo_cdc.lake.errors import LegacyLakeError, refuse_legacy_layout
 from mongo_cdc.transform.backlog import Backlog, behind_text, collections_behind, source_backlogs
 from mongo_cdc_airflow import task_ids
 from mongo_cdc_airflow.assets import TABLE_ZONES, emit_table_events
+from mongo_cdc_airflow.failures import deterministic_failures, fail_at_once
 from mongo_cdc_airflow.hooks import MongoCdcHook
 from mongo_cdc_airflow.lake_storage import source_lake
 from mongo_cdc_airflow.params import check_known, resnapshot_request
@@ -37,6 +38,11 @@ def discover(config: SourceConfig) -> list[dict]:
     The trigger's params are checked first (no server needed), the shards and collections they
     name right after discovery: a wrong trigger fails here, at once and without retries.
     """
+    with deterministic_failures():  # a stored offset to fix by hand does not mend with retries
+        return _discover(config)
+
+
+def _discover(config: SourceConfig) -> list[dict]:
     context = get_current_context()
     request = resnapshot_request(context["dag_run"].conf, context["params"], is_backfill())
     lake = source_lake(config)
@@ -154,8 +160,8 @@ def summary(config: SourceConfig) -> dict:
     backlogs = source_backlogs(lake, batches)
     result["batches_behind"] = report_backlogs(backlogs)
     failed = [shard["id"] for shard, p in zip(shards, pulls, strict=True) if p is None]
-    if failed:
-        raise RuntimeError(
+    if failed:  # a retry reads the same pull results: fail at once
+        fail_at_once(
             f"shards {', '.join(failed)} did not sync (see their pull tasks); the other shards' "
             "changes landed and they catch up at the next run"
         )

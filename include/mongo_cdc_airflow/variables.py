@@ -11,15 +11,25 @@ from mongo_cdc.capture.topology import Shard
 from mongo_cdc.config import SourceConfig
 from mongo_cdc_airflow.lake_storage import source_lake
 
+# Shown next to each offset Variable in the UI (docs/offsets.md).
+OFFSET_DESCRIPTION = (
+    "mongo-cdc offset of one replica set: where its change stream resumes and its last committed "
+    "batch. It caches the lake's batch log (raw/<topic.prefix>/_batches), which is the authority: an "
+    "offset behind the log is healed from it, one that disagrees with it fails the run with the exact "
+    "`airflow variables set` command that restores the lake's position. Opening and saving it "
+    "unchanged is safe. Do not move its position by hand: delete it for a new snapshot of the replica "
+    'set, or trigger the DAG with {"resnapshot": true}. See docs/offsets.md.'
+)
+
 
 class VariableOffsetStore:
-    """``offsets.OffsetStore`` backed by Airflow Variables (JSON text)."""
+    """``offsets.OffsetStore`` backed by Airflow Variables (JSON text, with ``OFFSET_DESCRIPTION``)."""
 
     def get(self, key: str) -> str | None:
         return Variable.get(key, default=None)
 
     def set(self, key: str, value: str) -> None:
-        Variable.set(key, value)
+        Variable.set(key, value, description=OFFSET_DESCRIPTION)
 
     def keys(self, prefix: str) -> list[str]:
         return list(Variable.keys(prefix=prefix))
