@@ -31,8 +31,16 @@ from mongo_cdc.transform.backlog import Backlog, collections_behind
 log = logging.getLogger(__name__)
 
 TABLE_ZONES = ("state", "changes")
-# The figures of each replica set's oplog window (``oplog_window.OplogWindow.to_dict``) an event carries
-OPLOG_FIGURES = ("window_seconds", "position_age_seconds", "headroom_seconds")
+# The figures of each replica set's oplog window (``oplog_window.OplogWindow.to_dict``) an event
+# carries: in seconds for programs, as text (``3 h 12 min``) for people
+OPLOG_FIGURES = (
+    "window_seconds",
+    "position_age_seconds",
+    "headroom_seconds",
+    "window",
+    "position_age",
+    "headroom",
+)
 
 
 def source_alias(config: SourceConfig) -> AssetAlias:

@@ -204,7 +204,12 @@ class ShardSync:
             copied = commit_snapshot(self.keeper, plan)
         except SnapshotIncompleteError as exc:  # retrying this task copies nothing: fail at once
             raise AirflowFailException(str(exc)) from None
-        result.update(documents=copied.documents, seconds=round(copied.seconds, 3))
+        # the snapshot's rows are the source as of its position: the run's lag counts from there
+        result.update(
+            documents=copied.documents,
+            seconds=round(copied.seconds, 3),
+            newest_source_ts_ms=(copied.cluster_time >> 32) * 1000,
+        )
         return result
 
     def pull(self, snapshot_result: dict) -> dict:
@@ -226,7 +231,9 @@ class ShardSync:
             retired_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
             self.keeper.commit(self.keeper.load() or Offset(), retired_at=retired_at)
             log.info("shard %s left the cluster: its stream is drained and its offset retired", self.shard.id)
-        result["snapshot"] = {key: snapshot_result[key] for key in ("documents", "seconds")}
+        result["snapshot"] = {
+            key: snapshot_result.get(key) for key in ("documents", "seconds", "newest_source_ts_ms")
+        }
         return result
 
     def backfill(self) -> dict:

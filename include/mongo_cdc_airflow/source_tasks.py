@@ -11,6 +11,7 @@ from airflow.sdk import get_current_context
 from airflow.sdk.exceptions import AirflowFailException
 from pymongo.errors import ConnectionFailure
 
+from mongo_cdc.capture.oplog_window import duration
 from mongo_cdc.capture.shard_lifecycle import still_draining
 from mongo_cdc.capture.topology import Shard, discover_shards, reconcile
 from mongo_cdc.config import SourceConfig
@@ -212,9 +213,11 @@ def stuck_collections(config: SourceConfig) -> None:
 def summarize(pulls: list[dict], run_end: pendulum.DateTime) -> dict:
     """Events per collection and op across shards, the lag of the newest event at run end, and faults.
 
-    The faults are the disconnects and primary elections the pulls rode out (Debezium's
-    ``NumberOfDisconnects`` / ``NumberOfPrimaryElections``); ``oplog`` has each replica set's oplog
-    window and headroom.
+    The newest event is the newest change a pull read, or the position of a snapshot the run took
+    (its rows are the source as of then). The lag is in seconds (``lag_seconds``) and as text
+    (``lag``: ``3 h 12 min``). The faults are the disconnects and primary elections the pulls rode
+    out (Debezium's ``NumberOfDisconnects`` / ``NumberOfPrimaryElections``); ``oplog`` has each
+    replica set's oplog window and headroom.
     """
     events: dict[str, dict[str, int]] = {}
     newest = None
@@ -226,26 +229,30 @@ def summarize(pulls: list[dict], run_end: pendulum.DateTime) -> dict:
             for op, count in ops.items():
                 events.setdefault(namespace, {}).setdefault(op, 0)
                 events[namespace][op] += count
-        for namespace, count in pull_result.get("snapshot", {}).get("documents", {}).items():
+        snapshot = pull_result.get("snapshot") or {}
+        for namespace, count in (snapshot.get("documents") or {}).items():
             events.setdefault(namespace, {}).setdefault("r", 0)
             events[namespace]["r"] += count
-        ts_ms = pull_result.get("newest_source_ts_ms")
-        if ts_ms is not None and (newest is None or ts_ms > newest):
-            newest = ts_ms
+        for ts_ms in (pull_result.get("newest_source_ts_ms"), snapshot.get("newest_source_ts_ms")):
+            if ts_ms is not None and (newest is None or ts_ms > newest):
+                newest = ts_ms
     lag_s = None if newest is None else round(run_end.timestamp() - newest / 1000, 3)
+    lag = None if lag_s is None else duration(max(lag_s, 0))
     for namespace in sorted(events):
         log.info("%s: %s", namespace, ", ".join(f"{op}={n}" for op, n in sorted(events[namespace].items())))
-    log.info("lag from the newest event to run end: %s s", lag_s)
+    log.info("lag from the newest event to run end: %s", lag or "none (no event or snapshot in this run)")
     log.info("disconnects: %d, primary elections: %d", faults["disconnects"], faults["primary_elections"])
-    return {"events": events, "lag_seconds": lag_s, **faults, "oplog": oplog_windows(pulls)}
+    return {"events": events, "lag_seconds": lag_s, "lag": lag, **faults, "oplog": oplog_windows(pulls)}
 
 
 def oplog_windows(pulls: list[dict]) -> dict[str, dict]:
-    """Each replica set's oplog window and headroom as its pull measured them (see ``oplog_window``)."""
+    """Each replica set's oplog window and headroom as its pull measured them when it ended, against
+    the position it committed (see ``oplog_window``)."""
     windows = {pull["rs"]: pull["oplog"] for pull in pulls if pull.get("oplog")}
     for rs, window in sorted(windows.items()):
         log.info(
-            "replica set %s: oplog window %s s, committed position %s s old, headroom %s s",
-            rs, window["window_seconds"], window["position_age_seconds"], window["headroom_seconds"],
+            "replica set %s: oplog window %s (%s of %s), committed position %s old after the pull, "
+            "headroom %s",
+            rs, window["window"], window["used"], window["max"], window["position_age"], window["headroom"],
         )  # fmt: skip
     return windows

@@ -88,8 +88,8 @@ def test_small_oplog_warns_and_the_fail_setting_stops_before_the_position_is_los
     [warning] = _headroom_warnings(caplog)
     assert warning.startswith(f"replica set {rs}: the committed position ({keeper.key})")
     assert result["events"] == {"guarded.docs": {"c": 3}}
-    oplog = result["oplog"]
-    assert oplog["position_cluster_time"] == token_cluster_time(before.resume_token)
+    oplog = result["oplog"]  # measured after the pull, against the position it committed
+    assert oplog["position_cluster_time"] == result["cluster_time"] > token_cluster_time(before.resume_token)
     assert oplog["max_bytes"] == 1024 * KB and oplog["used_bytes"] >= 600 * KB
     assert 0 < oplog["headroom_seconds"] < 3 * HOUR and oplog["position_lost"] is False
 
@@ -133,6 +133,6 @@ def test_dag_summary_carries_the_figures_and_the_fail_setting_fails_the_run(
         assert states["shard_sync.pull"] == "failed"
         assert "The pull did not start (oplog.headroom.fail is true)" in "".join(capsys.readouterr())
         after = json.loads(Variable.get(offset_key(source.name, rs)))
-        committed = ("resume_token", "cluster_time", "batch_seq")
+        committed = ("resume_after", "cluster_time", "batch_seq")
         assert [after[key] for key in committed] == [before[key] for key in committed]
-        assert not measure(client, rs, token_cluster_time(before["resume_token"])).position_lost
+        assert not measure(client, rs, int(before["cluster_time"])).position_lost

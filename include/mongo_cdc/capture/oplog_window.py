@@ -91,10 +91,19 @@ class OplogWindow:
         return None if capacity is None else max(0.0, capacity - self.position_age_seconds)
 
     def to_dict(self) -> dict[str, Any]:
+        """The figures in seconds and bytes (for programs), and the main ones as text (for people:
+        ``window``, ``position_age``, ``headroom``, ``used``, ``max``)."""
+
         def rounded(value: float | None) -> float | None:
             return None if value is None else round(value, 1)
 
+        headroom = self.headroom_seconds
         return {
+            "window": duration(self.window_seconds),
+            "position_age": duration(self.position_age_seconds),
+            "headroom": "unbounded" if headroom is None else duration(headroom),
+            "used": byte_size(self.used_bytes),
+            "max": byte_size(self.max_bytes),
             "oldest_cluster_time": self.oldest,
             "newest_cluster_time": self.newest,
             "window_seconds": self.window_seconds,
@@ -177,8 +186,8 @@ def suggested_size_mb(window: OplogWindow, threshold_s: float) -> int:
 def describe(window: OplogWindow) -> str:
     capacity, headroom = window.capacity_seconds, window.headroom_seconds
     return (
-        f"oplog window {duration(window.window_seconds)} ({window.used_bytes / _MB:.1f} of "
-        f"{window.max_bytes / _MB:.1f} MB, {window.bytes_per_second / 1024:.1f} KB/s), capacity at this "
+        f"oplog window {duration(window.window_seconds)} ({byte_size(window.used_bytes)} of "
+        f"{byte_size(window.max_bytes)}, {byte_size(window.bytes_per_second)}/s), capacity at this "
         f"rate {'unbounded' if capacity is None else duration(capacity)}, committed position "
         f"{duration(window.position_age_seconds)} old"
         + (", already gone" if window.position_lost else "")
@@ -187,12 +196,23 @@ def describe(window: OplogWindow) -> str:
 
 
 def duration(seconds: float) -> str:
-    """``2 h 05 min``, ``4 min 10 s`` or ``12 s``: readable in a log line."""
+    """``946 d 06 h``, ``2 h 05 min``, ``4 min 10 s`` or ``12 s``: readable in a log line."""
     total = int(seconds)
-    hours, rest = divmod(total, 3600)
+    days, rest = divmod(total, 86400)
+    hours, rest = divmod(rest, 3600)
     minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days} d {hours:02d} h"
     if hours:
         return f"{hours} h {minutes:02d} min"
     if minutes:
         return f"{minutes} min {secs:02d} s"
     return f"{secs} s"
+
+
+def byte_size(size: float) -> str:
+    """``512 B``, ``12.5 KiB``, ``990.0 MiB`` or ``1.5 GiB``."""
+    for unit, scale in (("GiB", 1024**3), ("MiB", _MB), ("KiB", 1024)):
+        if size >= scale:
+            return f"{size / scale:.1f} {unit}"
+    return f"{int(size)} B"

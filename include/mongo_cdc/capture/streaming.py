@@ -47,7 +47,9 @@ from mongo_cdc.capture.events import (
 )
 from mongo_cdc.capture.heartbeats import Heartbeats
 from mongo_cdc.capture.offsets import Offset, OffsetError, OffsetKeeper
+from mongo_cdc.capture.oplog_window import describe as describe_oplog
 from mongo_cdc.capture.oplog_window import guard as oplog_guard
+from mongo_cdc.capture.oplog_window import measure as measure_oplog
 from mongo_cdc.capture.oversized_events import (
     BSON_OBJECT_TOO_LARGE,
     OVERSIZED_MARKER,
@@ -99,7 +101,8 @@ class PullResult:
     # every event the change stream returned (captured or not): what the server-side filter let through
     events_received: int = 0
     seconds: float = 0.0
-    # the oplog window against the committed position when the pull started (oplog_window.OplogWindow)
+    # the oplog window against the position the pull committed, measured when it ended
+    # (oplog_window.OplogWindow; None when the oplog cannot be read)
     oplog: dict[str, Any] | None = None
 
     def add_counts(self, batch: MicroBatch) -> None:
@@ -511,7 +514,6 @@ def pull_changes(
             rs, pattern,
         )  # fmt: skip
     reader = _ChangeReader(client, config, rs, keeper, offset)
-    reader.result.oplog = window.to_dict() if window is not None else None
     while True:
         try:
             if reader.read():
@@ -534,6 +536,10 @@ def pull_changes(
     result.batch_seq = reader.offset.batch_seq
     result.cluster_time = reader.offset.cluster_time or 0
     reader.progress.done(reader.offset)
+    if window is not None:  # what the next pull resumes from: the position this one committed
+        after = measure_oplog(client, rs, reader.offset.cluster_time or window.position)
+        log.info("replica set %s after the pull: %s", rs, describe_oplog(after))
+        result.oplog = after.to_dict()
     return result
 
 
