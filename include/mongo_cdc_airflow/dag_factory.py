@@ -29,6 +29,7 @@ from mongo_cdc.config import SourceConfig, SourceConfigError, load_sources, sour
 from mongo_cdc_airflow import chunk_copy, source_tasks, task_ids
 from mongo_cdc_airflow.assets import source_alias
 from mongo_cdc_airflow.params import resnapshot_params
+from mongo_cdc_airflow.runbook import cdc_doc, topology_doc
 from mongo_cdc_airflow.sensors import ShardsChangedSensor
 from mongo_cdc_airflow.shard_sync import ShardSync, sole_writer
 from mongo_cdc_airflow.spark_submit import transform_task
@@ -65,7 +66,7 @@ def build_cdc_dag(config: SourceConfig) -> DAG:
         max_active_runs=1,
         default_args=default_args(),
         tags=["mongo-cdc", config.topic_prefix],
-        doc_md=f"Change-data-capture of the source defined in `{config.path}`.",
+        doc_md=cdc_doc(config),
         params=resnapshot_params(),
     )
     def cdc() -> None:
@@ -145,6 +146,7 @@ def build_topology_dag(config: SourceConfig, poke_interval_s: float = 180.0) -> 
         catchup=False,
         max_active_runs=1,
         tags=["mongo-cdc", config.topic_prefix],
+        doc_md=topology_doc(config),
     )
     def topology() -> None:
         ShardsChangedSensor(

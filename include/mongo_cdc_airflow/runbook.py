@@ -1,0 +1,148 @@
+"""The DAG pages as the on-call runbook: each DAG's ``doc_md`` (shown on its page in the Airflow UI).
+
+Every failure it quotes is the start of a real message (tests/unit/test_runbook.py checks them
+against the code), followed by its fix. The full story is in the repository's docs/.
+"""
+
+from __future__ import annotations
+
+from mongo_cdc.capture.offsets import offset_key
+from mongo_cdc.config import SourceConfig
+from mongo_cdc_airflow import task_ids
+
+# (the start of a failure message, what to do), in the order an on-call meets them
+FAILURES = (
+    (
+        'unknown param "',
+        "A mistyped trigger param (the message lists the valid ones): trigger again with the right "
+        "names. Every param is optional.",
+    ),
+    (
+        "is corrupted:",
+        "The offset Variable is not a valid offset. Run the `airflow variables set …` command the "
+        "message prints (an offset rebuilt from the lake), or delete the Variable for a new snapshot.",
+    ),
+    (
+        "belongs to another replica set",
+        "The offset names another position than the lake for the same batch. Run the printed "
+        "`airflow variables set …` command: it is built from the lake, exact and shell-quoted.",
+    ),
+    (
+        "the Variable was edited or the lake lost batches",
+        "The offset is ahead of the lake. Run the printed `airflow variables set …` command, or "
+        "delete the Variable for a new snapshot.",
+    ),
+    (
+        "is being written by task",
+        "Another run's task holds the offset and still runs: let it finish. If it is gone, mark "
+        "that task failed and run again.",
+    ),
+    (
+        "is no longer in the oplog",
+        'The stored position left the oplog: trigger with `{"resnapshot": true}` (add `"shards": '
+        '["<shard id>"]` to copy one shard only). The state tables are reconciled.',
+    ),
+    (
+        "leaves the oplog in about",
+        "A warning (a failure with oplog.headroom.fail): resize the replica set's oplog as the "
+        "message says, or run the DAG more often.",
+    ),
+    (
+        "needs change stream pre- and post-images",
+        "Enable changeStreamPreAndPostImages on the collections the message lists (it prints the "
+        "commands), then run again. Nothing was landed.",
+    ),
+    (
+        "cannot reach replica set",
+        "Check the source connection (its hosts, network, credentials); the next run catches up.",
+    ),
+    (
+        "did not sync (see their pull tasks)",
+        "Read the failed shard's own task log; the other shards landed and it catches up next run.",
+    ),
+    (
+        "the transform failed for",
+        "Search the transform task's log for 'FAILED': fix that collection's cause. The other "
+        "collections landed; the next successful run catches it up.",
+    ),
+)
+
+
+def cdc_doc(config: SourceConfig) -> str:
+    """The CDC DAG's page: what each task does, how to re-snapshot, where things are, what to do when
+    a task fails."""
+    key = offset_key(config.name, "<replica set>")
+    failures = "\n".join(f"| `…{start}…` | {fix} |" for start, fix in FAILURES)
+    return f"""\
+# MongoDB CDC of `{config.name}`
+
+Source file `{config.path}`; lake `{config.lake_root}` (topic prefix `{config.topic_prefix}`).
+Hourly; one run at a time.
+
+## Tasks
+
+| task | what it does |
+| --- | --- |
+| `{task_ids.DISCOVER}` | Checks the trigger params, finds the shards (a plain replica set is one) |
+| `{task_ids.SNAPSHOT_START}` | Per shard: snapshot, resume or stream (its log says why); plans the copy |
+| `snapshot_chunks` | Lists the chunks still to copy, for `snapshot_copy` |
+| `snapshot_copy` | Copies one chunk of one collection (mapped: one task per chunk) |
+| `shard_sync.snapshot` | Per shard: commits the snapshot once every chunk is copied |
+| `{task_ids.SHARD_PULL}` | Per shard: streams changes into the raw tables until caught up |
+| `{task_ids.PLAN_TRANSFORM}`, `{task_ids.TRANSFORM}` | Spark updates `state` and `changes` from `raw` |
+| `summary` | Event counts, lag, each replica set's oplog window (XCom and log); Asset events |
+| `stuck_collections` | Runs only when the transform failed: names the collections left behind |
+
+## Re-snapshot
+
+Trigger with params (all optional): **Re-snapshot** on, then **Collections to re-snapshot**
+(`<db>.<collection>`, one per line) and/or **Shards to re-snapshot**. Empty lists mean everything.
+Streaming goes on from its stored position; the state tables are reconciled.
+
+## Reading the summary
+
+`summary`'s log and XCom: events per collection and op (`r` snapshot reads, `c`/`u`/`d`), the lag
+from the newest event (or the snapshot's position) to the end of the run (`lag`, e.g. `4 min 10 s`;
+`lag_seconds`), disconnects and primary elections, and per replica set the oplog window after the
+pull: `window`, `position_age` (how old the committed position is) and `headroom` (how long it can
+wait before it leaves the oplog), each also in seconds.
+
+## Offsets
+
+Admin → Variables → `{key}`: where each replica set's stream resumes. The lake's batch log is the
+authority: an offset behind it is healed, one that disagrees fails the run with the exact fix.
+Opening and saving it unchanged is safe; never move its position by hand: re-snapshot, or delete
+the Variable to start that replica set over with a new snapshot. `mongo_cdc.{config.name}.topology`
+lists the shards. Connections (`{config.mongo_conn_id}`, the lake's) may come from the environment
+(`AIRFLOW_CONN_…`), so the Connections page can be empty.
+
+## Tables
+
+`{config.lake_root}`: `state/` (one row per live document), `changes/` (every event), `raw/`
+(what the pulls landed). Each `state`/`changes` table is an Airflow Asset (Assets page).
+
+## Failures
+
+A wrong param, offset or config fails its task at once (no retries), its message the first
+error line of the task log.
+
+| message contains | what to do |
+| --- | --- |
+{failures}
+
+More: docs/offsets.md (offsets, resets, stuck collections), docs/semantics.md (re-snapshots,
+oplog window), docs/reading.md (tables, Assets), docs/deploying.md.
+"""
+
+
+def topology_doc(config: SourceConfig) -> str:
+    return f"""\
+# Shard watch of `{config.name}`
+
+Every 15 minutes its sensor compares the cluster's shard ids with the Variable
+`mongo_cdc.{config.name}.topology` (written by `mongo_cdc__{config.name}`'s `discover`), and triggers
+`mongo_cdc__{config.name}` when a shard was added or removed, so the new shard is snapshotted and a
+removed one drained without waiting for the hourly run. Unpause it together with the CDC DAG (a
+plain replica set's one shard never changes, so it never fires there). A skipped sensor means no
+change within its 15 minutes.
+"""
