@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import secrets
 import sys
 import textwrap
 
@@ -13,11 +12,11 @@ from cdc_support import assert_state_equals_collection, asset_events
 from conftest import make_source
 from datagen import COLLECTIONS, FALLBACK_FIELDS, load, random_writes
 from deltalake import DeltaTable
+from s3_support import SECRET_LAKE_CONN_ID
 
 from mongo_cdc.lake import table_uri
 from mongo_cdc.lake.storage import STORAGE_OPTIONS_ENV
 from mongo_cdc_airflow.assets import table_asset_uri
-from mongo_cdc_airflow.lake_storage import lake_location
 
 SPARK_SUBMIT = os.path.join(os.path.dirname(sys.executable), "spark-submit")
 
@@ -52,18 +51,10 @@ def test_snapshot_streaming_and_state_on_an_s3_lake(airflow_db, replica_set, tmp
 
 
 def test_the_lake_secret_is_on_no_command_line_and_in_no_log(
-    airflow_db, replica_set, tmp_path, s3_bucket, moto_endpoint, monkeypatch, caplog, db_name
+    airflow_db, replica_set, tmp_path, s3_lake_with_a_unique_secret, monkeypatch, caplog, db_name
 ):
-    # moto takes any key: one that can only have come from this connection
-    secret = f"lake-secret-{secrets.token_hex(16)}"
-    connection = {
-        "conn_type": "aws",
-        "login": "lake-key-id",
-        "password": secret,
-        "extra": {"endpoint_url": moto_endpoint, "region_name": "us-east-1"},
-    }
-    monkeypatch.setenv("AIRFLOW_CONN_LAKE_SECRET", json.dumps(connection))
-    location = lake_location(f"s3://{s3_bucket}/lake", "lake_secret")
+    location = s3_lake_with_a_unique_secret
+    secret = location.storage_options["AWS_SECRET_ACCESS_KEY"]
     # a spark-submit first on PATH: records its arguments, whether its environment holds the lake's
     # options, and the real spark-submit's output (which the task logs line by line)
     fake = tmp_path / "bin"
@@ -91,7 +82,7 @@ def test_the_lake_secret_is_on_no_command_line_and_in_no_log(
         replica_set.uri,
         db_name,
         storage_options=dict(location.storage_options),
-        **{"lake.root": location.root, "lake.connection.id": "lake_secret", "max.batch.size": 100},
+        **{"lake.root": location.root, "lake.connection.id": SECRET_LAKE_CONN_ID, "max.batch.size": 100},
     )
     caplog.set_level(logging.INFO)
     with replica_set.client() as client:
