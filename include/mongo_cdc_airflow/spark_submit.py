@@ -5,7 +5,9 @@ When the task runs (never when the DAG is parsed), ``CdcTransformOperator``
 * ships the ``mongo_cdc`` package the Airflow worker imports to the executors, as a zip passed to
   ``--py-files`` (``package_zip``: built once per package content, then reused);
 * takes Spark properties from the Spark connection's ``conf`` extra (``spark_conf``), over the defaults
-  (executors and driver run the Airflow worker's Python, Spark UI off).
+  (executors and driver run the Airflow worker's Python, Spark UI off);
+* hands the lake's credentials to spark-submit in its environment (``environment``), never on its
+  command line, which every local user can read.
 
 The provider itself reads only a few connection extras (``queue``, ``deploy-mode``, ``spark-binary``,
 ``namespace``, …) and takes Spark properties only as the operator's ``conf`` argument.
