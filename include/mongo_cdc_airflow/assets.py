@@ -78,6 +78,8 @@ def committed_positions(batches: list[Batch]) -> dict[str, dict[str, int | None]
 
 
 def table_event_extra(
+    namespace: str,
+    uri: str,
     rows: int,
     new_events: int,
     version: int,
@@ -85,8 +87,11 @@ def table_event_extra(
     batches_behind: int,
     oplog: Mapping[str, Mapping],
 ) -> dict[str, Any]:
-    """An asset event's extras (docs/reading.md, "Airflow Assets")."""
+    """An asset event's extras (docs/reading.md, "Airflow Assets"): the collection's name as MongoDB
+    has it next to its table's URI, whose path holds the name escaped (``lake.name_parts``)."""
     return {
+        "collection": namespace,
+        "table": uri,
         "rows": rows,
         "new_events": new_events,
         "table_version": version,
@@ -133,6 +138,8 @@ def emit_table_events(
                 continue
             asset_uri = table_asset_uri(source_lake.location, zone, source_lake.prefix, namespace)
             extra = table_event_extra(
+                namespace,
+                uri,
                 row_count(table),
                 new_events,
                 table.version(),

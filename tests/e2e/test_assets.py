@@ -83,6 +83,8 @@ def test_a_run_emits_each_touched_tables_event_and_queues_the_dag_scheduled_on_i
         last = source.lake.last_batch(replica_set.name)
         oplog = run.get_task_instance("summary").xcom_pull(task_ids="summary")["oplog"][replica_set.name]
         assert extra == {
+            "collection": f"{db_name}.{collection}",
+            "table": table_uri(source.location, zone, source.prefix, db_name, collection),
             "rows": rows,
             "new_events": new_events,
             "table_version": delta.version(),
