@@ -93,12 +93,16 @@ def test_the_dags_load_with_no_import_error(airflow_home, editable):
 
 def test_a_badly_named_source_is_an_import_error_naming_it_and_the_good_sources_dags_load(tmp_path):
     """Issue 25 item 2: a file name that cannot be a DAG id hid every source's DAGs (the whole DAG
-    file failed to import); now only that source is refused, in mongo_cdc_source_config.py's error."""
+    file failed to import); now only that source is refused, in mongo_cdc_source_config.py's error,
+    like invalid YAML and two sources that would write the same tables."""
     sources = tmp_path / "sources"
     sources.mkdir()
     lake = tmp_path / "lake"
     (sources / "shop.yaml").write_text(f"topic.prefix: shop\nlake.root: {lake}\n")
     (sources / "orders v2.yaml").write_text(f"topic.prefix: orders\nlake.root: {lake}\n")
+    (sources / "broken.yaml").write_text("topic.prefix: [unclosed\n")
+    for twin in ("billing.yaml", "invoices.yaml"):  # would write the same tables
+        (sources / twin).write_text(f"topic.prefix: billing\nlake.root: {lake}\n")
     env = fresh_airflow_home(tmp_path / "home", sources)
     airflow(env, "dags", "reserialize")
     # the CLI exits 1 when there are import errors
@@ -106,6 +110,11 @@ def test_a_badly_named_source_is_an_import_error_naming_it_and_the_good_sources_
     assert [error["filepath"].rsplit("/", 1)[-1] for error in errors] == ["mongo_cdc_source_config.py"]
     assert f"{sources / 'orders v2.yaml'}: the file name 'orders v2' is the source name" in errors[0]["error"]
     assert "rename the file, e.g. to orders_v2.yaml" in errors[0]["error"]
+    assert f"{sources / 'broken.yaml'}: not valid YAML" in errors[0]["error"]
+    assert (
+        f"{sources / 'billing.yaml'}: key 'topic.prefix' is 'billing', the same as in "
+        f"{sources / 'invoices.yaml'} with the same lake root {lake}"
+    ) in errors[0]["error"]
     dags = json.loads(last_line(airflow(env, "dags", "list", "-o", "json")))
     assert {dag["dag_id"] for dag in dags if dag["dag_id"].startswith("mongo_cdc")} == {
         "mongo_cdc__shop",
