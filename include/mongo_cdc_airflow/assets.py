@@ -31,6 +31,7 @@ from mongo_cdc.transform.backlog import Backlog, collections_behind
 log = logging.getLogger(__name__)
 
 TABLE_ZONES = ("state", "changes")
+_URI_PATH_SAFE = "/" + lake.layout.NAME_ESCAPE
 # The figures of each replica set's oplog window (``oplog_window.OplogWindow.to_dict``) an event carries
 OPLOG_FIGURES = ("window_seconds", "position_age_seconds", "headroom_seconds")
 
@@ -44,16 +45,17 @@ def table_asset_uri(location: LakeLocation, zone: str, prefix: str, namespace: s
     """The Asset URI of a collection's ``state`` or ``changes`` table: ``file://<absolute path>`` for a
     local lake, the table's URI (``s3://bucket/...``) otherwise.
 
-    The path is percent-encoded (a ``#`` or ``?`` in a collection name would otherwise end the
-    path), so the URI is already in the form Airflow normalises Asset URIs to.
+    The path is percent-encoded where the lake root holds what a URI cannot (the names in it are
+    escaped already, their ``!`` legal in a URI path), so the URI is already in the form Airflow
+    normalises Asset URIs to.
     """
     db, _, collection = namespace.partition(".")
     uri = lake.table_uri(location, zone, prefix, db, collection)
     if location.is_local:
-        return f"file://{quote(uri)}"
+        return f"file://{quote(uri, safe=_URI_PATH_SAFE)}"
     scheme, _, rest = uri.partition("://")
     bucket, _, path = rest.partition("/")
-    return f"{scheme}://{bucket}/{quote(path)}"
+    return f"{scheme}://{bucket}/{quote(path, safe=_URI_PATH_SAFE)}"
 
 
 def touched_namespaces(
