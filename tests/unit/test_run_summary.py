@@ -66,7 +66,10 @@ def test_a_snapshot_run_has_a_lag_and_the_summary_is_in_human_units(caplog):
 
 
 def test_asset_extras_carry_the_oplog_figures_as_numbers_and_as_text():
-    figures = table_event_extra(17, 17, 1, {}, 0, {"rs0": _window()})["oplog"]["rs0"]
+    extra = table_event_extra(
+        "shop.orders", "file:///lake/state/shop/shop/orders", 17, 17, 1, {}, 0, {"rs0": _window()}
+    )
+    figures = extra["oplog"]["rs0"]
     assert (figures["window_seconds"], figures["window"]) == (3 * 3600 + 12 * 60, "3 h 12 min")
     assert (figures["position_age_seconds"], figures["position_age"]) == (2, "2 s")
     assert figures["headroom"] == duration(figures["headroom_seconds"])
