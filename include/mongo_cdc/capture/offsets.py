@@ -57,8 +57,6 @@ log = logging.getLogger(__name__)
 
 FORMAT = 2
 READABLE_FORMATS = (1, 2)
-# Past this, JavaScript numbers (the Airflow UI's JSON editor) are no longer exact integers.
-JS_SAFE_INTEGER = 2**53 - 1
 
 
 class OffsetStore(Protocol):
@@ -172,9 +170,8 @@ def parse_offset(key: str, text: str) -> Offset:
     if not isinstance(snapshot, dict):
         problems.append("'snapshot' must be an object")
     elif snapshot.get("cluster_time") is not None:
-        snapshot_time = snapshot["cluster_time"]
-        snapshot = {**snapshot, "cluster_time": _read_time(snapshot_time, version, "snapshot.cluster_time",
-                                                           time_type, problems)}  # fmt: skip
+        position = _read_time(snapshot["cluster_time"], version, "snapshot.cluster_time", time_type, problems)
+        snapshot = {**snapshot, "cluster_time": position}
     if data.get("pending"):
         problems.append(
             "'pending' lists files of the old lake layout (plain Parquet); this mongo-cdc keeps Delta tables"
