@@ -368,3 +368,16 @@ def test_a_bad_trigger_fails_at_once_without_retry_or_spark(bad_run: tuple[dict,
     transform = next(ti for ti in tis if ti["task_id"] == "transform")
     # not run: the scheduler set it so from its upstream (a run task ends success or failed)
     assert transform["state"] in ("upstream_failed", "skipped"), f"Spark ran; the run took {took}"
+
+
+def test_a_bad_trigger_logs_its_message_as_the_first_error_of_the_task_log(
+    airflow: tuple[Airflow, CdcSource], bad_run: tuple[dict, list[dict]]
+) -> None:
+    stack, source = airflow
+    run, _ = bad_run
+    logs = stack.home / "logs" / f"dag_id={source.dag_id}" / f"run_id={run['dag_run_id']}"
+    [log] = (logs / "task_id=discover").glob("**/*.log")
+    records = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+    first = next(record for record in records if record.get("level") == "error")
+    # the one-line message, above Airflow's "Task failed with exception" and its traceback
+    assert first["event"].startswith('param "collections": unknown collection nope.nope'), records
