@@ -17,8 +17,22 @@ from cdc_support import CdcSource
 from mongo_cdc_airflow import local_env
 from mongo_cdc_dev.testing import ReplicaSet
 
-# S3 (moto's server), the lake connection and s3:// lake locations: fixtures in tests/s3_support.py
+# S3 (moto's server), the lake connection and s3:// lake locations: fixtures in tests/support/s3_support.py
 pytest_plugins = ["s3_support"]
+
+# ---------------------------------------------------------------------------------------------
+# Tiers: a test's folder says what it needs, and marks it so (-m unit, -m "not system", ...).
+# ---------------------------------------------------------------------------------------------
+
+TIERS = ("unit", "integration", "e2e", "system")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    tests = Path(__file__).parent
+    for item in items:
+        if item.path.is_relative_to(tests) and (tier := item.path.relative_to(tests).parts[0]) in TIERS:
+            item.add_marker(tier)
+
 
 # ---------------------------------------------------------------------------------------------
 # MongoDB: one real single-member replica set per test session (change streams need a replica set).

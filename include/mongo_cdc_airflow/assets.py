@@ -85,7 +85,7 @@ def table_event_extra(
     batches_behind: int,
     oplog: Mapping[str, Mapping],
 ) -> dict[str, Any]:
-    """An asset event's extras (see the README's "Assets")."""
+    """An asset event's extras (docs/reading.md, "Airflow Assets")."""
     return {
         "rows": rows,
         "new_events": new_events,

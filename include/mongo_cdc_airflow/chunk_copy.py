@@ -19,6 +19,7 @@ from pymongo.errors import ConnectionFailure
 
 from mongo_cdc.capture.topology import Shard
 from mongo_cdc.config import SourceConfig
+from mongo_cdc_airflow import task_ids
 from mongo_cdc_airflow.hooks import MongoCdcHook
 from mongo_cdc_airflow.lake_storage import source_lake
 from mongo_cdc_airflow.shard_sync import unreachable
@@ -36,7 +37,7 @@ def chunk_slices(config: SourceConfig, shards: list[dict] | None) -> list[dict]:
     ti = get_current_context()["ti"]
     work: list[tuple[dict, int, str, int, int]] = []
     for index, shard in enumerate(shards):
-        started = ti.xcom_pull(task_ids="snapshot_start", map_indexes=index)
+        started = ti.xcom_pull(task_ids=task_ids.SNAPSHOT_START, map_indexes=index)
         snapshot = (started or {}).get("snapshot")
         if snapshot:
             work.extend((shard, snapshot["seq"], *chunk) for chunk in snapshot["missing"])

@@ -26,7 +26,7 @@ from airflow.sdk import (
 from airflow.task.trigger_rule import TriggerRule
 
 from mongo_cdc.config import SourceConfig, SourceConfigError, load_sources, sources_dir
-from mongo_cdc_airflow import chunk_copy, source_tasks
+from mongo_cdc_airflow import chunk_copy, source_tasks, task_ids
 from mongo_cdc_airflow.assets import source_alias
 from mongo_cdc_airflow.params import resnapshot_params
 from mongo_cdc_airflow.sensors import ShardsChangedSensor
@@ -69,11 +69,11 @@ def build_cdc_dag(config: SourceConfig) -> DAG:
         params=resnapshot_params(),
     )
     def cdc() -> None:
-        @task
+        @task(task_id=task_ids.DISCOVER)
         def discover() -> list[dict]:
             return source_tasks.discover(config)
 
-        @task(map_index_template="{{ shard_id }}")
+        @task(task_id=task_ids.SNAPSHOT_START, map_index_template="{{ shard_id }}")
         @sole_writer(config)
         def snapshot_start(shard_entry: dict) -> dict:
             return ShardSync(config, shard_entry).start()
@@ -92,7 +92,7 @@ def build_cdc_dag(config: SourceConfig) -> DAG:
         def snapshot(shard_entry: dict) -> dict:
             return ShardSync(config, shard_entry).snapshot()
 
-        @task(map_index_template="{{ shard_id }}")
+        @task(task_id=task_ids.PULL, map_index_template="{{ shard_id }}")
         @sole_writer(config)
         def pull(shard_entry: dict, snapshot_result: dict) -> dict:
             return ShardSync(config, shard_entry).pull(snapshot_result)
@@ -103,13 +103,13 @@ def build_cdc_dag(config: SourceConfig) -> DAG:
         # Airflow cannot map a task inside a mapped group: the chunks' fan-out sits between the groups
         copies = snapshot_copy.expand(work=chunk_work)
 
-        @task_group
+        @task_group(group_id=task_ids.SHARD_SYNC)
         def shard_sync(shard_entry: dict) -> dict:
             committed = snapshot(shard_entry)
             copies >> committed
             return pull(shard_entry, committed)
 
-        @task(trigger_rule=TriggerRule.ALL_DONE)
+        @task(task_id=task_ids.PLAN_TRANSFORM, trigger_rule=TriggerRule.ALL_DONE)
         def plan_transform() -> list[str]:
             return source_tasks.plan_transform(config)
 

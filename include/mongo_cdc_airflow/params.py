@@ -1,4 +1,4 @@
-"""The CDC DAG's trigger params (README: re-snapshots) and their checks.
+"""The CDC DAG's trigger params (docs/semantics.md, "Re-snapshots") and their checks.
 
 A wrong trigger fails its run at once with ``AirflowFailException`` (no retries): the checks that
 need no server run before ``discover`` connects, the known shards and collections right after.

@@ -19,9 +19,11 @@ from pymongo import MongoClient
 from pymongo.errors import ConnectionFailure
 
 from mongo_cdc.capture.offsets import Offset
+from mongo_cdc.capture.replica_set import ReplicaSetCapture
 from mongo_cdc.capture.shard_lifecycle import ShardPlan, plan_shard
 from mongo_cdc.capture.topology import Shard
 from mongo_cdc.config import SourceConfig
+from mongo_cdc_airflow import task_ids
 from mongo_cdc_airflow.hooks import MongoCdcHook
 from mongo_cdc_airflow.params import resnapshot_request
 from mongo_cdc_airflow.variables import offset_keeper
@@ -124,6 +126,10 @@ class ShardSync:
         log.info("shard %s (replica set %s): %s", self.shard.id, self.shard.rs, plan.reason)
         return plan
 
+    def capture(self, client: MongoClient) -> ReplicaSetCapture:
+        """This shard's replica set as the capture steps take it, through ``client``."""
+        return ReplicaSetCapture(client, self.config, self.keeper)
+
     def start(self) -> dict:
         """What the plan says before the copy: record the snapshot's position and chunks (or find the
         unfinished one to resume), start from now, or record the capture filter the stream goes on
@@ -150,20 +156,10 @@ class ShardSync:
                     start_without_snapshot(client, self.shard.rs, self.keeper)
                     return result
                 if self.shard.via_source:
-                    started = start_snapshot(
-                        client, self.config, self.shard.rs, self.keeper, only=plan.snapshot
-                    )
+                    started = start_snapshot(self.capture(client), only=plan.snapshot)
                 else:
                     with self.hook.source_client() as cluster:
-                        started = start_snapshot(
-                            client,
-                            self.config,
-                            self.shard.rs,
-                            self.keeper,
-                            cluster,
-                            self.shard.id,
-                            plan.snapshot,
-                        )
+                        started = start_snapshot(self.capture(client), cluster, self.shard.id, plan.snapshot)
         except ConnectionFailure as exc:
             raise unreachable(self.shard, exc) from None
         copied = self.keeper.lake.copied_chunks(started.rs, started.seq)
@@ -183,7 +179,7 @@ class ShardSync:
         if is_backfill():
             return {"documents": {}, "seconds": 0}
         ti = get_current_context()["ti"]
-        started = ti.xcom_pull(task_ids="snapshot_start", map_indexes=ti.map_index)
+        started = ti.xcom_pull(task_ids=task_ids.SNAPSHOT_START, map_indexes=ti.map_index)
         if started is None:
             raise AirflowFailException(
                 f"shard {self.shard.id}: its snapshot_start task failed (see its log), so it is neither "
@@ -217,9 +213,7 @@ class ShardSync:
             # connection failures are retried inside the pull (connect.* settings), which names the
             # hosts when it gives up
             with self.client() as client:
-                result = pull_changes(
-                    client, self.config, self.shard.rs, self.keeper, interval_s=schedule_interval_s()
-                ).to_dict()
+                result = pull_changes(self.capture(client), interval_s=schedule_interval_s()).to_dict()
         else:
             log.info("snapshot.mode is initial_only: no streaming")
         if plan.retire:
@@ -236,7 +230,5 @@ class ShardSync:
         start, end = context["data_interval_start"], context["data_interval_end"]
         with self.client() as client:
             offset = self.keeper.load()
-            result = backfill_interval(
-                client, self.config, self.shard.rs, offset, start, end, self.keeper.lake
-            )
+            result = backfill_interval(self.capture(client), offset, start, end)
         return {"rs": self.shard.rs, "events": result.history_events, "backfill": result.to_dict()}

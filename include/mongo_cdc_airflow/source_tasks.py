@@ -16,6 +16,7 @@ from mongo_cdc.capture.topology import Shard, discover_shards, reconcile
 from mongo_cdc.config import SourceConfig
 from mongo_cdc.lake.errors import LegacyLakeError, refuse_legacy_layout
 from mongo_cdc.transform.backlog import Backlog, behind_text, collections_behind, source_backlogs
+from mongo_cdc_airflow import task_ids
 from mongo_cdc_airflow.assets import TABLE_ZONES, emit_table_events
 from mongo_cdc_airflow.hooks import MongoCdcHook
 from mongo_cdc_airflow.lake_storage import source_lake
@@ -60,7 +61,7 @@ def discover(config: SourceConfig) -> list[dict]:
     for shard in shards:
         log.info("shard %s (replica set %s)%s", shard.id, shard.rs, " retiring" if shard.retiring else "")
     # plan_transform compares them with its own, to tell whether a failed run landed anything
-    context["ti"].xcom_push(key="committed", value=committed_batches(config))
+    context["ti"].xcom_push(key=task_ids.COMMITTED_KEY, value=committed_batches(config))
     return [shard.to_dict() for shard in shards]
 
 
@@ -90,11 +91,11 @@ def plan_transform(config: SourceConfig) -> list[str]:
     """
     context = get_current_context()
     ti = context["ti"]
-    shards = ti.xcom_pull(task_ids="discover")
+    shards = ti.xcom_pull(task_ids=task_ids.DISCOVER)
     if shards is None:
         raise AirflowFailException("discover failed (see its log): nothing was pulled, so no transform")
-    pulls = [ti.xcom_pull(task_ids="shard_sync.pull", map_indexes=i) for i in range(len(shards))]
-    landed = committed_batches(config) != ti.xcom_pull(task_ids="discover", key="committed")
+    pulls = [ti.xcom_pull(task_ids=task_ids.SHARD_PULL, map_indexes=i) for i in range(len(shards))]
+    landed = committed_batches(config) != ti.xcom_pull(task_ids=task_ids.DISCOVER, key=task_ids.COMMITTED_KEY)
     if all(result is None for result in pulls) and not landed:
         raise AirflowFailException(
             "every shard failed before committing a batch (see their tasks): nothing new to transform"
@@ -102,7 +103,9 @@ def plan_transform(config: SourceConfig) -> list[str]:
     # the collections the transform is to bring up to date, for the summary's asset events: one
     # catching up after a failed run has tables that change although no batch of it landed now
     lake = source_lake(config)
-    ti.xcom_push(key="pending", value=list(collections_behind(source_backlogs(lake, lake.batches()))))
+    ti.xcom_push(
+        key=task_ids.PENDING_KEY, value=list(collections_behind(source_backlogs(lake, lake.batches())))
+    )
     rebuild: list[str] = []
     if is_backfill():
         from mongo_cdc.capture.backfill import hour_partitions
@@ -139,12 +142,12 @@ def summary(config: SourceConfig) -> dict:
     here, and a failed task's asset events are dropped."""
     context = get_current_context()
     ti = context["ti"]
-    shards = ti.xcom_pull(task_ids="discover")
+    shards = ti.xcom_pull(task_ids=task_ids.DISCOVER)
     if shards is None:
         raise AirflowFailException("discover failed (see its log): nothing was pulled, so nothing to report")
     # Explicit map indexes: how a mapped group's output resolves outside the group depends on
     # its size (one shard gives a bare dict), and the summary must see every shard.
-    pulls = [ti.xcom_pull(task_ids="shard_sync.pull", map_indexes=i) for i in range(len(shards))]
+    pulls = [ti.xcom_pull(task_ids=task_ids.SHARD_PULL, map_indexes=i) for i in range(len(shards))]
     result = summarize([p for p in pulls if p is not None], pendulum.now("UTC"))
     lake = source_lake(config)
     batches = lake.batches()
@@ -156,10 +159,10 @@ def summary(config: SourceConfig) -> dict:
             f"shards {', '.join(failed)} did not sync (see their pull tasks); the other shards' "
             "changes landed and they catch up at the next run"
         )
-    committed_before = ti.xcom_pull(task_ids="discover", key="committed")
+    committed_before = ti.xcom_pull(task_ids=task_ids.DISCOVER, key=task_ids.COMMITTED_KEY)
     # a backfill rewrites changes rows only: the state never reads history events
     zones = ("changes",) if is_backfill() else TABLE_ZONES
-    pending = ti.xcom_pull(task_ids="plan_transform", key="pending") or []
+    pending = ti.xcom_pull(task_ids=task_ids.PLAN_TRANSFORM, key=task_ids.PENDING_KEY) or []
     result["assets"] = emit_table_events(
         context["outlet_events"], config, lake, batches, result, committed_before, pending, backlogs, zones
     )

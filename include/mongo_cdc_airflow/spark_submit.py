@@ -27,6 +27,7 @@ from airflow.sdk import Connection
 
 import mongo_cdc
 from mongo_cdc.config import SourceConfig
+from mongo_cdc_airflow import task_ids
 from mongo_cdc_airflow.lake_storage import lake_location
 
 log = logging.getLogger(__name__)
@@ -149,7 +150,7 @@ def transform_task(config: SourceConfig, application: str, application_args: Any
     writer.
     """
     return CdcTransformOperator(
-        task_id="transform",
+        task_id=task_ids.TRANSFORM,
         max_active_tis_per_dag=1,
         application=application,
         conn_id=config.spark_conn_id,

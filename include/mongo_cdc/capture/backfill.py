@@ -28,6 +28,7 @@ from pymongo import MongoClient
 
 from mongo_cdc.capture.events import SourceInfo, rows_to_table, token_cluster_time
 from mongo_cdc.capture.offsets import Offset
+from mongo_cdc.capture.replica_set import ReplicaSetCapture
 from mongo_cdc.capture.streaming import MicroBatch, collect_change, stream_options
 from mongo_cdc.capture.transactions import TransactionTracker
 from mongo_cdc.config import SourceConfig
@@ -110,15 +111,10 @@ def earliest_landed_position(source_lake: SourceLake, rs: str) -> int | None:
 
 
 def backfill_interval(
-    client: MongoClient,
-    config: SourceConfig,
-    rs: str,
-    offset: Offset | None,
-    start: dt.datetime,
-    end: dt.datetime,
-    source_lake: SourceLake,
+    source: ReplicaSetCapture, offset: Offset | None, start: dt.datetime, end: dt.datetime
 ) -> BackfillResult:
     """Make the raw partitions of [start, end) complete for one replica set; ``offset`` is only read."""
+    client, config, rs, source_lake = source.client, source.config, source.rs, source.lake
     if offset is None or offset.cluster_time is None:
         raise BackfillError(
             f"replica set {rs}: the live sync has not started yet, so a backfill has nothing to complete; "

@@ -26,27 +26,22 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import struct
 import threading
 import time
-from collections.abc import Generator, Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Generator, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 import pyarrow as pa
-from bson import _array_of_documents_to_buffer
-from bson.codec_options import CodecOptions
-from bson.raw_bson import _RAW_ARRAY_BSON_OPTIONS, RawBSONDocument
 from pymongo import MongoClient
-from pymongo.collection import Collection
-from pymongo.cursor import RawBatchCursor
 from pymongo.errors import OperationFailure
 
 from mongo_cdc.capture.capture_modes import captured_collection_options, require_images
-from mongo_cdc.capture.chunking import max_key_filter, plan_chunks
+from mongo_cdc.capture.chunk_reads import ChunkReads
+from mongo_cdc.capture.chunking import plan_chunks
 from mongo_cdc.capture.events import SnapshotColumns, SourceInfo, token_cluster_time
 from mongo_cdc.capture.offsets import Offset, OffsetKeeper
+from mongo_cdc.capture.replica_set import ReplicaSetCapture
 from mongo_cdc.capture.streaming import CHANGE_STREAM_HISTORY_LOST
 from mongo_cdc.capture.topology import owned_ranges
 from mongo_cdc.config import SourceConfig
@@ -60,10 +55,6 @@ log = logging.getLogger(__name__)
 # Rows per Arrow batch handed to delta-rs at most; a batch never spans two server batches, so the
 # BSON behind it is at most one reply (16 MiB).
 ROW_GROUP_ROWS = 50_000
-# Without ``snapshot.fetch.size``, a range chunk is read in about this many batches (of at least
-# MIN_CHUNK_FETCH_SIZE documents): ``_fetch_size``.
-READS_PER_CHUNK = 8
-MIN_CHUNK_FETCH_SIZE = 100
 PROGRESS_INTERVAL_S = 10.0
 
 
@@ -177,168 +168,6 @@ class _Progress:
                 )  # fmt: skip
 
 
-# Sizes of the BSON values a cursor reply's top level and cursor document hold (by type byte):
-# fixed sizes, or -1 for an int32 length prefix counting itself (documents, arrays) and -4 for one
-# that does not (strings: + terminator; binaries: + subtype byte).
-_VALUE_SIZES = {0x01: 8, 0x02: -4, 0x03: -1, 0x04: -1, 0x05: -5, 0x07: 12, 0x08: 1, 0x09: 8, 0x0A: 0,
-                0x10: 4, 0x11: 8, 0x12: 8, 0x13: 16}  # fmt: skip
-_EMPTY_ARRAY = b"\x05\x00\x00\x00\x00"
-_int32 = struct.Struct("<i")
-
-
-def _elements(data: memoryview, start: int, end: int) -> Iterator[tuple[bytes, int, int]]:
-    """(name, value start, value end) of the elements of the BSON document at ``data[start:end]``;
-    stops early (the caller falls back) at a type this walk does not know."""
-    pos = start + 4
-    while pos < end - 1:
-        kind = data[pos]
-        name_end = data[pos + 1 : min(end, pos + 1025)].tobytes().index(b"\x00") + pos + 1
-        value = name_end + 1
-        size = _VALUE_SIZES.get(kind)
-        if size is None:
-            return
-        if size == -1:
-            size = _int32.unpack_from(data, value)[0]
-        elif size < -1:
-            size = _int32.unpack_from(data, value)[0] + 4 + (size == -5)
-        yield bytes(data[pos + 1 : name_end]), value, value + size
-        pos = value + size
-
-
-def _without_batch(payload: memoryview) -> tuple[bytes, memoryview, str] | None:
-    """The reply with its cursor's batch array emptied, the array's bytes and the batch's name."""
-    for name, start, end in _elements(payload, 0, len(payload)):
-        if name != b"cursor":
-            continue
-        for key, array_start, array_end in _elements(payload, start, end):
-            if key in (b"firstBatch", b"nextBatch"):
-                removed = (array_end - array_start) - len(_EMPTY_ARRAY)
-                small = bytearray(payload[:array_start])
-                small += _EMPTY_ARRAY
-                small += payload[array_end:]
-                _int32.pack_into(small, 0, len(payload) - removed)
-                _int32.pack_into(small, start, end - start - removed)
-                return bytes(small), payload[array_start:array_end], key.decode()
-    return None
-
-
-class _RawBatchCursor(RawBatchCursor):
-    """``find_raw_batches`` without pymongo's per-document cost; the batches are the same bytes.
-
-    pymongo 4 unpacks every reply by decoding the batch array into one ``RawBSONDocument`` per
-    document and joining their bytes again: ~1.7 µs of GIL-holding work per document, a quarter of
-    a snapshot's budget. Here the reply is decoded with its batch array cut out (walking its few
-    top-level elements), and the array's bytes are turned into the document stream in C: one copy
-    of the batch, where inflating the reply with raw arrays made three.
-    """
-
-    def _unpack_response(  # type: ignore[override]
-        self,
-        response: Any,
-        cursor_id: int | None,
-        codec_options: CodecOptions,
-        user_fields: Mapping[str, Any] | None = None,
-        legacy_response: bool = False,
-    ) -> list[Any]:
-        payload = getattr(response, "payload_document", None)
-        cut = None if legacy_response or payload is None else _without_batch(memoryview(payload))
-        if cut is None:  # not an OP_MSG cursor reply this walk reads: pymongo's own way
-            return super()._unpack_response(response, cursor_id, codec_options, user_fields, legacy_response)
-        small, array, key = cut
-        reply = dict(RawBSONDocument(small, _RAW_ARRAY_BSON_OPTIONS).items())
-        cursor = reply["cursor"] = dict(reply["cursor"].items())
-        stream = _array_of_documents_to_buffer(array)
-        cursor[key] = [stream] if stream else []
-        return [reply]
-
-
-def _raw_batches(collection: Collection, fetch_size: int, chunk: Chunk) -> Generator[bytes, None, None]:
-    """A chunk's documents as raw batches (concatenated BSON): the index range between its bounds
-    (``chunking``), or the whole collection in natural order."""
-    cursor = _RawBatchCursor(collection, {}, batch_size=fetch_size)
-    if chunk.key is not None:
-        cursor = cursor.hint(list(chunk.key))
-        low, high = chunk.bounds()
-        if low is not None:
-            cursor = cursor.min(list(low.items()))
-        if high is not None:
-            cursor = cursor.max(list(high.items()))
-    with cursor:
-        yield from cursor
-    extra = max_key_filter(chunk)
-    if extra is not None:
-        with _RawBatchCursor(collection, extra, batch_size=fetch_size) as cursor:
-            yield from cursor
-
-
-def _fetch_size(config: SourceConfig, chunk: Chunk) -> int:
-    """``snapshot.fetch.size``; unset, a range chunk is read in about ``READS_PER_CHUNK`` batches.
-
-    The server's default batch (16 MiB) holds ~100 k small documents: a chunk of that size would be
-    one batch, read while nothing else happens, then encoded while the server waits. Batches a
-    fraction of a chunk let the server read the next one while this one is encoded.
-    """
-    if config.snapshot_fetch_size or chunk.key is None:
-        return config.snapshot_fetch_size
-    return max(chunk.expected // READS_PER_CHUNK, MIN_CHUNK_FETCH_SIZE)
-
-
-@dataclass
-class _Read:
-    """A chunk's cursor and its next batch, being read on the fetcher thread."""
-
-    chunk: Chunk
-    batches: Generator[bytes, None, None]
-    ahead: Future
-
-    def close(self) -> None:
-        self.ahead.exception()  # waits for the read under way, whatever it ends with
-        self.batches.close()
-
-
-class _ChunkReads:
-    """The raw batches of the chunks one copier copies in turn, read one batch ahead on a thread
-    (socket I/O, no GIL) while the batch before is encoded; across chunks too: once a chunk's cursor
-    is done, the next chunk's first batch is read while this chunk's file is written and committed.
-    """
-
-    def __init__(self, client: MongoClient, config: SourceConfig) -> None:
-        self.client = client
-        self.config = config
-        self._fetcher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="snapshot-read")
-        self._reading: _Read | None = None
-
-    def _start(self, chunk: Chunk) -> _Read:
-        db, _, name = chunk.namespace.partition(".")
-        batches = _raw_batches(self.client[db].get_collection(name), _fetch_size(self.config, chunk), chunk)
-        return _Read(chunk, batches, self._fetcher.submit(next, batches, None))
-
-    def batches(self, chunk: Chunk, following: Chunk | None) -> Generator[bytes, None, None]:
-        """``chunk``'s batches; once they are all read, ``following``'s first one is read ahead."""
-        read = self._reading
-        if read is None or read.chunk != chunk:
-            self.close()
-            read = self._reading = self._start(chunk)
-        while (batch := read.ahead.result()) is not None:
-            read.ahead = self._fetcher.submit(next, read.batches, None)
-            yield batch
-        read.batches.close()
-        self._reading = self._start(following) if following is not None else None
-
-    def close(self) -> None:
-        """Wait for the read under way and close its cursor."""
-        if self._reading is not None:
-            self._reading.close()
-            self._reading = None
-
-    def __enter__(self) -> _ChunkReads:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-        self._fetcher.shutdown()
-
-
 def _copy_chunk(
     config: SourceConfig,
     source_lake: SourceLake,
@@ -386,10 +215,7 @@ class SnapshotIncompleteError(RuntimeError):
 
 
 def start_snapshot(
-    client: MongoClient,
-    config: SourceConfig,
-    rs: str,
-    keeper: OffsetKeeper,
+    source: ReplicaSetCapture,
     cluster: MongoClient | None = None,
     shard_id: str | None = None,
     only: Sequence[str] = (),
@@ -409,6 +235,7 @@ def start_snapshot(
     miss no event; for the copied ones the stream replays events older than the copy, which the
     state skips. Without a streaming position to keep, every captured collection is copied.
     """
+    client, config, rs, keeper = source.client, source.config, source.rs, source.keeper
     require_images(client, config, rs)
     stored = keeper.load_checked() or keeper.next_offset()
     requested = tuple(sorted(only))
@@ -556,7 +383,7 @@ def copy_chunks(
     def copier() -> None:
         """Copy chunks in turn until none is left, claiming the next one early so it is read ahead."""
         try:
-            with _ChunkReads(client, config) as reads:
+            with ChunkReads(client, config) as reads:
                 chunk = claim()
                 while chunk is not None:
                     following = claim()
@@ -638,18 +465,15 @@ def commit_snapshot(keeper: OffsetKeeper, plan: SnapshotPlan) -> SnapshotResult:
 
 
 def run_snapshot(
-    client: MongoClient,
-    config: SourceConfig,
-    rs: str,
-    keeper: OffsetKeeper,
+    source: ReplicaSetCapture,
     cluster: MongoClient | None = None,
     shard_id: str | None = None,
     only: Sequence[str] = (),
 ) -> SnapshotResult:
     """The whole snapshot in this process (``start_snapshot``, ``copy_chunks``, ``commit_snapshot``)."""
-    plan = start_snapshot(client, config, rs, keeper, cluster, shard_id, only)
-    copy_chunks(client, config, keeper.lake, plan)
-    return commit_snapshot(keeper, plan)
+    plan = start_snapshot(source, cluster, shard_id, only)
+    copy_chunks(source.client, source.config, source.lake, plan)
+    return commit_snapshot(source.keeper, plan)
 
 
 def start_without_snapshot(client: MongoClient, rs: str, keeper: OffsetKeeper) -> Offset:

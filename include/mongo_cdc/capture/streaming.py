@@ -58,6 +58,8 @@ from mongo_cdc.capture.oversized_events import (
 )
 from mongo_cdc.capture.oversized_events import pipeline as oversize_pipeline
 from mongo_cdc.capture.pull_progress import PullProgress
+from mongo_cdc.capture.read_ahead import ReadAhead
+from mongo_cdc.capture.replica_set import ReplicaSetCapture
 from mongo_cdc.capture.stream_filter import namespace_filter
 from mongo_cdc.capture.transactions import TRANSACTION_SCHEMA, TransactionTracker
 from mongo_cdc.config import SourceConfig
@@ -239,61 +241,6 @@ def _address(address: tuple[str, int]) -> str:
     return f"{address[0]}:{address[1]}"
 
 
-def read_events(stream: Any, limit: int) -> tuple[list[dict], dict | None]:
-    """The next events of ``stream``, up to ``limit`` (a getMore's worth: the stream's batch size),
-    and, when the stream ran out of events, its resume token then (its post-batch token).
-
-    The pull's per-read work (progress, the primary check) is done once per call, not per event.
-    """
-    events: list[dict] = []
-    while len(events) < limit:
-        change = stream.try_next()
-        if change is None:
-            return events, stream.resume_token
-        events.append(change)
-        if not _has_buffered(stream):  # the getMore's events are all here: the next read asks again
-            break
-    return events, None
-
-
-def _has_buffered(stream: Any) -> bool:
-    """Whether events of the last getMore are still to be taken from the stream."""
-    cursor = getattr(stream, "_cursor", None)
-    return cursor is None or cursor._has_next()
-
-
-class _ReadAhead:
-    """``read_events`` one call ahead on a thread of its own: the server prepares (and the socket
-    receives) the next getMore while this one is landed, instead of one after the other.
-
-    Only that thread touches the stream until ``close``, which waits for the read in flight (at
-    most ``POLL_INTERVAL_MS`` on an idle stream). A read that found the stream idle at ``target``
-    is not followed by another: a caught-up pull has nothing more to ask for, unless it asks.
-    """
-
-    def __init__(self, stream: Any, limit: int, target: int) -> None:
-        self._stream, self._limit, self._target = stream, limit, target
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="change-stream-read")
-        self._ahead = self._thread.submit(read_events, stream, limit)
-
-    def next(self) -> tuple[list[dict], dict | None]:
-        if self._ahead is None:
-            self._ahead = self._thread.submit(read_events, self._stream, self._limit)
-        events, idle_token = self._ahead.result()  # a read's error is raised here, in the pull
-        caught_up = idle_token is not None and token_cluster_time(idle_token) >= self._target
-        self._ahead = None if caught_up else self._thread.submit(read_events, self._stream, self._limit)
-        return events, idle_token
-
-    def close(self) -> None:
-        self._thread.shutdown(wait=True)
-
-    def __enter__(self) -> _ReadAhead:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
 class _Landing:
     """Micro-batches landed one at a time on a thread of their own: a batch's files, Delta commits
     and offset are written while the pull reads and builds the next one, instead of one after the
@@ -372,7 +319,7 @@ class _ChangeReader:
             options["start_after"] = self.start_after
         with (
             self.client.watch(**options) as stream,
-            _ReadAhead(stream, self.config.max_batch_size, self.target) as reads,
+            ReadAhead(stream, self.config.max_batch_size, self.target) as reads,
             _Landing(self._landed) as self.landing,
         ):
             opened_with_primary = self.client.primary
@@ -536,10 +483,7 @@ class _ChangeReader:
 
 
 def pull_changes(
-    client: MongoClient,
-    config: SourceConfig,
-    rs: str,
-    keeper: OffsetKeeper,
+    source: ReplicaSetCapture,
     sleep: Callable[[float], None] = time.sleep,
     interval_s: float = DEFAULT_INTERVAL_S,
 ) -> PullResult:
@@ -549,6 +493,7 @@ def pull_changes(
     pulls run (the DAG's schedule interval): the oplog guard warns when the committed position
     would leave the oplog within ``oplog.headroom.warn.intervals`` of them.
     """
+    client, config, rs, keeper = source.client, source.config, source.rs, source.keeper
     offset = keeper.load_checked()
     if offset is None or offset.resume_token is None:
         raise OffsetError(

@@ -20,7 +20,7 @@ _PAGE = """\
 <!-- Generated from the key declarations in include/mongo_cdc/config/source.py by `{regenerate}`:
      edit those, not this file. -->
 
-One YAML file per MongoDB source (see [Sources](../README.md#sources)). `topic.prefix` is the
+One YAML file per MongoDB source (see [Sources](deploying.md#sources)). `topic.prefix` is the
 only required key. Validation is strict:
 
 * Unknown keys (with the closest known key as a hint), wrong types, out-of-range integers and

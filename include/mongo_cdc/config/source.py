@@ -84,7 +84,7 @@ class SourceConfig:
         None,
         Text(),
         "Airflow connection with the credentials of a URI `lake.root` (see [the lake "
-        "connection](../README.md#the-lake-connection)). None: the environment's credentials.",
+        "connection](deploying.md#the-lake-connection)). None: the environment's credentials.",
     )
     lake_optimize_interval_hours: int = setting(
         "lake.optimize.interval.hours",
@@ -98,7 +98,7 @@ class SourceConfig:
         168,
         Integer(0),
         "Files no longer in a table (replaced by compaction, updates or deletes) are deleted after "
-        "this long (vacuum), and no sooner, so [time travel](../README.md#reading-the-tables) reaches"
+        "this long (vacuum), and no sooner, so [time travel](reading.md#reading-the-tables) reaches"
         " back this far, and a read may take this long. `0` deletes them in each maintenance run: no "
         "time travel, a read running across a maintenance run may fail, but a plain Parquet glob then"
         " sees only live rows (see *Not a glob*).",
@@ -179,7 +179,7 @@ class SourceConfig:
         Choice(SNAPSHOT_MODES),
         "`initial`: snapshot when the replica set has no completed snapshot, then stream. If its "
         "stored position has left the oplog, the pull fails and says how to "
-        "[re-snapshot](../README.md#re-snapshots). `when_needed`: like `initial`, but a position that"
+        "[re-snapshot](semantics.md#re-snapshots). `when_needed`: like `initial`, but a position that"
         " has left the oplog re-snapshots that shard by itself. `always`: snapshot every shard at "
         "every run, then stream. `initial_only`: snapshot, never stream. `no_data` and `never` "
         "(identical here): copy nothing, and stream from the position of the first run. Under every "
@@ -195,7 +195,7 @@ class SourceConfig:
         "`change_streams_with_pre_image` / `change_streams_update_full_with_pre_image`: the same two,"
         " plus `before`, the document before each update, replace and delete "
         '(`fullDocumentBeforeChange: "whenAvailable"`; never for inserts or snapshot reads). '
-        "Pre-images need [`changeStreamPreAndPostImages`](../README.md#pre--and-post-images) on every"
+        "Pre-images need [`changeStreamPreAndPostImages`](semantics.md#pre--and-post-images) on every"
         " captured collection.",
     )
     capture_mode_full_update_type: str = setting(
@@ -206,14 +206,14 @@ class SourceConfig:
         '"updateLookup"`): the document **when the stream returns the event**, which may already hold'
         " later writes, or be null if the document is gone by then. `post_image` (`fullDocument: "
         '"whenAvailable"`): the post-image MongoDB stored with the event, exactly as that write left '
-        "it; needs [`changeStreamPreAndPostImages`](../README.md#pre--and-post-images). With a mode "
+        "it; needs [`changeStreamPreAndPostImages`](semantics.md#pre--and-post-images). With a mode "
         "that has no full document, `post_image` is refused.",
     )
     snapshot_chunk_size: int = setting(
         "snapshot.chunk.size",
         100_000,
         Integer(1, 100_000_000),  # larger chunks would make retries re-read hours
-        "About how many documents one [snapshot chunk](../README.md#chunked-snapshots) holds: the "
+        "About how many documents one [snapshot chunk](semantics.md#chunked-snapshots) holds: the "
         "unit that is copied, committed and retried on its own.",
     )
     snapshot_max_tasks: int = setting(
@@ -273,7 +273,7 @@ class SourceConfig:
         1000,
         Integer(1, 3_600_000),  # one hour between reconnection attempts
         "Wait before the first reconnection when a pull loses its change stream (see [fault "
-        "handling](../README.md#known-limits--not-yet)). Each further attempt waits twice as long. "
+        "handling](limits.md)). Each further attempt waits twice as long. "
         "Must be ≤ the max below.",
     )
     connect_backoff_max_delay_ms: int = setting(
@@ -314,7 +314,7 @@ class SourceConfig:
         "provide.transaction.metadata",
         False,
         Boolean(),
-        "`true`: [transaction metadata](../README.md#transaction-metadata-and-heartbeats), i.e. "
+        "`true`: [transaction metadata](semantics.md#transaction-metadata-and-heartbeats), i.e. "
         "BEGIN/END records under `raw/<prefix>/transaction/` and a `transaction` block on every event"
         " of a multi-document transaction",
     )
@@ -324,7 +324,7 @@ class SourceConfig:
         Integer(0, 1000),
         "The pull warns when its replica set's committed position would leave the oplog within this "
         "many schedule intervals (the DAG's hourly interval) at the current write rate; see the "
-        "[oplog-window guard](../README.md#oplog-window-guard). `0` turns the warning off.",
+        "[oplog-window guard](semantics.md#oplog-window-guard). `0` turns the warning off.",
     )
     oplog_headroom_fail: bool = setting(
         "oplog.headroom.fail",
@@ -338,7 +338,7 @@ class SourceConfig:
         "heartbeat.interval.ms",
         0,
         Integer(0, 86_400_000),  # one day
-        "Land a [heartbeat](../README.md#transaction-metadata-and-heartbeats) of each replica set's "
+        "Land a [heartbeat](semantics.md#transaction-metadata-and-heartbeats) of each replica set's "
         "position under `raw/<prefix>/__heartbeat/` at most once per this many ms, even when nothing "
         "captured changed. `0` turns heartbeats off. At most a day.",
     )
@@ -346,7 +346,7 @@ class SourceConfig:
         "array.encoding",
         _FLATTENING_DEFAULTS.array_encoding,
         Choice(ARRAY_ENCODINGS),
-        "How the [changes table](../README.md#changes-one-row-per-event-changesprefixdbcollection) "
+        "How the [changes table](lake-format.md#changes-one-row-per-event-changesprefixdbcollection) "
         "holds arrays. `array`: an array column whose element types are merged, so elements of "
         "different types make it a fallback. `document`: a struct with fields `_0`, `_1`, … (one per "
         "index), so each element keeps its own type. An empty array becomes null (Parquet has no "
@@ -373,7 +373,7 @@ class SourceConfig:
         " true, holding `before`'s fields under the `*_with_pre_image` capture modes, else `_id` "
         "only; no tombstone rows), `rewrite-with-tombstone` (the same, plus a tombstone row per "
         "tombstone), `tombstone` (each delete becomes a tombstone row), `drop` (neither). See "
-        "[changes](../README.md#changes-one-row-per-event-changesprefixdbcollection). The default is "
+        "[changes](lake-format.md#changes-one-row-per-event-changesprefixdbcollection). The default is "
         "`rewrite`, the table's behaviour before the option existed. Debezium's documentation names "
         'no single default: it says "no default" for the key, `tombstone` in its list of modes, and '
         "its legacy `delete.handling.mode` defaults to `drop`.",

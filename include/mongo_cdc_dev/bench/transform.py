@@ -7,7 +7,7 @@ a lake of their own. Then, one step after the other:
 1. ``snapshot.run_snapshot`` of each: the large one's rows landed per second is the baseline (the
    previous step of the pipeline, measured in the same run);
 2. the first build of each state and changes table by the real job (``spark_apps/cdc_transform.py``
-   through ``spark-submit --master local[*]``, as ``tests/cdc_support.py`` runs it), in events/s;
+   through ``spark-submit --master local[*]``, as ``tests/support/cdc_support.py`` runs it), in events/s;
 3. ``--changes`` changes per source (updates, deletes and inserts among its ``HOT_DOCS`` most recent
    documents, landed by a real ``streaming.pull_changes``), applied to each state; the ratio of the
    large state's cost to the small one's;
@@ -45,6 +45,7 @@ from pymongo.collection import Collection
 import mongo_cdc
 from mongo_cdc import extjson
 from mongo_cdc.capture.offsets import OffsetKeeper
+from mongo_cdc.capture.replica_set import ReplicaSetCapture
 from mongo_cdc.capture.snapshot import run_snapshot
 from mongo_cdc.capture.streaming import pull_changes
 from mongo_cdc.config import SourceConfig
@@ -208,7 +209,7 @@ class Source:
 
     def snapshot(self) -> float:
         started = time.perf_counter()
-        result = run_snapshot(self.client, self.config, self.rs, self.keeper)
+        result = run_snapshot(ReplicaSetCapture(self.client, self.config, self.keeper))
         seconds = time.perf_counter() - started
         if result.total != self.documents:
             raise AssertionError(
@@ -218,7 +219,7 @@ class Source:
 
     def pull(self, expected: dict[str, int]) -> int:
         """Land the changes since the last pull; the raw rows they make (a delete's tombstone too)."""
-        result = pull_changes(self.client, self.config, self.rs, self.keeper)
+        result = pull_changes(ReplicaSetCapture(self.client, self.config, self.keeper))
         pulled = {op: count for op, count in result.events.get(self.namespace, {}).items() if count}
         if pulled != expected:
             raise AssertionError(f"{self.namespace}: the pull landed {pulled}, not {expected}")

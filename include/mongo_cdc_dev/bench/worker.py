@@ -24,6 +24,7 @@ from pymongo import MongoClient
 
 from mongo_cdc.capture.events import token_cluster_time
 from mongo_cdc.capture.offsets import MemoryOffsetStore, Offset
+from mongo_cdc.capture.replica_set import ReplicaSetCapture
 from mongo_cdc.capture.snapshot import run_snapshot
 from mongo_cdc.capture.streaming import last_applied, pull_changes, stream_options
 from mongo_cdc.capture.topology import make_client
@@ -68,7 +69,7 @@ def bare_cursor(client: MongoClient, task: dict[str, Any]) -> int:
 
 def snapshot(client: MongoClient, task: dict[str, Any]) -> int:
     config = bench_config(task)
-    return run_snapshot(client, config, task["rs"], memory_keeper(config, task["rs"])).total
+    return run_snapshot(ReplicaSetCapture(client, config, memory_keeper(config, task["rs"]))).total
 
 
 def bare_stream(client: MongoClient, task: dict[str, Any]) -> int:
@@ -92,7 +93,7 @@ def pull(client: MongoClient, task: dict[str, Any]) -> int:
     config = bench_config(task)
     store = MemoryOffsetStore()
     store.values.update(task["offsets"])
-    result = pull_changes(client, config, task["rs"], memory_keeper(config, task["rs"], store))
+    result = pull_changes(ReplicaSetCapture(client, config, memory_keeper(config, task["rs"], store)))
     return result.events_received
 
 

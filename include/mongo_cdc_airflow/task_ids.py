@@ -1,0 +1,15 @@
+"""The CDC DAG's task ids and XCom keys: the DAG builder names its tasks with these, and every task
+that reads another task's XCom pulls it by these, so a renamed task cannot leave a reader behind."""
+
+DISCOVER = "discover"
+SNAPSHOT_START = "snapshot_start"
+SHARD_SYNC = "shard_sync"  # the per-shard mapped task group
+PULL = "pull"
+SHARD_PULL = f"{SHARD_SYNC}.{PULL}"  # the pull's id outside its group
+PLAN_TRANSFORM = "plan_transform"
+TRANSFORM = "transform"
+
+# discover: the last batch the lake had committed of each replica set when the run began
+COMMITTED_KEY = "committed"
+# plan_transform: the collections behind the committed batches before the transform ran
+PENDING_KEY = "pending"

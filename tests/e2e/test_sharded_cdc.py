@@ -1,0 +1,245 @@
+"""A sharded cluster (a config-server replica set describing shard replica sets, real mongods): one
+pull per shard and state the union of the shards, migrations produce no events, an added shard is
+snapshotted then streamed, a removed one drained and retired, an unreachable one fails alone.
+
+There is no mongos binary here: the tests play the router's part by writing the cluster
+metadata (config.shards, config.collections, config.chunks) themselves and writing each document
+straight to the shard that owns it. The pipeline connects to the config server, as Debezium's
+connector does. The tests run in file order as one scenario.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+
+import pytest
+from airflow.models import Variable
+from airflow.models.dagrun import DagRun
+from bson import Binary, Int64, MaxKey, MinKey, Timestamp
+from cdc_support import assert_state_equals_documents, documents
+from conftest import make_source
+
+from mongo_cdc.capture.offsets import offset_key
+from mongo_cdc.capture.topology import discover_shards, make_client
+from mongo_cdc_dev.testing import ReplicaSet
+
+DB = "sharded_shop"
+USERS = f"{DB}.users"
+
+
+@dataclass
+class Cluster:
+    config: ReplicaSet
+    shards: dict[str, ReplicaSet]
+    chunks: list[tuple[object, object, str]]  # (min k, max k, shard id)
+
+    def cfg(self):
+        return make_client(self.config.uri)
+
+    def shard(self, shard_id: str):
+        return make_client(self.shards[shard_id].uri)
+
+    def register(self, shard_id: str) -> None:
+        with self.cfg() as client:
+            host = f"{shard_id}/{','.join(self.shards[shard_id].hosts)}"
+            client.config.shards.insert_one({"_id": shard_id, "host": host, "state": 1})
+
+    def set_chunks(self, chunks: list[tuple[object, object, str]]) -> None:
+        self.chunks = chunks
+        with self.cfg() as client:
+            entry = client.config.collections.find_one({"_id": USERS})
+            client.config.chunks.delete_many({"uuid": entry["uuid"]})
+            client.config.chunks.insert_many(
+                [
+                    {
+                        "uuid": entry["uuid"],
+                        "min": {"k": lo},
+                        "max": {"k": hi},
+                        "shard": s,
+                        "lastmod": Timestamp(n + 1, 0),
+                    }
+                    for n, (lo, hi, s) in enumerate(chunks)
+                ]
+            )
+
+    def owner(self, k: int) -> str:
+        def below(bound, value):  # MinKey < every number < MaxKey
+            return isinstance(bound, MinKey) or (not isinstance(bound, MaxKey) and bound <= value)
+
+        return next(s for lo, hi, s in self.chunks if below(lo, k) and not below(hi, k))
+
+    def insert_user(self, k: int, **fields) -> None:
+        with self.shard(self.owner(k)) as client:
+            client[DB].users.insert_one({"_id": f"u{k}", "k": Int64(k), **fields})
+
+    def expected_users(self, shard_ids) -> list[dict]:
+        """The union of the shards' live users, without orphans (documents outside their owner's range)."""
+        union = []
+        for shard_id in shard_ids:
+            with self.shard(shard_id) as client:
+                union.extend(d for d in documents(client, DB, "users") if self.owner(int(d["k"])) == shard_id)
+        return union
+
+
+@pytest.fixture(scope="module")
+def cluster(airflow_db, tmp_path_factory):
+    base = tmp_path_factory.mktemp("cluster")
+    with (
+        ReplicaSet("cfg", base, role="configsvr") as cfg,
+        ReplicaSet("shard01", base, role="shardsvr") as s1,
+        ReplicaSet("shard02", base, role="shardsvr") as s2,
+        ReplicaSet("shard03", base, role="shardsvr") as s3,
+    ):
+        cluster = Cluster(cfg, {"shard01": s1, "shard02": s2, "shard03": s3}, [])
+        cluster.register("shard01")
+        cluster.register("shard02")
+        with cluster.cfg() as client:
+            client.config.collections.insert_one(
+                {"_id": USERS, "key": {"k": 1}, "uuid": Binary(uuid.uuid4().bytes, 4)}
+            )
+        cluster.set_chunks([(MinKey(), 1000, "shard01"), (1000, MaxKey(), "shard02")])
+        for shard_id in cluster.shards:
+            with cluster.shard(shard_id) as client:
+                client[DB].users.create_index(
+                    "k"
+                )  # every shard of a sharded collection has the shard key index
+        # one quick reconnection: a stopped shard's pull then fails in seconds, not after the
+        # default backoff (about 23 minutes)
+        source = make_source(
+            base, cfg.uri, DB, **{"connect.max.attempts": 1, "connect.backoff.initial.delay.ms": 100}
+        )
+        yield cluster, source
+
+
+def test_discovery_maps_one_group_per_shard_and_state_is_the_union(cluster):
+    cluster, source = cluster
+    for k in [*range(0, 300), *range(1000, 1300)]:
+        cluster.insert_user(k, name=f"user {k}")
+    with cluster.shard("shard01") as client:
+        client[DB].notes.insert_many([{"_id": i, "text": f"note {i}"} for i in range(20)])  # unsharded
+        # an orphan: its key belongs to shard02's range, yet a copy sits on shard01
+        client[DB].users.insert_one({"_id": "orphan", "k": Int64(1500), "name": "left behind by a migration"})
+
+    with cluster.cfg() as client:
+        assert [s.id for s in discover_shards(client)] == ["shard01", "shard02"]
+    run = source.run()
+    pulls = sorted(
+        (ti.map_index, ti.rendered_map_index)
+        for ti in run.get_task_instances()
+        if ti.task_id == "shard_sync.pull"
+    )
+    assert pulls == [(0, "shard01"), (1, "shard02")]
+    assert [s["id"] for s in json.loads(Variable.get(f"mongo_cdc.{DB}.topology"))] == ["shard01", "shard02"]
+
+    assert_state_equals_documents(source, "users", cluster.expected_users(["shard01", "shard02"]))
+    assert "orphan" not in {json.loads(r["__doc"])["_id"] for r in source.state_rows("users")}
+    with cluster.shard("shard01") as client:
+        assert_state_equals_documents(source, "notes", documents(client, DB, "notes"))
+
+
+def test_migration_writes_produce_no_events(cluster):
+    cluster, source = cluster
+    with cluster.shard("shard01") as client:
+        moved = client[DB].users.find_one({"_id": "u5"})
+        client[DB].users.update_one({"_id": "u7"}, {"$set": {"name": "renamed"}})
+    with cluster.shard("shard02") as client:
+        # what a chunk migration writes on the recipient: flagged fromMigrate in the oplog
+        client.admin.command("applyOps", [{"op": "i", "ns": USERS, "o": moved, "fromMigrate": True}])
+        client[DB].users.delete_one({"_id": "u1001"})
+    cluster.insert_user(2500, name="new on shard02")
+    source.run()
+
+    streamed = {
+        (r["source"]["rs"], json.loads(r["key"])["id"], r["op"]) for r in source.raw_rows("users") if r["op"]
+    }
+    assert ("shard02", '"u5"', "c") not in streamed
+    assert {("shard01", '"u7"', "u"), ("shard02", '"u1001"', "d"), ("shard02", '"u2500"', "c")} <= streamed
+    assert_state_equals_documents(source, "users", cluster.expected_users(["shard01", "shard02"]))
+
+
+def test_added_shard_triggers_a_run_and_is_snapshotted_then_streamed(cluster):
+    cluster, source = cluster
+    cluster.register("shard03")
+    cluster.set_chunks([(MinKey(), 1000, "shard01"), (1000, 3000, "shard02"), (3000, MaxKey(), "shard03")])
+    for k in range(3000, 3100):
+        cluster.insert_user(k, name=f"user {k}")
+
+    import os
+
+    from airflow.dag_processing.dagbag import DagBag
+
+    topology = DagBag(dag_folder=os.environ["AIRFLOW__CORE__DAGS_FOLDER"]).get_dag(
+        f"mongo_cdc_topology__{DB}"
+    )
+    run = topology.test()
+    assert {ti.task_id: ti.state for ti in run.get_task_instances()} == {
+        "shards_changed": "success",
+        "trigger_cdc": "success",
+    }
+    assert DagRun.find(dag_id=source.dag_id, run_type="operator_triggered", state="queued")
+
+    cluster.insert_user(3100, name="in shard03 before its snapshot")
+    cluster.insert_user(900, name="written on shard01 meanwhile")
+    source.run()  # what the triggered run does
+    shard03_reads = [r for r in source.raw_rows("users") if r["source"]["rs"] == "shard03" and r["op"] == "r"]
+    assert len(shard03_reads) == 101
+    cluster.insert_user(3101, name="streamed from shard03")
+    source.run()
+    assert_state_equals_documents(source, "users", cluster.expected_users(["shard01", "shard02", "shard03"]))
+    assert ("shard03", '"u3101"', "c") in {
+        (r["source"]["rs"], json.loads(r["key"])["id"], r["op"]) for r in source.raw_rows("users")
+    }
+
+
+def test_removed_shard_is_drained_and_retired_without_deletes(cluster):
+    cluster, source = cluster
+    cluster.insert_user(3200, name="last write on shard03")
+    with cluster.shard("shard03") as client:
+        client[DB].users.update_one({"_id": "u3000"}, {"$set": {"name": "updated before removal"}})
+        before_removal = documents(client, DB, "users")
+    # the balancer has moved shard03's chunks away; the shard is removed from the cluster
+    with cluster.cfg() as client:
+        client.config.shards.delete_one({"_id": "shard03"})
+    cluster.set_chunks([(MinKey(), 1000, "shard01"), (1000, MaxKey(), "shard02")])
+    with cluster.shard("shard02") as client:  # the migrated documents, copied with fromMigrate writes
+        client.admin.command(
+            "applyOps", [{"op": "i", "ns": USERS, "o": d, "fromMigrate": True} for d in before_removal]
+        )
+
+    source.run()
+    raw = {
+        (r["source"]["rs"], json.loads(r["key"])["id"], r["op"]) for r in source.raw_rows("users") if r["op"]
+    }
+    assert {("shard03", '"u3200"', "c"), ("shard03", '"u3000"', "u")} <= raw
+    assert not any(rs == "shard03" and op == "d" for rs, _, op in raw)
+    assert json.loads(Variable.get(offset_key(DB, "shard03")))["retired_at"]
+    assert_state_equals_documents(source, "users", cluster.expected_users(["shard01", "shard02"]))
+
+    source.run()  # the retired shard is gone for good
+    assert [s["id"] for s in json.loads(Variable.get(f"mongo_cdc.{DB}.topology"))] == ["shard01", "shard02"]
+
+
+def test_unreachable_shard_fails_alone_and_the_others_still_land(cluster):
+    cluster, source = cluster
+    before = json.loads(Variable.get(offset_key(DB, "shard01")))["batch_seq"]
+    cluster.shards["shard02"].stop()
+    try:
+        cluster.insert_user(950, name="lands while shard02 is down")
+        run = source.run(expect="failed")
+        states = {(ti.task_id, ti.rendered_map_index): ti.state for ti in run.get_task_instances()}
+        assert states[("shard_sync.pull", "shard01")] == "success"
+        # shard02's run stops where it first needs the server: its snapshot_start plans with it
+        assert states[("snapshot_start", "shard02")] == "failed"
+        [pull] = [
+            ti for ti in run.get_task_instances() if ti.task_id == "shard_sync.pull" and ti.map_index == 1
+        ]
+        assert pull.state == "upstream_failed"
+        assert states[("transform", None)] == "success"
+        assert json.loads(Variable.get(offset_key(DB, "shard01")))["batch_seq"] > before
+        assert "u950" in {json.loads(r["__doc"])["_id"] for r in source.state_rows("users")}
+    finally:
+        cluster.shards["shard02"].start()
+    source.run()
+    assert_state_equals_documents(source, "users", cluster.expected_users(["shard01", "shard02"]))

@@ -1,0 +1,77 @@
+"""A wrong trigger fails its run at once, without retries and without Spark."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from airflow.sdk.exceptions import AirflowFailException
+
+from mongo_cdc.capture.shard_lifecycle import ResnapshotRequest
+from mongo_cdc_airflow.params import resnapshot_request
+
+DEFAULTS = {"resnapshot": False, "collections": [], "shards": []}
+
+
+@pytest.mark.parametrize(
+    ("conf", "message"),
+    [
+        (
+            {"resnapshot": True, "colections": ["shop.orders"]},
+            'unknown param "colections"; the params are: resnapshot, collections, shards',
+        ),
+        ({"resnapshot": "yes"}, "param \"resnapshot\" must be true or false, got 'yes'"),
+        ({"resnapshot": True, "collections": "shop.orders"}, 'param "collections" must be a list'),
+        ({"resnapshot": True, "shards": [1]}, 'param "shards" must be a list of shard ids'),
+        ({"resnapshot": True, "collections": ["orders"]}, "orders is not a <db>.<collection> name"),
+        ({"collections": ["shop.orders"]}, 'set "resnapshot" to true too'),
+    ],
+)
+def test_wrong_params_are_refused_naming_them(conf, message):
+    with pytest.raises(AirflowFailException) as failure:
+        resnapshot_request(conf, {**DEFAULTS, **conf}, backfill=False)
+    assert message in str(failure.value)
+
+
+def test_every_problem_is_reported_and_good_params_make_a_request():
+    conf = {"colections": [], "shard": ["a"], "resnapshot": True}
+    with pytest.raises(AirflowFailException) as failure:
+        resnapshot_request(conf, {**DEFAULTS, **conf}, backfill=False)
+    assert 'unknown param "colections"' in str(failure.value) and 'unknown param "shard"' in str(
+        failure.value
+    )
+    with pytest.raises(AirflowFailException, match="a backfill only completes past intervals"):
+        resnapshot_request({}, {**DEFAULTS, "resnapshot": True}, backfill=True)
+    conf = {"resnapshot": True, "collections": ["shop.orders"]}
+    assert resnapshot_request(conf, {**DEFAULTS, **conf}, False) == ResnapshotRequest(("shop.orders",))
+    assert resnapshot_request({}, DEFAULTS, False) is None
+
+
+@pytest.mark.parametrize(
+    ("conf", "message"),
+    [
+        ({"resnapshot": True, "colections": ["x.customers"]}, 'unknown param "colections"'),
+        ({"resnapshot": True, "collections": ["x.nope"]}, 'param "collections": unknown collection x.nope'),
+    ],
+)
+def test_a_wrong_trigger_fails_discover_once_and_never_reaches_spark(
+    cdc_source, replica_set, db_name, monkeypatch, capfd, conf, message
+):
+    source = cdc_source(db_name)
+    conf = {
+        **conf,
+        **{k: [c.replace("x.", f"{db_name}.") for c in v] for k, v in conf.items() if k != "resnapshot"},
+    }
+    message = message.replace("x.", f"{db_name}.")
+    # retries as in production: a retried discover would show as a second try (and a 30 s wait)
+    monkeypatch.setenv("MONGO_CDC_TASK_RETRIES", "3")
+    with replica_set.client() as client:
+        client[db_name].customers.insert_one({"_id": 1})
+    capfd.readouterr()
+    run = source.run(conf=conf, expect="failed", skip_spark=True)
+    tis = {ti.task_id: ti for ti in run.get_task_instances()}
+    assert tis["discover"].state == "failed" and tis["discover"].try_number == 1
+    assert tis["discover"].max_tries == 3  # retries were on, the failure skipped them
+    assert tis["plan_transform"].state == "failed" and tis["transform"].state == "upstream_failed"
+    assert message in "".join(capfd.readouterr())
+    assert os.environ["MONGO_CDC_TASK_RETRIES"] == "3"

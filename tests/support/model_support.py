@@ -1,0 +1,492 @@
+"""Model-based tests of the data path: random writes to MongoDB, mirrored in a model of each
+collection (a dict of documents by ``_id``), with pipeline runs and table upkeep between them.
+
+A sequence is a list of steps (the dataclasses below, each printed as the code that builds it).
+``Sequence.check`` plays it against a real mongod, the pull and snapshot functions and the Spark
+job's ``main`` on a caller's SparkContext, and after every ``Run`` asserts:
+
+* the run succeeded (``main`` returned 0; a failure raises);
+* MongoDB holds the model's documents, and each state table holds exactly the live documents, each
+  row's ``__doc_bson`` byte for byte the BSON MongoDB returns;
+* each changes table holds exactly the events of a change stream the test opened itself on the
+  database before the first write (the independent oracle): op, ``_id``, cluster time and event
+  order of every row but the snapshot reads, in order; the snapshot reads of each (re-)snapshot are
+  the documents the model held then. Deletes are rows (``delete.tombstone.handling.mode`` rewrite,
+  the default); drops and renames have none.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import bson
+import pyarrow as pa
+from bson import Int64
+from bson.raw_bson import RawBSONDocument
+from pymongo import MongoClient
+from pymongo.client_session import ClientSession
+
+from mongo_cdc import extjson
+from mongo_cdc.capture.events import token_cluster_time
+from mongo_cdc.capture.replica_set import ReplicaSetCapture
+from mongo_cdc.capture.snapshot import run_snapshot
+from mongo_cdc.capture.streaming import pull_changes
+from mongo_cdc.lake import deletions_uri, pack_cluster_time, table_uri
+from mongo_cdc.lake.landing import SourceLake
+from mongo_cdc.lake.maintenance import maintain_table
+from mongo_cdc.lake.storage import LakeLocation, table_if_exists
+from mongo_cdc_dev.testing.lake import database_source, memory_keeper
+
+PREFIX = "model"
+RS = "rs0"
+COLLECTIONS = ("c0", "c1", "c2")
+IMAGES_ON = {"changeStreamPreAndPostImages": {"enabled": True}}
+# every capture.mode with each capture.mode.full.update.type it allows
+MODES = (
+    ("change_streams", "lookup"),
+    ("change_streams_update_full", "lookup"),
+    ("change_streams_update_full", "post_image"),
+    ("change_streams_with_pre_image", "lookup"),
+    ("change_streams_update_full_with_pre_image", "lookup"),
+    ("change_streams_update_full_with_pre_image", "post_image"),
+)
+RAW_BSON = bson.CodecOptions(document_class=RawBSONDocument)
+DATA_OPERATIONS = {"insert": "c", "update": "u", "replace": "u", "delete": "d"}
+
+
+# -- steps ------------------------------------------------------------------------------------
+# A write names a collection and a document _id; one that cannot apply (an insert of a present
+# _id, an update of an absent one) is skipped, so every list of steps is a valid sequence.
+
+
+@dataclass
+class Insert:
+    coll: str
+    key: int
+    fields: dict[str, Any]
+
+
+@dataclass
+class Replace:
+    coll: str
+    key: int
+    fields: dict[str, Any]
+
+
+@dataclass
+class Set:
+    coll: str
+    key: int
+    name: str
+    value: Any
+
+
+@dataclass
+class Inc:
+    """``$inc`` of ``n``, the one field that only ever holds numbers."""
+
+    coll: str
+    key: int
+    amount: int | float
+
+
+@dataclass
+class Unset:
+    coll: str
+    key: int
+    name: str
+
+
+@dataclass
+class Push:
+    """``$push`` onto ``tags``, the one field that only ever holds an array."""
+
+    coll: str
+    key: int
+    value: Any
+
+
+@dataclass
+class RenameField:
+    coll: str
+    key: int
+    old: str
+    new: str
+
+
+@dataclass
+class Delete:
+    coll: str
+    key: int
+
+
+@dataclass
+class Transaction:
+    """Several writes committed together (one cluster time, one event each)."""
+
+    writes: list[Any]
+
+
+@dataclass
+class DropCollection:
+    coll: str
+
+
+@dataclass
+class RenameCollection:
+    coll: str
+    to: str
+
+
+@dataclass
+class Run:
+    """A pipeline run: the snapshot (the first run) or a pull, then the Spark job; then the checks."""
+
+
+@dataclass
+class Maintain:
+    """Compaction and vacuum (no retention) of every table of the lake, as upkeep would."""
+
+
+@dataclass
+class Resnapshot:
+    """A re-snapshot of one collection (its stream position kept)."""
+
+    coll: str
+
+
+WRITES = (Insert, Replace, Set, Inc, Unset, Push, RenameField, Delete)
+
+
+# -- the model --------------------------------------------------------------------------------
+
+
+def _applied(doc: dict | None, write: Any) -> dict | None:
+    """The document after ``write`` as MongoDB applies it (field order included), or ``doc`` when
+    the write does not apply (then MongoDB writes nothing and the stream has no event)."""
+    if isinstance(write, Insert):
+        return {"_id": write.key, **write.fields} if doc is None else doc
+    if doc is None:
+        return None
+    if isinstance(write, Delete):
+        return None
+    if isinstance(write, Replace):
+        return {"_id": write.key, **write.fields}
+    new = dict(doc)
+    if isinstance(write, Set):
+        new[write.name] = write.value
+    elif isinstance(write, Inc):
+        current = new.get("n", 0)
+        total = current + write.amount
+        # int32 + int32 overflowing is a long, as a Python int past 32 bits encodes; a long stays one
+        new["n"] = Int64(total) if isinstance(current, Int64) and isinstance(total, int) else total
+    elif isinstance(write, Unset):
+        new.pop(write.name, None)
+    elif isinstance(write, Push):
+        new["tags"] = [*new.get("tags", []), write.value]
+    elif isinstance(write, RenameField):
+        if write.old in new:
+            new[write.new] = new.pop(write.old)  # a present new name keeps its place
+    return new
+
+
+def _mongo_write(collection: Any, write: Any, session: ClientSession | None) -> None:
+    match = {"_id": write.key}
+    if isinstance(write, Insert):
+        collection.insert_one({"_id": write.key, **write.fields}, session=session)
+    elif isinstance(write, Replace):
+        collection.replace_one(match, {"_id": write.key, **write.fields}, session=session)
+    elif isinstance(write, Delete):
+        collection.delete_one(match, session=session)
+    else:
+        update = {
+            Set: lambda w: {"$set": {w.name: w.value}},
+            Inc: lambda w: {"$inc": {"n": w.amount}},
+            Unset: lambda w: {"$unset": {w.name: ""}},
+            Push: lambda w: {"$push": {"tags": w.value}},
+            RenameField: lambda w: {"$rename": {w.old: w.new}},
+        }[type(write)](write)
+        collection.update_one(match, update, session=session)
+
+
+@dataclass
+class SnapshotRead:
+    """What a (re-)snapshot copied: the collection's documents at its position."""
+
+    coll: str
+    cluster_time: int
+    ids: list[int]
+
+
+@dataclass
+class StreamEvent:
+    coll: str
+    op: str  # c/u/d, or drop/rename
+    key: int | None
+    cluster_time: int
+    event_order: str
+    to: str | None = None  # a rename's new collection name
+
+
+@dataclass
+class Sequence:
+    """One database, one lake, one model: ``check`` plays ``steps`` and asserts after each run."""
+
+    client: MongoClient
+    context: Any  # the SparkContext main runs on
+    transform_main: Any  # spark_apps/cdc_transform.py's main
+    lake_root: Path
+    database: str
+    mode: str
+    full_update_type: str
+    prefix: str = PREFIX
+    model: dict[str, dict[int, dict]] = field(default_factory=dict)
+    snapshot_reads: list[SnapshotRead] = field(default_factory=list)
+    events: list[StreamEvent] = field(default_factory=list)
+    snapshotted_at: int | None = None
+    runs: int = 0
+    maintenance_hours: int = 0
+
+    def __post_init__(self) -> None:
+        self.config = database_source(
+            self.prefix,
+            self.lake_root,
+            re.escape(self.database),
+            capture_mode=self.mode,
+            capture_mode_full_update_type=self.full_update_type,
+        )
+        self.keeper = memory_keeper(self.config, RS)
+        self.db = self.client[self.database]
+        self.location = LakeLocation(str(self.lake_root))
+
+    def check(self, steps: list[Any]) -> None:
+        for name in COLLECTIONS[:2]:
+            self._create(name)
+        with self.db.watch(max_await_time_ms=20) as stream:
+            self.stream = stream
+            for step in [*steps, *([] if steps and isinstance(steps[-1], Run) else [Run()])]:
+                self.apply(step)
+
+    # -- steps ---------------------------------------------------------------------------
+
+    def apply(self, step: Any) -> None:
+        if isinstance(step, WRITES):
+            self._create(step.coll)
+            self._write(step, None)
+        elif isinstance(step, Transaction):
+            for write in step.writes:
+                self._create(write.coll)  # outside the transaction: with pre- and post-images
+            with self.client.start_session() as session, session.start_transaction():
+                for write in step.writes:
+                    self._write(write, session)
+        elif isinstance(step, DropCollection):
+            if self.model.pop(step.coll, None) is not None:
+                self.db.drop_collection(step.coll)
+        elif isinstance(step, RenameCollection):
+            if step.coll in self.model and step.coll != step.to:
+                self.db[step.coll].rename(step.to, dropTarget=True)
+                self.model[step.to] = self.model.pop(step.coll)
+        elif isinstance(step, Resnapshot):
+            if self.snapshotted_at is not None and step.coll in self.model:
+                self._resnapshot(step.coll)
+        elif isinstance(step, Maintain):
+            self._maintain()
+        elif isinstance(step, Run):
+            self._run()
+        else:
+            raise TypeError(f"not a step: {step!r}")
+
+    def _create(self, name: str) -> None:
+        if name not in self.model:
+            self.db.create_collection(name, **IMAGES_ON)
+            self.model[name] = {}
+
+    def _write(self, write: Any, session: ClientSession | None) -> None:
+        documents = self.model[write.coll]
+        before = documents.get(write.key)
+        after = _applied(before, write)
+        if isinstance(write, Insert) and before is not None:
+            return  # a duplicate _id: nothing to write
+        _mongo_write(self.db[write.coll], write, session)
+        if after is None:
+            documents.pop(write.key, None)
+        else:
+            documents[write.key] = after
+
+    def _resnapshot(self, name: str) -> None:
+        self._snapshot(only=(f"{self.database}.{name}",))
+
+    def _snapshot(self, only: tuple[str, ...] = ()) -> None:
+        result = run_snapshot(ReplicaSetCapture(self.client, self.config, self.keeper), only=only)
+        for name in [n.partition(".")[2] for n in only] or sorted(self.model):
+            self.snapshot_reads.append(SnapshotRead(name, result.cluster_time, sorted(self.model[name])))
+        if self.snapshotted_at is None:
+            self.snapshotted_at = result.cluster_time
+
+    def _run(self) -> None:
+        self.runs += 1
+        self._pipeline_run()
+        self._read_stream()
+        self._check_mongodb_is_the_model()
+        for name in COLLECTIONS:
+            self._check_state(name)
+            self._check_changes(name)
+
+    def _pipeline_run(self) -> None:
+        """The snapshot (the first time) or a pull, then the Spark job on the shared context."""
+        if self.snapshotted_at is None:
+            self._snapshot()
+        else:
+            pull_changes(ReplicaSetCapture(self.client, self.config, self.keeper))
+        code = self.transform_main(
+            ["--lake-root", str(self.lake_root), "--topic-prefix", self.prefix], context=self.context
+        )
+        assert code == 0, f"run {self.runs}: the transform exited {code}"
+
+    def _maintain(self) -> None:
+        # each upkeep an hour after the last, so every one compacts (optimize.interval.hours 1)
+        self.maintenance_hours += 1
+        now = dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=self.maintenance_hours)
+        source_lake = SourceLake(self.location, self.prefix)
+        for name in COLLECTIONS:
+            for uri in (
+                source_lake.raw_uri(f"{self.database}.{name}"),
+                table_uri(self.location, "state", self.prefix, self.database, name),
+                table_uri(self.location, "changes", self.prefix, self.database, name),
+                deletions_uri(self.location, self.prefix, self.database, name),
+            ):
+                if table_if_exists(uri, None) is not None:
+                    maintain_table(uri, None, 1, 0, now)
+
+    # -- the oracle and the checks -------------------------------------------------------
+
+    def _read_stream(self) -> None:
+        """The oracle's events up to the last write."""
+        last_write = self.client.admin.command("hello")["lastWrite"]["opTime"]["ts"]
+        target = pack_cluster_time(last_write.time, last_write.inc)
+        while True:
+            change = self.stream.try_next()
+            if change is not None:
+                self._record(change)
+            elif token_cluster_time(self.stream.resume_token) >= target:
+                return
+
+    def _record(self, change: dict) -> None:
+        kind = change["operationType"]
+        op = DATA_OPERATIONS.get(kind, kind)
+        if op not in ("c", "u", "d", "drop", "rename"):
+            return
+        time = change["clusterTime"]
+        self.events.append(
+            StreamEvent(
+                coll=change["ns"]["coll"],
+                op=op,
+                key=change["documentKey"]["_id"] if "documentKey" in change else None,
+                cluster_time=pack_cluster_time(time.time, time.inc),
+                event_order=change["_id"]["_data"],
+                to=change["to"]["coll"] if op == "rename" else None,
+            )
+        )
+
+    def _check_mongodb_is_the_model(self) -> None:
+        for name, documents in self.model.items():
+            stored = {
+                doc["_id"]: doc.raw for doc in self.db.get_collection(name, codec_options=RAW_BSON).find()
+            }
+            expected = {key: bson.encode(doc) for key, doc in documents.items()}
+            assert stored == expected, f"the model of {name} is not MongoDB's (a bug of the model)"
+
+    def _rows(self, zone: str, name: str, columns: list[str] | None = None) -> list[dict]:
+        table = table_if_exists(table_uri(self.location, zone, self.prefix, self.database, name), None)
+        if table is None:
+            return []
+        return pa.table(table.to_pyarrow_dataset().to_table(columns=columns)).to_pylist()
+
+    def _check_state(self, name: str) -> None:
+        stored = {doc["_id"]: doc.raw for doc in self.db.get_collection(name, codec_options=RAW_BSON).find()}
+        rows = self._rows("state", name, ["__id", "__doc_bson"])
+        state = {row["__id"]: row["__doc_bson"] for row in rows}
+        assert len(state) == len(rows), f"run {self.runs}: {name}: a document has two state rows"
+        expected = {extjson.encode_str(key): raw for key, raw in stored.items()}
+        assert sorted(state) == sorted(expected), f"run {self.runs}: {name}: the state's _ids differ"
+        wrong = sorted(key for key in expected if state[key] != expected[key])
+        assert not wrong, f"run {self.runs}: {name}: state documents differ from MongoDB's: {wrong}"
+
+    def _check_changes(self, name: str) -> None:
+        # (a table whose events were all drops or renames has no _id column yet)
+        rows = sorted(self._rows("changes", name), key=lambda r: (r["__cluster_time"], r["__event_order"]))
+        # a rename's copy into this collection: reads at the rename's position, of what was there
+        copies = {e.cluster_time for e in self.events if e.op == "rename" and e.to == name}
+        reads: dict[int, list[int]] = defaultdict(list)
+        for row in rows:
+            if row["__op"] == "r" and row["__cluster_time"] not in copies:
+                reads[row["__cluster_time"]].append(row.get("_id"))
+        expected_reads: dict[int, list[int]] = defaultdict(list)
+        for read in self.snapshot_reads:
+            # (a re-snapshot with no write since the last one shares its position)
+            if read.coll == name and read.ids and read.cluster_time not in copies:
+                expected_reads[read.cluster_time].extend(read.ids)
+        actual = {t: sorted(ids) for t, ids in reads.items()}
+        assert actual == {t: sorted(ids) for t, ids in expected_reads.items()}, (
+            f"run {self.runs}: {name}: snapshot reads differ from the documents snapshotted"
+        )
+        found = [
+            (row["__op"], row.get("_id"), row["__cluster_time"], row["__event_order"])
+            for row in rows
+            if row["__op"] != "r"
+        ]
+        streamed = [
+            (e.op, e.key, e.cluster_time, e.event_order)
+            for e in self.events
+            if e.coll == name and e.op in ("c", "u", "d") and e.cluster_time >= (self.snapshotted_at or 0)
+        ]
+        assert found == streamed, f"run {self.runs}: {name}: change rows differ from the stream's events"
+
+
+@dataclass
+class DagSequence(Sequence):
+    """A sequence whose runs are real DAG runs (``CdcSource.run``: dag.test, the transform by
+    spark-submit); a re-snapshot is the next run's, through its trigger params."""
+
+    source: Any = None  # tests/support/cdc_support.py's CdcSource
+    requested: list[str] = field(default_factory=list)
+    batches_seen: int = 0
+
+    def _resnapshot(self, name: str) -> None:
+        self.requested.append(f"{self.database}.{name}")
+
+    def _pipeline_run(self) -> None:
+        ids = {name: sorted(documents) for name, documents in self.model.items()}
+        # (a collection dropped or renamed since it was asked for is not there to copy)
+        requested = sorted({n for n in self.requested if n.partition(".")[2] in self.model})
+        self.requested = []
+        conf = {"resnapshot": True, "collections": requested} if requested else None
+        self.source.run(conf=conf)
+        # the snapshots this run took (a rename's copy too: the checks leave those out)
+        batches = self.source.lake.batches()
+        for batch in batches[self.batches_seen :]:
+            manifest = batch.manifest
+            if manifest is None:
+                continue
+            for namespace in manifest.collections:
+                name = namespace.partition(".")[2]
+                self.snapshot_reads.append(SnapshotRead(name, manifest.cluster_time, ids.get(name, [])))
+            if self.snapshotted_at is None:
+                self.snapshotted_at = manifest.cluster_time
+        self.batches_seen = len(batches)
+
+
+def render_test(name: str, mode: str, full_update_type: str, steps: list[Any]) -> str:
+    """``steps`` as a pytest test for tests/e2e/test_model_based.py (which has the fixture and names)."""
+    body = "".join(f"            {step!r},\n" for step in steps)
+    return (
+        f"def {name}(sequence):\n"
+        f"    sequence({mode!r}, {full_update_type!r}).check(\n"
+        f"        [\n{body}        ]\n"
+        f"    )\n"
+    )

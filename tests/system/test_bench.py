@@ -1,0 +1,94 @@
+"""``make bench`` runs to the end on tiny sizes and prints its one table (no timing is asserted).
+
+The smoke run is the bench itself: its own replica set, every section (five real spark-submit runs of
+the transform among them), each run checked by the bench (rows landed, events applied, state rows
+equal to the collection's documents)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from mongo_cdc_dev.bench.table import Row, render
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_smoke_run_prints_every_row_of_the_table() -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mongo_cdc_dev.bench",
+            "--smoke",
+            "--peer-venv",
+            str(REPO / ".local" / "bench-venv"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(REPO / "include"), os.environ.get("PYTHONPATH", "")]),
+        },
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    table = done.stdout.split("mongo-cdc bench (", 1)[1]
+    expected = [
+        r"snapshot 3,000 x \d+ B\s+bare RawBSONDocument cursor\s+[\d,.]+ docs/s",
+        r"mongo-cdc run_snapshot -> Delta\s+[\d,.]+ docs/s\s+[\d.]+x\s+bare\s+>= 0.70x",
+        r"snapshot 300 x \d,\d+ B\s+bare RawBSONDocument cursor\s+[\d,.]+ MB/s",
+        r"mongo-cdc run_snapshot -> Delta\s+[\d,.]+ MB/s\s+[\d.]+x\s+bare\s+>= 0.50x",
+        r"pull [\d,.]+-event backlog\s+bare change stream, RawBSONDocument\s+[\d,.]+ events/s",
+        r"mongo-cdc pull_changes -> Delta\s+[\d,.]+ events/s\s+[\d.]+x\s+bare\s+>= 0.80x",
+        r"peak RSS of the process\s+run_snapshot, small documents .*MiB\s+< 500 MiB",
+        r"run_snapshot, nested documents .*MiB\s+< 500 MiB",
+        r"pull_changes .*MiB\s+< 500 MiB",
+        r"20 x ~64 KB documents\s+mongo-cdc pull_changes -> Delta\s+[\d,.]+ MB/s",
+        r"pull_changes, 20 inserts of ~64 KB .*MiB\s+< 500 MiB",
+        r"run_snapshot, 20 documents of ~64 KB .*MiB\s+< 500 MiB",
+        r"snapshot 3,000 docs in chunks\s+one piece \(one chunk\)\s+[\d,.]+ docs/s",
+        r"10 chunks, one thread\s+[\d,.]+ docs/s\s+[\d.]+x\s+one piece\s+>= 0.90x",
+        r"10 chunks, two threads\s+[\d,.]+ docs/s\s+[\d.]+x\s+one piece",
+        r"transform of 2,000 / 500 docs\s+run_snapshot rows landed \(the step before\)\s+[\d,.]+ rows/s",
+        r"first build, 2,000 docs\s+[\d,.]+ events/s\s+[\d.]+x\s+landing\s+>= 100,000 events/s",
+        r"first build, 500 docs\s+[\d,.]+ events/s\s+[\d.]+x\s+landing",
+        r"100 changes on 500 docs\s+[\d.]+ s",
+        r"100 changes on 2,000 docs\s+[\d.]+ s\s+[\d.]+x\s+500 docs\s+<= 1.50x and < 30 s",
+        r"100 updates adding a field on 2,000 docs\s+[\d.]+ s",
+        r"cdc_transform, largest process \((driver JVM|Python driver|Python worker)\)"
+        r"\s+[\d,.]+ MiB\s+< 2,048 MiB",
+    ]
+    for pattern in expected:
+        assert re.search(pattern, table), f"no row matching {pattern!r} in:\n{table}"
+    # a new field adds change files and removes none: old change files are never rewritten
+    assert re.search(
+        r"old change files removed by the new field \([1-9]\d* added\)\s+0\.0 files\s+< 1 files\s+ok", table
+    ), table
+    # dlt has a rate on both collections, unless its venv could not be installed (no package index)
+    dlt_rows = re.findall(r"dlt \S+ arrow -> Parquet\s+(\S+)", table)
+    assert len(dlt_rows) == 2, table
+    if "pip install failed" not in table and "could not create" not in table:
+        assert "unavailable" not in dlt_rows, table
+        assert re.search(r"mongo-cdc vs dlt\s+[\d.]+x\s+dlt\s+>= 3.00x", table), table
+
+
+def test_table_marks_budgets_and_explains_missing_rates() -> None:
+    rows = [
+        Row("pull", "bare", 100.0, "events/s"),
+        Row("pull", "ours", 70.0, "events/s", 0.7, "bare", min_ratio=0.8),
+        Row("pull", "peer", None, "events/s", note="failed: boom"),
+        Row("memory", "task", 420.0, "MiB", max_value=500.0),
+        Row("changes", "large", 40.0, "s", 1.2, "small", max_ratio=1.5, max_value=30.0),
+    ]
+    lines = render(rows).splitlines()
+    assert lines[0].split() == ["section", "path", "measured", "ratio", "vs", "budget"]
+    assert lines[3].split()[-2:] == ["0.80x", "MISSED"]
+    assert "unavailable" in lines[4] and lines[-1] == "peer: failed: boom"
+    assert lines[5].split()[-1] == "ok"
+    # every budget of a row must hold: the ratio does, the time does not
+    assert lines[6].endswith("<= 1.50x and < 30 s  MISSED")
+    assert lines[2].startswith("pull ") and lines[3].startswith("  ")  # the section is named once

@@ -1,0 +1,396 @@
+"""Pure-Python parts of the transform (mongo_cdc.transform): no Spark involved.
+
+Column types and table layouts: tests/unit/test_columns.py; document keys:
+tests/integration/test_document_keys.py.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import bson
+import pyarrow as pa
+import pyarrow.compute as pc
+from bson import Decimal128, Int64, ObjectId
+from bson.datetime_ms import DatetimeMS
+
+from mongo_cdc import extjson, lake
+from mongo_cdc.capture.events import rows_to_table
+from mongo_cdc.lake import SnapshotManifest
+from mongo_cdc.lake.batch_log import Batch, BatchWindow
+from mongo_cdc.lake.landing import SourceLake
+from mongo_cdc.lake.storage import LakeLocation
+from mongo_cdc.transform.document_state import (
+    DocumentVersion,
+    apply_update,
+    drop_with_collection,
+    fold_events,
+    reconcile_with_snapshots,
+)
+from mongo_cdc.transform.flatten import change_document, change_row
+from mongo_cdc.transform.flatten_options import FlatteningOptions
+from mongo_cdc.transform.raw_events import (
+    ChangeEvent,
+    applied_app_id,
+    event_from_row,
+)
+
+OID = ObjectId("65a1b2c3d4e5f60718293a4b")
+
+
+def decoded(document: dict) -> dict:
+    """``document`` as the transform sees it: BSON-decoded."""
+    return bson.decode(bson.encode(document), extjson.DECODE_OPTIONS)
+
+
+def event(op, position, after=None, update=None, document_id: Any = 1, rs="rs0") -> ChangeEvent:
+    """An event as ``raw_events.event_from_row`` gives it; ``after`` a document, encoded to BSON here."""
+    cluster_time, event_order = position
+    return ChangeEvent(
+        document_id=document_id,
+        document_id_json=extjson.encode_str(document_id),
+        op=op,
+        ts_ms=1240,
+        after_bson=bson.encode(after) if after is not None else None,
+        update_description=update,
+        source={"ts_ms": 1234, "rs": rs},
+        cluster_time=cluster_time,
+        event_order=event_order,
+        rs=rs,
+    )
+
+
+def update(updated=None, removed=None, truncated=None) -> dict:
+    return {
+        "updatedFields": decoded(updated or {}),
+        "removedFields": removed or [],
+        "truncatedArrays": truncated or [],
+    }
+
+
+def version(document: dict | None, cluster_time: int, event_order: str, rs: str | None = "rs0"):
+    """A stored version of document ``_id`` 1 (key ``"1"``)."""
+    data = bson.encode(document) if document is not None else None
+    return DocumentVersion("1", "1", data, cluster_time, event_order, rs)
+
+
+def document_of(stored: DocumentVersion) -> dict | None:
+    return bson.decode(stored.document, extjson.DECODE_OPTIONS) if stored.document is not None else None
+
+
+# -- document_state ----------------------------------------------------------------------
+
+
+def test_apply_update_removes_truncates_then_sets():
+    document = decoded({"_id": 1, "a": {"b": 1, "c": 2}, "arr": [1, 2, 3, 4], "gone": 1, "list": [{"x": 1}]})
+    apply_update(
+        document,
+        update(
+            updated={"a.b": 10, "arr.1": "two", "list.0.y": 2, "new.deep": True, "pad.2": 1},
+            removed=["gone", "a.c", "list.0.x"],
+            truncated=[{"field": "arr", "newSize": 2}],
+        ),
+    )
+    assert document == {
+        "_id": 1,
+        "a": {"b": 10},
+        "arr": [1, "two"],
+        "list": [{"y": 2}],
+        "new": {"deep": True},
+        "pad": {"2": 1},  # a missing parent becomes a document, as with MongoDB's $set
+    }
+
+
+def test_apply_update_indexes_arrays_past_their_end_and_unsets_elements_to_null():
+    document = {"_id": 1, "arr": [1], "other": [1, 2]}
+    apply_update(document, update(updated={"arr.3": 4}, removed=["other.0"]))
+    assert document == {"_id": 1, "arr": [1, None, None, 4], "other": [None, 2]}
+
+
+def test_fold_applies_events_in_position_order():
+    folded = fold_events(
+        "1",
+        None,
+        [
+            event("u", (5, "8205"), update=update(updated={"n": Int64(2)}, removed=["tmp"])),
+            event("r", (5, ""), after={"_id": 1, "n": 1, "tmp": "x"}),  # a snapshot read sorts first
+            event("u", (6, "8301"), update=update(updated={"m": 1})),
+        ],
+    )
+    assert folded._replace(document=None) == version(None, 6, "8301")
+    assert document_of(folded) == {"_id": 1, "n": 2, "m": 1}
+    assert type(document_of(folded)["n"]) is Int64
+
+
+def test_fold_keeps_the_bson_of_the_last_full_document_as_it_is():
+    after = {"_id": 1, "w": {"$numberLong": "5"}, "z": 1, "a": 2}  # field order and names kept
+    folded = fold_events("1", None, [event("c", (1, "81"), after=after)])
+    assert folded.document == bson.encode(after)
+
+
+def test_fold_skips_events_at_or_before_the_stored_position():
+    stored = version({"_id": 1, "v": "new"}, 9, "8900")
+    replayed = [
+        event("c", (3, "8300"), after={"_id": 1, "v": "old"}),
+        event("u", (9, "8900"), {"_id": 1, "v": "x"}),
+    ]
+    assert fold_events("1", stored, replayed) == stored
+
+
+def test_fold_keeps_deletes_so_replayed_inserts_do_not_resurrect():
+    deleted = fold_events("1", None, [event("c", (1, "81"), {"_id": 1}), event("d", (2, "82"))])
+    assert deleted == version(None, 2, "82")
+    assert fold_events("1", deleted, [event("c", (1, "81"), {"_id": 1})]) == deleted
+    reinserted = fold_events("1", deleted, [event("c", (3, "83"), {"_id": 1, "again": True})])
+    assert document_of(reinserted) == {"_id": 1, "again": True}
+
+
+def test_fold_records_the_replica_set_of_the_last_applied_event():
+    moved = fold_events(
+        "1", None, [event("c", (1, "81"), {"_id": 1}), event("r", (5, ""), {"_id": 1}, rs="rs1")]
+    )
+    assert moved.rs == "rs1"
+    stale = fold_events("1", moved, [event("u", (3, "83"), {"_id": 1, "old": True}, rs="rs0")])
+    assert stale == moved
+
+
+def test_fold_records_the_id_as_the_document_holds_it_now():
+    # 1 and 1.0 are one _id in MongoDB: a replace may change its type, the key stays
+    inserted = event("c", (1, "81"), {"_id": 1, "v": 1})
+    replaced = event("u", (2, "82"), {"_id": 1.0, "v": 2})
+    folded = fold_events("1", None, [inserted, replaced])
+    assert (folded.key, folded.document_id_json) == ("1", "1.0")
+    # an update's documentKey holds the _id as stored; an update without `after` keeps it
+    updated = fold_events("1", folded, [event("u", (3, "83"), update=update({"v": 3}), document_id=1.0)])
+    assert updated.document_id_json == "1.0" and document_of(updated) == {"_id": 1.0, "v": 3}
+    assert type(document_of(updated)["_id"]) is float
+
+
+def snapshot(rs: str, cluster_time: int, seq: int = 7) -> SnapshotManifest:
+    return SnapshotManifest(rs, seq, cluster_time, ("db.c",))
+
+
+def test_reconcile_deletes_a_document_its_replica_sets_snapshot_did_not_read():
+    live = version({"_id": 1}, 4, "8400")
+    assert reconcile_with_snapshots(live, [snapshot("rs0", 5), snapshot("rs0", 9)]) == version(None, 9, "")
+
+
+def test_reconcile_keeps_documents_read_or_written_since_and_other_replica_sets():
+    read_by_it = version({"_id": 1}, 5, "")
+    written_since = version({"_id": 1}, 5, "8501")
+    from_another_shard = version({"_id": 1}, 1, "8100", rs="rs1")
+    of_unknown_origin = version({"_id": 1}, 1, "8100", rs=None)  # an old state version
+    already_deleted = version(None, 2, "8200")
+    for stored in (read_by_it, written_since, from_another_shard, of_unknown_origin, already_deleted):
+        assert reconcile_with_snapshots(stored, [snapshot("rs0", 5)]) == stored
+
+
+def test_a_drop_deletes_the_documents_of_its_replica_set_written_before_it():
+    drop = ((5, "8500"), "rs0")
+    before = version({"_id": 1}, 4, "8400")
+    assert drop_with_collection(before, [drop, ((3, "8300"), "rs0")]) == version(None, 5, "8500")
+    for kept in (version({"_id": 1}, 6, "8600"), version({"_id": 1}, 4, "8400", rs="rs1")):
+        assert drop_with_collection(kept, [drop]) == kept
+
+
+def test_snapshot_manifests_round_trip_through_the_batch_log_and_count_as_committed_batches(tmp_path):
+    source_lake = SourceLake(LakeLocation(str(tmp_path)), "p")
+    assert source_lake.batches() == [] and source_lake.committed() == {}
+    manifest = SnapshotManifest("rs0", 12, lake.pack_cluster_time(1_700_000_000, 2), ("db.a", "db.b.c"))
+    source_lake.commit(
+        Batch(
+            "rs0",
+            12,
+            "snapshot",
+            {"_data": "8200"},
+            manifest.cluster_time,
+            snapshot_cluster_time=manifest.cluster_time,
+            collections=manifest.collections,
+        )
+    )
+    assert [batch.manifest for batch in source_lake.batches()] == [manifest]
+    # no raw rows at all (every copied collection was empty): batch numbers still go on after it
+    assert source_lake.committed() == {"rs0": 12}
+    assert source_lake.last_batch("rs0").seq == 12 and source_lake.last_batch("rs1") is None
+    assert source_lake.namespaces() == []
+
+
+def test_fold_ignores_tombstones_and_updates_without_data():
+    stored = version({"_id": 1}, 1, "81", rs=None)
+    assert fold_events("1", stored, [event(None, (2, "82")), event("u", (3, "83"))]) == stored
+    assert fold_events("1", None, [event(None, (2, "82"))]) is None
+
+
+def test_fold_of_an_update_without_previous_version_starts_from_the_id():
+    folded = fold_events(
+        f'["oid","{OID}"]', None, [event("u", (1, "81"), update=update({"a.b": 1}), document_id=OID)]
+    )
+    assert document_of(folded) == {"_id": OID, "a": {"b": 1}}
+    assert folded.document_id_json == extjson.encode_str(OID)
+
+
+def test_fold_never_modifies_the_events_or_previous_documents():
+    previous = version({"_id": 1, "a": {"b": [1, 2]}}, 1, "81")
+    inserted = event("c", (2, "82"), after={"_id": 1, "c": {"d": 1}, "l": [1, 2, 3]})
+    updates = [
+        event(
+            "u",
+            (3, "83"),
+            update=update({"c.d": 2, "new": {"x": 1}}, truncated=[{"field": "l", "newSize": 1}]),
+        ),
+        event("u", (4, "84"), update=update({"new.x": 2})),
+    ]
+    untouched = [decoded(e.after or e.update_description["updatedFields"]) for e in [inserted, *updates]]
+    folded = fold_events("1", previous, [inserted, *updates])
+    assert document_of(folded) == {"_id": 1, "c": {"d": 2}, "l": [1], "new": {"x": 2}}
+    assert [e.after or e.update_description["updatedFields"] for e in [inserted, *updates]] == untouched
+    updated_previous = fold_events("1", previous, [event("u", (2, "82"), update=update({"a.b.0": 9}))])
+    assert document_of(updated_previous) == {"_id": 1, "a": {"b": [9, 2]}}
+    assert document_of(previous) == {"_id": 1, "a": {"b": [1, 2]}}
+
+
+def test_updates_set_bson_values_and_wrapper_like_field_names_as_they_are():
+    document = decoded({"_id": 1})
+    values = {
+        "when": DatetimeMS(-5),
+        "price": Decimal128("0.10"),
+        "w": {"$numberLong": "5"},  # a document with a field named $numberLong, not an int64
+        "a.$b": 1,
+    }
+    apply_update(document, update(values))
+    assert document == {
+        "_id": 1,
+        "when": DatetimeMS(-5),
+        "price": Decimal128("0.10"),
+        "w": {"$numberLong": "5"},
+        "a": {"$b": 1},
+    }
+
+
+# -- flatten -----------------------------------------------------------------------------
+
+
+def test_change_document_of_each_operation():
+    inserted = change_document(event("c", (1, "81"), after={"_id": 1, "a": Int64(1), "w": {"$oid": "x"}}))
+    assert inserted == {"_id": 1, "a": Int64(1), "w": {"$oid": "x"}}
+    assert type(inserted["a"]) is Int64
+    partial = event("u", (2, "82"), update=update(updated={"a.b": 1, "c": "x"}, removed=["d", "e.f"]))
+    assert change_document(partial) == {"_id": 1, "a": {"b": 1}, "c": "x", "d": None, "e": {"f": None}}
+    assert change_document(event("d", (3, "83"))) == {"_id": 1}
+    assert change_document(event(None, (3, "83"))) is None
+
+
+def test_change_row_metadata_by_default_is_op_source_ts_and_marks_only_deletes():
+    assert change_row(event("d", (3, "83")), FlatteningOptions()) == (("d", 1234, True, 3, "83"), {"_id": 1})
+    assert change_row(event("u", (4, "84"), after={"_id": 1}), FlatteningOptions())[0][2] is False
+    assert change_row(event(lake.DROP, (5, "85"), document_id=None), FlatteningOptions()) is None
+
+
+# -- raw_events --------------------------------------------------------------------------
+
+
+def raw_rows(*batches: tuple[str, int]) -> pa.Table:
+    """One raw row per (rs, batch_seq)."""
+    rows = []
+    for number, (rs, seq) in enumerate(batches):
+        row = {
+            "key": extjson.document_key(number),
+            "op": "c",
+            "source": {"rs": rs},
+            "cluster_time": lake.pack_cluster_time(1_700_000_000, number),
+            "event_order": f"82{number:02x}",
+        }
+        rows.append(rows_to_table([row], seq).to_pylist()[0])
+    return pa.Table.from_pylist(rows, schema=lake.RAW_SCHEMA)
+
+
+def selected(table: pa.Table, row_filter: pc.Expression) -> list[tuple[str, int]]:
+    return [(row["source"]["rs"], row["batch_seq"]) for row in table.filter(row_filter).to_pylist()]
+
+
+def _logged(rs: str, seq: int, *namespaces: str) -> Batch:
+    return Batch(rs, seq, "stream", {"_data": "82"}, 1, namespaces=namespaces)
+
+
+def test_batch_window_selects_committed_batches_past_the_applied_ones():
+    rows = raw_rows(("rs0", 1), ("rs0", 2), ("rs0", 3), ("rs1", 1), ("rs2", 1), ("rs0", lake.HISTORY_SEQ))
+    # rs0's batch 3 is not committed yet, rs2's batch 1 landed rows of another table only
+    batches = [
+        _logged("rs0", 1, "db.a"),
+        _logged("rs0", 2, "db.a"),
+        _logged("rs1", 1, "db.a"),
+        _logged("rs2", 1, "db.b"),
+    ]
+    window = BatchWindow.of(batches, "db.a", applied={"rs0": 1})
+    assert not window.is_empty
+    assert selected(rows, window.filter()) == [("rs0", 2), ("rs1", 1)]
+    assert BatchWindow.of(batches, "db.a", applied={"rs0": 2, "rs1": 5, "rs9": 4}).is_empty
+    assert selected(rows, BatchWindow.of(batches, "db.c").filter()) == []
+    # a backfill's rebuilt hours read every committed row and the history rows
+    every = BatchWindow.of(batches, "db.a", include_history=True)
+    assert selected(rows, every.filter()) == [("rs0", 1), ("rs0", 2), ("rs1", 1), ("rs0", lake.HISTORY_SEQ)]
+
+
+def test_rows_a_cut_short_landing_left_in_a_table_its_batch_did_not_list_do_not_count():
+    rows = raw_rows(("rs0", 5), ("rs0", 6))
+    # batch 5 was landed again without rows for db.a: the rows it left there are not the lake's
+    window = BatchWindow.of([_logged("rs0", 5, "db.b"), _logged("rs0", 6, "db.a")], "db.a")
+    assert selected(rows, window.filter()) == [("rs0", 6)]
+
+
+def test_batch_window_skips_files_whose_batch_statistics_lie_outside_it():
+    batches = [_logged("rs0", seq, "db.a") for seq in range(1, 7)] + [_logged("rs1", 1, "db.a")]
+    window = BatchWindow.of(batches, "db.a", applied={"rs0": 4, "rs1": 1})
+    assert not window.may_hold(1, 4)  # applied already
+    assert not window.may_hold(7, 9)  # not committed yet
+    assert window.may_hold(3, 5) and window.may_hold(6, 6)
+    assert window.may_hold(None, None)  # no statistics: read it
+
+
+def test_derived_tables_record_applied_batches_apart_from_the_landing():
+    source_lake = SourceLake(LakeLocation("/lake"), "p")
+    ids = {applied_app_id("state", "rs0"), applied_app_id("changes", "rs0"), source_lake.app_id("rs0")}
+    assert len(ids | {applied_app_id("state", "rs1")}) == 4
+
+
+def test_event_from_row_decodes_the_id_the_document_and_the_updated_fields():
+    row = {
+        "key": extjson.document_key(OID),
+        "op": "u",
+        "ts_ms": 98,
+        "after": bson.encode({"_id": OID, "w": {"$numberLong": "5"}}),
+        "updateDescription": {
+            "updatedFields": bson.encode({"a.b": Int64(1)}),
+            "removedFields": ["c"],
+            "truncatedArrays": [],
+        },
+        "source": {"ts_ms": 99, "rs": "rs0"},
+        "cluster_time": 5,
+        "event_order": "82",
+    }
+    [stored] = rows_to_table([row], 3).to_pylist()
+    read = event_from_row(stored)
+    assert read.document_id == OID and read.document_id_json == extjson.encode_str(OID)
+    assert read.after == {"_id": OID, "w": {"$numberLong": "5"}}
+    assert read.update_description["updatedFields"] == {"a.b": 1}
+    assert type(read.update_description["updatedFields"]["a.b"]) is Int64
+    assert read.update_description["removedFields"] == ["c"]
+    assert (read.op, read.ts_ms, read.source["ts_ms"]) == ("u", 98, 99)
+    assert (read.position, read.rs) == ((5, "82"), "rs0")
+
+
+def test_event_from_row_reads_dates_in_the_key_exactly():
+    when = DatetimeMS(-62_135_596_800_001)  # before year 1: no datetime holds it
+    [stored] = rows_to_table(
+        [
+            {
+                "key": extjson.document_key(when),
+                "op": "d",
+                "source": {"rs": "rs0"},
+                "cluster_time": 1,
+                "event_order": "81",
+            }
+        ],
+        1,
+    ).to_pylist()
+    assert event_from_row(stored).document_id == when
