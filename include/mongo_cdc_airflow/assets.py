@@ -31,6 +31,7 @@ from mongo_cdc.transform.backlog import Backlog, collections_behind
 log = logging.getLogger(__name__)
 
 TABLE_ZONES = ("state", "changes")
+_URI_PATH_SAFE = "/" + lake.layout.NAME_ESCAPE
 # The figures of each replica set's oplog window (``oplog_window.OplogWindow.to_dict``) an event carries
 OPLOG_FIGURES = ("window_seconds", "position_age_seconds", "headroom_seconds")
 
@@ -44,16 +45,17 @@ def table_asset_uri(location: LakeLocation, zone: str, prefix: str, namespace: s
     """The Asset URI of a collection's ``state`` or ``changes`` table: ``file://<absolute path>`` for a
     local lake, the table's URI (``s3://bucket/...``) otherwise.
 
-    The path is percent-encoded (a ``#`` or ``?`` in a collection name would otherwise end the
-    path), so the URI is already in the form Airflow normalises Asset URIs to.
+    The path is percent-encoded where the lake root holds what a URI cannot (the names in it are
+    escaped already, their ``!`` legal in a URI path), so the URI is already in the form Airflow
+    normalises Asset URIs to.
     """
     db, _, collection = namespace.partition(".")
     uri = lake.table_uri(location, zone, prefix, db, collection)
     if location.is_local:
-        return f"file://{quote(uri)}"
+        return f"file://{quote(uri, safe=_URI_PATH_SAFE)}"
     scheme, _, rest = uri.partition("://")
     bucket, _, path = rest.partition("/")
-    return f"{scheme}://{bucket}/{quote(path)}"
+    return f"{scheme}://{bucket}/{quote(path, safe=_URI_PATH_SAFE)}"
 
 
 def touched_namespaces(
@@ -78,6 +80,8 @@ def committed_positions(batches: list[Batch]) -> dict[str, dict[str, int | None]
 
 
 def table_event_extra(
+    namespace: str,
+    uri: str,
     rows: int,
     new_events: int,
     version: int,
@@ -85,8 +89,11 @@ def table_event_extra(
     batches_behind: int,
     oplog: Mapping[str, Mapping],
 ) -> dict[str, Any]:
-    """An asset event's extras (docs/reading.md, "Airflow Assets")."""
+    """An asset event's extras (docs/reading.md, "Airflow Assets"): the collection's name as MongoDB
+    has it next to its table's URI, whose path holds the name escaped (``lake.name_parts``)."""
     return {
+        "collection": namespace,
+        "table": uri,
         "rows": rows,
         "new_events": new_events,
         "table_version": version,
@@ -133,6 +140,8 @@ def emit_table_events(
                 continue
             asset_uri = table_asset_uri(source_lake.location, zone, source_lake.prefix, namespace)
             extra = table_event_extra(
+                namespace,
+                uri,
                 row_count(table),
                 new_events,
                 table.version(),

@@ -5,7 +5,9 @@ When the task runs (never when the DAG is parsed), ``CdcTransformOperator``
 * ships the ``mongo_cdc`` package the Airflow worker imports to the executors, as a zip passed to
   ``--py-files`` (``package_zip``: built once per package content, then reused);
 * takes Spark properties from the Spark connection's ``conf`` extra (``spark_conf``), over the defaults
-  (executors and driver run the Airflow worker's Python, Spark UI off).
+  (executors and driver run the Airflow worker's Python, Spark UI off);
+* hands the lake's credentials to spark-submit in its environment (``environment``), never on its
+  command line, which every local user can read.
 
 The provider itself reads only a few connection extras (``queue``, ``deploy-mode``, ``spark-binary``,
 ``namespace``, …) and takes Spark properties only as the operator's ``conf`` argument.
@@ -13,13 +15,14 @@ The provider itself reads only a few connection extras (``queue``, ``deploy-mode
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
 import sys
 import tempfile
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
@@ -27,6 +30,7 @@ from airflow.sdk import Connection
 
 import mongo_cdc
 from mongo_cdc.config import SourceConfig
+from mongo_cdc.lake.storage import STORAGE_OPTIONS_ENV
 from mongo_cdc_airflow import task_ids
 from mongo_cdc_airflow.lake_storage import lake_location
 
@@ -132,13 +136,50 @@ class CdcTransformOperator(SparkSubmitOperator):
     def execute(self, context: Any) -> None:
         extra = Connection.get(self._conn_id).extra_dejson
         self.conf, self.py_files = submit_settings(self._conn_id, extra, self.conf, self.py_files)
-        # The lake's credentials reach the driver through its environment and the executors through
-        # theirs (Spark redacts the value in its UI: it names secret keys), never the command line.
-        lake_env = lake_location(self.lake_root, self.lake_conn_id).to_env()
-        self.env_vars = {**(self.env_vars or {}), **lake_env}
-        self.conf = {**self.conf, **{f"spark.executorEnv.{name}": value for name, value in lake_env.items()}}
+        location = lake_location(self.lake_root, self.lake_conn_id)
+        if location.storage_options and (self._deploy_mode or extra.get("deploy-mode")) == "cluster":
+            raise ValueError(cluster_mode_credentials_error(self.lake_conn_id, self._conn_id))
         log.info("shipping %s to the executors; Spark properties: %s", self.py_files, sorted(self.conf))
-        super().execute(context)
+        # Not env_vars: on YARN and Kubernetes the hook turns those into --conf arguments.
+        with environment(location.to_env()):
+            super().execute(context)
+
+
+@contextlib.contextmanager
+def environment(variables: Mapping[str, str]) -> Iterator[None]:
+    """This process's environment with ``variables`` set while the block runs, then as it was.
+
+    How the lake's credentials reach the Spark job: spark-submit inherits the task process's
+    environment and the driver (client deploy mode) inherits spark-submit's; no other local user
+    can read a process's environment (``/proc/<pid>/environ`` is its owner's alone), whereas its
+    command line is everyone's (``ps``). The executors need no copy: every Spark task carries the
+    driver's ``LakeLocation`` in its closure.
+    """
+    previous = {name: os.environ.get(name) for name in variables}
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        for name, value in previous.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def cluster_mode_credentials_error(lake_conn_id: str | None, spark_conn_id: str) -> str:
+    """Why a cluster-mode driver cannot get the lake connection's credentials, and the fixes."""
+    return (
+        f"lake connection '{lake_conn_id}' has credentials, but Spark connection '{spark_conn_id}' runs "
+        "the driver in cluster deploy mode, where it does not inherit spark-submit's environment and the "
+        "only other ways there are the command line or Spark properties that the cluster shows in clear. "
+        'Either use client deploy mode (remove "deploy-mode" from the Spark connection\'s extra), or '
+        "remove lake.connection.id from the source and give the driver the credentials through the "
+        f"cluster's own secret mechanism: the {STORAGE_OPTIONS_ENV} environment variable (a JSON object of "
+        "delta-rs storage options, e.g. from a Kubernetes secret with "
+        f"spark.kubernetes.driver.secretKeyRef.{STORAGE_OPTIONS_ENV}=<secret>:<key>) or ambient "
+        "credentials (an instance profile or workload identity)"
+    )
 
 
 def transform_task(config: SourceConfig, application: str, application_args: Any) -> CdcTransformOperator:

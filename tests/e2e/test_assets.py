@@ -17,8 +17,9 @@ from mongo_cdc_airflow.assets import OPLOG_FIGURES, TABLE_ZONES, table_asset_uri
 
 def test_asset_uris_are_the_table_locations_in_airflows_normal_form():
     cases = {
-        ("/lake/my lake", "db.orders#1"): "file:///lake/my%20lake/state/acc/db/orders%231",
-        ("s3://bucket/lake", "db.a?b"): "s3://bucket/lake/state/acc/db/a%3Fb",
+        ("/lake/my lake", "db.orders#1"): "file:///lake/my%20lake/state/acc/db/orders!231",
+        ("s3://bucket/lake", "db.a?b"): "s3://bucket/lake/state/acc/db/a!3Fb",
+        ("s3://bucket/lake", "db.café"): "s3://bucket/lake/state/acc/db/caf!C3!A9",
         ("s3://bucket", "db.orders"): "s3://bucket/state/acc/db/orders",
     }
     for (root, namespace), expected in cases.items():
@@ -83,6 +84,8 @@ def test_a_run_emits_each_touched_tables_event_and_queues_the_dag_scheduled_on_i
         last = source.lake.last_batch(replica_set.name)
         oplog = run.get_task_instance("summary").xcom_pull(task_ids="summary")["oplog"][replica_set.name]
         assert extra == {
+            "collection": f"{db_name}.{collection}",
+            "table": table_uri(source.location, zone, source.prefix, db_name, collection),
             "rows": rows,
             "new_events": new_events,
             "table_version": delta.version(),

@@ -29,6 +29,7 @@ from mongo_cdc.lake.storage import LakeLocation
 MOTO_KEY = "testing"  # moto accepts any credentials; these look like real ones to every client
 MOTO_REGION = "us-east-1"
 LAKE_CONN_ID = "lake_s3"
+SECRET_LAKE_CONN_ID = "lake_s3_secret"
 _START_TIMEOUT_S = 60
 
 
@@ -80,16 +81,22 @@ def s3_bucket(moto_endpoint: str) -> str:
     return name
 
 
+def aws_connection(endpoint: str, secret: str = MOTO_KEY) -> str:
+    """An Airflow ``aws`` connection (JSON) whose ``endpoint_url`` is the moto server at ``endpoint``."""
+    return json.dumps(
+        {
+            "conn_type": "aws",
+            "login": MOTO_KEY,
+            "password": secret,
+            "extra": {"endpoint_url": endpoint, "region_name": MOTO_REGION},
+        }
+    )
+
+
 @pytest.fixture
 def lake_s3_connection(moto_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> str:
     """Id of an Airflow ``aws`` connection (``AIRFLOW_CONN_LAKE_S3``) whose ``endpoint_url`` is moto."""
-    connection = {
-        "conn_type": "aws",
-        "login": MOTO_KEY,
-        "password": MOTO_KEY,
-        "extra": {"endpoint_url": moto_endpoint, "region_name": MOTO_REGION},
-    }
-    monkeypatch.setenv(f"AIRFLOW_CONN_{LAKE_CONN_ID.upper()}", json.dumps(connection))
+    monkeypatch.setenv(f"AIRFLOW_CONN_{LAKE_CONN_ID.upper()}", aws_connection(moto_endpoint))
     return LAKE_CONN_ID
 
 
@@ -99,6 +106,20 @@ def s3_lake(s3_bucket: str, lake_s3_connection: str) -> LakeLocation:
     from mongo_cdc_airflow.lake_storage import lake_location
 
     return lake_location(f"s3://{s3_bucket}/lake", lake_s3_connection)
+
+
+@pytest.fixture
+def s3_lake_with_a_unique_secret(
+    s3_bucket: str, moto_endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> LakeLocation:
+    """``s3_lake`` through connection ``SECRET_LAKE_CONN_ID``, whose secret key is new for each test (moto
+    takes any): text that can only have come from that connection, for tests that look for it in
+    command lines and logs."""
+    from mongo_cdc_airflow.lake_storage import lake_location
+
+    secret = f"lake-secret-{uuid.uuid4().hex}"
+    monkeypatch.setenv(f"AIRFLOW_CONN_{SECRET_LAKE_CONN_ID.upper()}", aws_connection(moto_endpoint, secret))
+    return lake_location(f"s3://{s3_bucket}/lake", SECRET_LAKE_CONN_ID)
 
 
 def moto_options(endpoint: str) -> dict[str, str]:

@@ -13,7 +13,8 @@ can import the rest; the DAG run then only succeeds if the transform task ships 
 
 The driver runs in client mode in this process's Python (which has the package), as in a deployment
 where the Airflow worker submits the job. The lake is a local directory, which the executors on this
-machine share.
+machine share; or (the ``s3`` case) on moto's S3, whose credentials reach the executors only inside
+the Spark tasks the driver sends them, never in their environment, a command line or a log.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import pyspark
 import pytest
 from cdc_support import assert_state_equals_collection
 from datagen import COLLECTIONS, FALLBACK_FIELDS, load
+from s3_support import SECRET_LAKE_CONN_ID
 
 from mongo_cdc_dev.testing.mongod import free_ports
 
@@ -197,8 +199,9 @@ def probe_executor(cluster: StandaloneCluster, conf: dict[str, str], directory: 
     return json.loads(lines[0].removeprefix("PROBE "))
 
 
+@pytest.mark.parametrize("lake", ["local", "s3"])
 def test_transform_runs_on_a_standalone_cluster_whose_executors_lack_mongo_cdc(
-    spark_cluster, executor_python, cdc_source, replica_set, db_name, tmp_path, monkeypatch
+    spark_cluster, executor_python, cdc_source, replica_set, db_name, tmp_path, monkeypatch, request, lake
 ):
     conf = cluster_conf(executor_python)
     assert probe_executor(spark_cluster, conf, tmp_path) == {
@@ -211,7 +214,15 @@ def test_transform_runs_on_a_standalone_cluster_whose_executors_lack_mongo_cdc(
         "AIRFLOW_CONN_SPARK_DEFAULT",
         json.dumps({"conn_type": "spark", "host": spark_cluster.url, "extra": {"conf": conf}}),
     )
-    source = cdc_source(db_name)
+    if lake == "s3":  # the executors' only way to the lake's credentials: the tasks Spark sends them
+        location = request.getfixturevalue("s3_lake_with_a_unique_secret")
+        source = cdc_source(
+            db_name,
+            storage_options=dict(location.storage_options),
+            **{"lake.root": location.root, "lake.connection.id": SECRET_LAKE_CONN_ID},
+        )
+    else:
+        source = cdc_source(db_name)
     with replica_set.client() as client:
         db = client[db_name]
         load(db, {"customers": 40, "orders": 60, "products": 20})
@@ -224,3 +235,11 @@ def test_transform_runs_on_a_standalone_cluster_whose_executors_lack_mongo_cdc(
     probe_app, transform_app = sorted(spark_cluster.work_dir.glob("app-*"))
     assert not list(probe_app.glob("*/mongo_cdc-*.zip"))
     assert list(transform_app.glob("*/mongo_cdc-*.zip")), sorted(transform_app.rglob("*"))
+    if lake == "s3":  # nor is the secret in the master's, the worker's or the executors' logs
+        secret = location.storage_options["AWS_SECRET_ACCESS_KEY"]
+        logs = [
+            *spark_cluster.directory.glob("*.log"),
+            *(p for p in spark_cluster.work_dir.rglob("*") if p.is_file()),
+        ]
+        assert logs and not [log for log in logs if secret.encode() in log.read_bytes()]
+        assert not (tmp_path / "lake").exists()

@@ -170,3 +170,58 @@ def test_two_sources_with_the_same_topic_prefix_and_lake_are_both_refused_naming
     messages = sorted(str(error) for error in errors)
     assert messages[0].startswith(f"{first}: key 'topic.prefix' is 'shop', the same as in {second}")
     assert messages[1].startswith(f"{second}: key 'topic.prefix' is 'shop', the same as in {first}")
+
+
+def test_a_file_name_that_cannot_be_a_dag_id_is_refused_naming_the_file_and_a_name_that_can(tmp_path):
+    bad = write(tmp_path, {"topic.prefix": "orders"}, "orders v2.yaml")
+    with pytest.raises(SourceConfigError) as refused:
+        load_source(str(bad))
+    assert refused.value.problems == (
+        f"{bad}: the file name 'orders v2' is the source name, part of its DAG id mongo_cdc__<name>, "
+        "and may hold only ASCII letters, digits, '_', '-' and '.' (at most 230); rename the file, "
+        "e.g. to orders_v2.yaml",
+    )
+    unreadable = write(tmp_path, "topic.prefix: [unclosed", "café.yml")
+    with pytest.raises(SourceConfigError) as both:
+        load_source(str(unreadable))
+    name_problem, yaml_problem = both.value.problems  # every problem of the file at once
+    assert name_problem.startswith(f"{unreadable}: the file name 'café' is the source name")
+    assert name_problem.endswith("rename the file, e.g. to caf_.yml")
+    assert yaml_problem.startswith(f"{unreadable}: not valid YAML")
+    assert load_source(str(write(tmp_path, {"topic.prefix": "p"}, f"{'a' * 230}.yaml"))).name == "a" * 230
+    with pytest.raises(SourceConfigError, match="at most 230"):
+        load_source(str(write(tmp_path, {"topic.prefix": "p"}, f"{'a' * 231}.yaml")))
+
+
+def test_a_topic_prefix_longer_than_an_airflow_tag_is_refused(tmp_path):
+    assert load_source(str(write(tmp_path, {"topic.prefix": "p" * 100}))).topic_prefix == "p" * 100
+    with pytest.raises(SourceConfigError, match="use at most 100 letters"):
+        load_source(str(write(tmp_path, {"topic.prefix": "p" * 101})))
+
+
+def test_each_broken_source_file_is_refused_alone_and_the_good_ones_load(tmp_path):
+    lake = str(tmp_path / "lake")
+    write(tmp_path, {"topic.prefix": "shop", "lake.root": lake}, "shop.yaml")
+    write(tmp_path, {"topic.prefix": "orders", "lake.root": lake}, "orders v2.yaml")
+    write(tmp_path, "topic.prefix: [unclosed", "broken.yaml")
+    write(tmp_path, {"topic.prefix": "x", "max.batch.size": 0}, "invalid.yml")
+    configs, errors = load_sources(str(tmp_path))
+    assert [config.name for config in configs] == ["shop"]
+    refused = sorted(error.problems[0].split(": ")[0] for error in errors)
+    bad_files = ("orders v2.yaml", "broken.yaml", "invalid.yml")
+    assert refused == sorted(str(tmp_path / name) for name in bad_files)
+
+
+def test_two_files_with_one_source_name_are_both_refused_naming_each_other(tmp_path):
+    lake = str(tmp_path / "lake")
+    yaml_file = write(tmp_path, {"topic.prefix": "shop", "lake.root": lake}, "shop.yaml")
+    yml_file = write(tmp_path, {"topic.prefix": "shop2", "lake.root": lake}, "shop.yml")
+    write(tmp_path, {"topic.prefix": "inventory", "lake.root": lake}, "inventory.yaml")
+    configs, errors = load_sources(str(tmp_path))
+    assert [config.name for config in configs] == ["inventory"]
+    assert sorted(str(error) for error in errors) == [
+        f"{yaml_file}: the source name 'shop' (the file name without its extension, the DAG id "
+        f"mongo_cdc__shop) is also that of {yml_file}; rename one of the files",
+        f"{yml_file}: the source name 'shop' (the file name without its extension, the DAG id "
+        f"mongo_cdc__shop) is also that of {yaml_file}; rename one of the files",
+    ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import zipfile
@@ -9,7 +10,14 @@ import zipfile
 import pytest
 
 import mongo_cdc
-from mongo_cdc_airflow.spark_submit import package_zip, spark_conf, submit_settings
+from mongo_cdc.lake.storage import STORAGE_OPTIONS_ENV
+from mongo_cdc_airflow.spark_submit import (
+    CdcTransformOperator,
+    environment,
+    package_zip,
+    spark_conf,
+    submit_settings,
+)
 
 
 def test_the_package_zip_holds_the_importable_package_and_is_built_once(tmp_path):
@@ -74,3 +82,33 @@ def test_python_files_named_in_the_connection_are_shipped_with_the_package():
     conf, py_files = submit_settings("spark_default", extra, None, None)
     assert py_files == f"/opt/libs/extra.zip,{package_zip()}"
     assert "spark.submit.pyFiles" not in conf and conf["spark.executor.cores"] == "2"
+
+
+def test_the_environment_holds_the_variables_only_inside_the_block(monkeypatch):
+    monkeypatch.setenv("MONGO_CDC_TEST_KEPT", "before")
+    monkeypatch.delenv("MONGO_CDC_TEST_NEW", raising=False)
+    with environment({"MONGO_CDC_TEST_KEPT": "during", "MONGO_CDC_TEST_NEW": "during"}):
+        assert os.environ["MONGO_CDC_TEST_KEPT"] == os.environ["MONGO_CDC_TEST_NEW"] == "during"
+    assert os.environ["MONGO_CDC_TEST_KEPT"] == "before" and "MONGO_CDC_TEST_NEW" not in os.environ
+    with pytest.raises(RuntimeError), environment({"MONGO_CDC_TEST_NEW": "during"}):
+        raise RuntimeError
+    assert "MONGO_CDC_TEST_NEW" not in os.environ
+
+
+def test_a_cluster_mode_driver_is_refused_the_lake_connection_and_told_the_fixes(monkeypatch):
+    secret = "s3cr3t-of-the-lake"
+    lake = {"conn_type": "aws", "login": "key-id", "password": secret, "extra": {"region_name": "us-east-1"}}
+    spark = {"conn_type": "spark", "host": "yarn", "extra": {"deploy-mode": "cluster"}}
+    monkeypatch.setenv("AIRFLOW_CONN_LAKE_UNIT", json.dumps(lake))
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_UNIT", json.dumps(spark))
+    operator = CdcTransformOperator(
+        task_id="transform",
+        application="job.py",
+        conn_id="spark_unit",
+        lake_root="s3://b/lake",
+        lake_conn_id="lake_unit",
+    )
+    with pytest.raises(ValueError, match="cluster deploy mode") as error:
+        operator.execute({})
+    assert "client deploy mode" in str(error.value) and STORAGE_OPTIONS_ENV in str(error.value)
+    assert secret not in str(error.value) and STORAGE_OPTIONS_ENV not in os.environ

@@ -1,8 +1,9 @@
-"""Loading source YAML files: every problem of a file reported at once, unique topic prefixes.
+"""Loading source YAML files: every problem of a file reported at once, unique names and topic prefixes.
 
 Each key is parsed by the value type its ``SourceConfig`` field declares (``SETTINGS``); this
 module adds what spans keys: unknown and duplicate keys, required keys, keys that exclude each
-other, the reconnection delays' order, the lake root's resolution and one lake per topic prefix.
+other, the reconnection delays' order, the lake root's resolution, a file name that can be a DAG
+id, and one source per name and per lake and topic prefix.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import yaml
@@ -25,6 +27,10 @@ _MUTUALLY_EXCLUSIVE = (
     ("database.include.list", "database.exclude.list"),
     ("collection.include.list", "collection.exclude.list"),
 )
+# The source name (the file stem) is part of the DAG ids ``mongo_cdc__<name>`` and
+# ``mongo_cdc_topology__<name>``: Airflow allows ASCII letters, digits, '_', '-' and '.' in them, at
+# most 250 characters, so the longer prefix leaves 230.
+_SOURCE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,230}")
 _BACKOFF_INITIAL = SETTINGS["connect.backoff.initial.delay.ms"]
 _BACKOFF_MAX = SETTINGS["connect.backoff.max.delay.ms"]
 
@@ -70,8 +76,26 @@ def default_lake_root() -> str:
     return os.environ.get(LAKE_ROOT_ENV) or os.path.join(airflow_home, "mongo-cdc-lake")
 
 
+def source_name(path: str) -> str:
+    """The source name of a YAML file: its name without the extension."""
+    return os.path.splitext(os.path.basename(path))[0]
+
+
+def _source_name_problems(path: str) -> list[str]:
+    name = source_name(path)
+    if _SOURCE_NAME.fullmatch(name):
+        return []
+    fixed = re.sub(r"[^A-Za-z0-9_.-]+", "_", name)[:230]
+    return [
+        f"{path}: the file name {name!r} is the source name, part of its DAG id mongo_cdc__<name>, and "
+        f"may hold only ASCII letters, digits, '_', '-' and '.' (at most 230); rename the file, "
+        f"e.g. to {fixed}{os.path.splitext(path)[1]}"
+    ]
+
+
 def load_source(path: str) -> SourceConfig:
     """Parse and validate one source YAML file; the error lists every problem the file has."""
+    name_problems = _source_name_problems(path)
     try:
         with open(path, encoding="utf-8") as handle:
             loader = _SourceLoader(handle)
@@ -80,12 +104,13 @@ def load_source(path: str) -> SourceConfig:
             finally:
                 loader.dispose()
     except yaml.YAMLError as exc:
-        raise SourceConfigError(f"{path}: not valid YAML ({exc})") from None
+        raise SourceConfigError(*name_problems, f"{path}: not valid YAML ({exc})") from None
     if not isinstance(raw, dict):
         raise SourceConfigError(
-            f"{path}: expected a mapping of Debezium-style keys, e.g. 'topic.prefix: inventory'"
+            *name_problems,
+            f"{path}: expected a mapping of Debezium-style keys, e.g. 'topic.prefix: inventory'",
         )
-    problems = [f"{path}: {duplicate}" for duplicate in loader.duplicates]
+    problems = [*name_problems, *(f"{path}: {duplicate}" for duplicate in loader.duplicates)]
     problems += [
         _unknown_key(path, str(key)) for key in sorted(str(key) for key in raw if key not in SETTINGS)
     ]
@@ -122,9 +147,8 @@ def load_source(path: str) -> SourceConfig:
         problems.append(f"{path}: key 'lake.root': {exc}")
     if problems:
         raise SourceConfigError(*problems)
-    name = os.path.splitext(os.path.basename(path))[0]
     try:
-        return SourceConfig(name=name, path=os.path.abspath(path), **values)
+        return SourceConfig(name=source_name(path), path=os.path.abspath(path), **values)
     except ValueError as exc:  # the flattening or capture options do not fit together
         raise SourceConfigError(f"{path}: {exc}") from None
 
@@ -142,8 +166,10 @@ def sources_dir(default: str) -> str:
 def load_sources(directory: str) -> tuple[list[SourceConfig], list[SourceConfigError]]:
     """Every valid ``*.yaml``/``*.yml`` source in a folder, sorted by name, plus the errors of the others.
 
-    Each file stands alone, except that two sources writing the same lake with the same
-    ``topic.prefix`` would mix their tables: both are refused, each naming the other.
+    Each file stands alone, except where two sources would share what must be one source's: two
+    files with one source name (``shop.yaml`` and ``shop.yml``) would have one DAG id, and two
+    sources writing the same lake with the same ``topic.prefix`` would write the same tables. Both
+    are refused, each naming the other.
     """
     configs, errors = [], []
     if not os.path.isdir(directory):
@@ -156,19 +182,41 @@ def load_sources(directory: str) -> tuple[list[SourceConfig], list[SourceConfigE
                 configs.append(load_source(os.path.join(directory, entry)))
             except SourceConfigError as exc:
                 errors.append(exc)
-    sharing: dict[tuple[str, str], list[SourceConfig]] = {}
+    clashing = _clashes(
+        configs,
+        lambda config: config.name,
+        lambda config, others: (
+            f"{config.path}: the source name {config.name!r} (the file name without its extension, "
+            f"the DAG id mongo_cdc__{config.name}) is also that of {', '.join(others)}; rename one of "
+            "the files"
+        ),
+    )
+    clashing += _clashes(
+        configs,
+        lambda config: (config.lake_root, config.topic_prefix),
+        lambda config, others: (
+            f"{config.path}: key 'topic.prefix' is {config.topic_prefix!r}, the same as in "
+            f"{', '.join(others)} with the same lake root {config.lake_root}; each source of a "
+            "lake needs its own topic.prefix"
+        ),
+    )
+    errors += [SourceConfigError(problem) for _, problem in clashing]
+    refused = {id(config) for config, _ in clashing}
+    return [config for config in configs if id(config) not in refused], errors
+
+
+def _clashes(
+    configs: list[SourceConfig],
+    key: Callable[[SourceConfig], Hashable],
+    problem: Callable[[SourceConfig, list[str]], str],
+) -> list[tuple[SourceConfig, str]]:
+    """Each source that shares ``key`` with another, and its problem naming the others' files."""
+    sharing: dict[Hashable, list[SourceConfig]] = {}
     for config in configs:
-        sharing.setdefault((config.lake_root, config.topic_prefix), []).append(config)
-    clashing = [config for group in sharing.values() if len(group) > 1 for config in group]
-    for config in clashing:
-        others = [
-            other.path for other in sharing[(config.lake_root, config.topic_prefix)] if other is not config
-        ]
-        errors.append(
-            SourceConfigError(
-                f"{config.path}: key 'topic.prefix' is {config.topic_prefix!r}, the same as in "
-                f"{', '.join(others)} with the same lake root {config.lake_root}; each source of a "
-                "lake needs its own topic.prefix"
-            )
-        )
-    return [config for config in configs if config not in clashing], errors
+        sharing.setdefault(key(config), []).append(config)
+    return [
+        (config, problem(config, [other.path for other in group if other is not config]))
+        for group in sharing.values()
+        if len(group) > 1
+        for config in group
+    ]

@@ -100,17 +100,18 @@ class Text:
 
 
 class Name(Text):
-    """A ``Text`` usable as a directory and table name part: ``[A-Za-z_][A-Za-z0-9_.-]*``."""
+    """A ``Text`` usable as a directory and table name part and an Airflow DAG tag:
+    ``[A-Za-z_][A-Za-z0-9_.-]*``, at most 100 characters (Airflow's longest tag)."""
 
-    _FORM = r"[A-Za-z_][A-Za-z0-9_.-]*"
-    allowed = f"`{_FORM}`"
+    _FORM = r"[A-Za-z_][A-Za-z0-9_.-]{0,99}"
+    allowed = "`[A-Za-z_][A-Za-z0-9_.-]*`, at most 100 characters"
 
     def parse(self, path: str, key: str, value: Any) -> str:
         text = super().parse(path, key, value)
         if not re.fullmatch(self._FORM, text):
             raise SourceConfigError(
-                f"{path}: key '{key}' is {text!r}; "
-                "use letters, digits, '_', '-' or '.', starting with a letter or '_'"
+                f"{path}: key '{key}' is {text!r}; use at most 100 letters, digits, '_', '-' or '.', "
+                "starting with a letter or '_'"
             )
         return text
 

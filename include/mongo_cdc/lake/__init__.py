@@ -39,8 +39,12 @@ from mongo_cdc.lake.layout import (
     check_database_name,
     deletions_uri,
     hour_partition,
+    name_of_parts,
+    name_parts,
     pack_cluster_time,
     source_table_uri,
+    table_names,
+    table_path,
     table_uri,
 )
 
@@ -67,6 +71,10 @@ __all__ = [
     "deletions_uri",
     "hour_partition",
     "pack_cluster_time",
+    "name_of_parts",
+    "name_parts",
     "source_table_uri",
+    "table_names",
+    "table_path",
     "table_uri",
 ]

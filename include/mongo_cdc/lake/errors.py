@@ -21,6 +21,7 @@ from urllib.parse import unquote
 
 from pyarrow.fs import FileSelector, FileSystem, FileType
 
+from mongo_cdc.lake.layout import table_names
 from mongo_cdc.lake.storage import LakeLocation, TableVersion, open_table
 
 ZONES = ("raw", "changes", "state")
@@ -63,8 +64,7 @@ def damaged_files(
 
 def fix_for(table_uri: str, version: TableVersion = None) -> str:
     """What a user does about a damaged file of this table (by its zone, from the lake layout)."""
-    parts = table_uri.rstrip("/").split("/")
-    zone, db, collection = (parts[-4], parts[-2], parts[-1]) if len(parts) >= 4 else ("", "", "")
+    zone, db, collection = table_names(table_uri)
     restore = "Restore the file from a backup or the bucket's object versioning"
     if version is not None:
         restore = (

@@ -18,11 +18,21 @@ they belong to no batch, the changes table shows them and the state never reads 
 
 ``transaction``, ``__heartbeat`` and names starting with ``_`` are reserved under
 ``raw/<topic.prefix>/``: a database named ``transaction`` cannot be captured.
+
+``<db>`` and ``<collection>`` are the names escaped by ``name_parts`` (docs/lake-format.md, "Table
+paths"): a name of ASCII letters, digits, ``_``, ``-`` and ``.`` is its own path; in any other
+name, each other character's UTF-8 bytes are written ``!XX`` (``logs/2024`` is ``logs!2F2024``).
+``!`` itself is escaped, so an escaped name never equals another name, and no store or reader
+(delta-rs decodes ``%XX``, URLs end at ``#`` and ``?``, Hadoop globs ``*``, ``{``) reads it as
+anything but itself. An escaped name longer than a path segment (255 bytes) continues in a
+subdirectory, each segment but the last ending with ``!``.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import re
+import string
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -141,18 +151,78 @@ def check_database_name(prefix: str, db: str) -> None:
         )
 
 
+PLAIN_CHARACTERS = frozenset(string.ascii_letters + string.digits + "_-.")
+NAME_ESCAPE = "!"
+SEGMENT_LENGTH = 255  # the longest file name of common filesystems (ext4, XFS, APFS), in bytes
+_ESCAPED_BYTES = re.compile(rf"(?:{NAME_ESCAPE}[0-9A-F]{{2}})+")
+
+
+def name_parts(name: str) -> tuple[str, ...]:
+    """The path segments of a database or collection name in a table path (the module's docstring).
+
+    Plain names (ASCII letters, digits, ``_``, ``-``, ``.``, not starting with ``.``) are their own
+    single segment, as before names were escaped, so existing lakes keep their paths."""
+    tokens = [
+        character
+        if character in PLAIN_CHARACTERS and not (index == 0 and character == ".")
+        else "".join(f"{NAME_ESCAPE}{byte:02X}" for byte in character.encode("utf-8"))
+        for index, character in enumerate(name)
+    ]
+    segments, current = [], ""
+    for token in tokens:  # never splits an escape: a segment is whole characters, and the "!" mark
+        if len(current) + len(token) > SEGMENT_LENGTH - len(NAME_ESCAPE):
+            segments.append(current + NAME_ESCAPE)
+            current = ""
+        current += token
+    return (*segments, current)
+
+
+def name_of_parts(parts: tuple[str, ...] | list[str]) -> str:
+    """The database or collection name whose ``name_parts`` these are."""
+    escaped = "".join(part[: -len(NAME_ESCAPE)] for part in parts[:-1]) + parts[-1]
+    return _ESCAPED_BYTES.sub(
+        lambda run: bytes.fromhex(run[0].replace(NAME_ESCAPE, "")).decode("utf-8"), escaped
+    )
+
+
+def table_parts(zone: str, prefix: str, db: str, collection: str) -> tuple[str, ...]:
+    """The path of a collection's table in ``zone`` under the lake root, segment by segment."""
+    return (zone, prefix, *name_parts(db), *name_parts(collection))
+
+
+def table_path(zone: str, prefix: str, db: str, collection: str) -> str:
+    """The path of a collection's table in ``zone`` under the lake root: ``state/shop/db/logs!2F2024``."""
+    return "/".join(table_parts(zone, prefix, db, collection))
+
+
+def table_names(path: str) -> tuple[str, str, str]:
+    """The zone, database and collection of the table at ``path`` (a ``table_uri`` or a
+    ``table_path``, not a deletions table); empty strings where the path is shorter than a table's."""
+    segments = path.rstrip("/").split("/")
+    names, end = [], len(segments)
+    for _ in range(2):  # the collection, then the database: read from the end, as a root may hold "!"
+        start = end - 1
+        while start > 0 and segments[start - 1].endswith(NAME_ESCAPE):  # continued from there
+            start -= 1
+        names.insert(0, name_of_parts(segments[start:end]))
+        end = start
+    if end < 2:
+        return "", "", ""
+    return segments[end - 2], names[0], names[1]
+
+
 def table_uri(lake: LakeLocation, zone: str, prefix: str, db: str, collection: str) -> str:
     """URI of a collection's table in ``zone`` (raw, changes or state)."""
     if zone == "raw":
         check_database_name(prefix, db)
-    return lake.table_uri(zone, prefix, db, collection)
+    return lake.table_uri(*table_parts(zone, prefix, db, collection))
 
 
 def deletions_uri(lake: LakeLocation, prefix: str, db: str, collection: str) -> str:
     """The deletion markers of a collection's state: the last position of each deleted document.
 
     Outside ``state/``, so no reader of the state (nor a glob over it) counts deleted documents."""
-    return lake.table_uri("raw", prefix, DELETIONS_DIR, db, collection)
+    return lake.table_uri("raw", prefix, DELETIONS_DIR, *name_parts(db), *name_parts(collection))
 
 
 def source_table_uri(lake: LakeLocation, prefix: str, name: str) -> str:

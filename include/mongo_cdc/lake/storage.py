@@ -2,9 +2,9 @@
 
 ``LakeLocation`` is the one value every writer and reader of the lake gets. Its
 ``storage_options`` are delta-rs (object_store) keys such as ``AWS_ACCESS_KEY_ID``; the
-Airflow side builds them from a connection (``mongo_cdc_airflow.lake_storage``), and the
-Spark driver and executors get them through one environment variable (``to_env``/``from_env``)
-or inside the pickled location, never on a command line.
+Airflow side builds them from a connection (``mongo_cdc_airflow.lake_storage``); the Spark
+driver gets them through one environment variable (``to_env``/``from_env``) and the executors
+inside the pickled location of each task, never on a command line.
 
 Commits on S3. delta-rs 1.x writes each ``_delta_log/<version>.json`` with a conditional put
 (``If-None-Match: *``) by default: no option is needed, no DynamoDB lock, and

@@ -94,15 +94,14 @@ class CollectionTransform:
         self.manifests = [m for m in manifests if namespace in m.collections]
         self.flattening = flattening
         self.rebuild_hours = rebuild_hours
-        self.raw_path = "/".join(("raw", source_lake.prefix, db, collection))
-        self.state_path = "/".join(("state", source_lake.prefix, db, collection))
-        self.changes_path = "/".join(("changes", source_lake.prefix, db, collection))
+        self.raw_path = lake.table_path("raw", source_lake.prefix, db, collection)
+        self.state_path = lake.table_path("state", source_lake.prefix, db, collection)
+        self.changes_path = lake.table_path("changes", source_lake.prefix, db, collection)
+        self.raw_uri = lake.table_uri(self.location, "raw", source_lake.prefix, db, collection)
         self.state_uri = lake.table_uri(self.location, "state", source_lake.prefix, db, collection)
         self.deletions_uri = lake.deletions_uri(self.location, source_lake.prefix, db, collection)
         self.changes_uri = lake.table_uri(self.location, "changes", source_lake.prefix, db, collection)
-        raw = table_if_exists(
-            self.location.table_uri("raw", source_lake.prefix, db, collection), self.options
-        )
+        raw = table_if_exists(self.raw_uri, self.options)
         self.files = raw_files(raw, self.raw_path) if raw is not None else []
         # MERGE sources and rebuilt tables are written here first (never read as the tables' data)
         self.staging = f"{self.state_path}/{STAGING_DIR}/{uuid.uuid4()}"
@@ -159,7 +158,7 @@ class CollectionTransform:
         now = dt.datetime.now(dt.timezone.utc)
         done = {}
         for name, uri in (
-            ("raw", self.location.table_uri(*self.raw_path.split("/"))),
+            ("raw", self.raw_uri),
             ("changes", self.changes_uri),
             ("state", self.state_uri),
             ("deletions", self.deletions_uri),
