@@ -30,25 +30,23 @@ from deltalake import DeltaTable
 
 from mongo_cdc import lake
 from mongo_cdc.capture.backfill import HOUR, hour_partitions
+from mongo_cdc.transform.changes_commit import ChangesRun
+from mongo_cdc.transform.driver import CollectionTransform
 from mongo_cdc.transform.flatten_options import FlatteningOptions
-
-APPS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "spark_apps")
-sys.path.insert(0, APPS)
-import cdc_transform  # noqa: E402 - the Spark job's module, found through the path set just above
+from mongo_cdc.transform.state_commit import StateRun
 
 LOST_RACE = "lost a commit race"
 
 
 @pytest.fixture(scope="module")
 def spark_context() -> Iterator:
-    """The job's SparkContext in this process, its module shipped to the Python workers."""
+    """The job's SparkContext in this process (its Python workers import mongo_cdc like this process)."""
     from pyspark import SparkConf, SparkContext
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     conf = SparkConf().setMaster("local[2]").setAppName("concurrent-writers").set("spark.ui.enabled", "false")
     context = SparkContext(conf=conf)
     context.setLogLevel("WARN")
-    context.addPyFile(cdc_transform.__file__)
     yield context
     context.stop()
 
@@ -58,7 +56,7 @@ def transform(
 ) -> dict[str, Any]:
     """The job's run of the test's collection (``batches``: the batch log it read, all by default)."""
     lake = source.lake
-    return cdc_transform.CollectionTransform(
+    return CollectionTransform(
         context,
         lake,
         f"{source.database}.items",
@@ -147,7 +145,7 @@ def test_a_state_commit_lost_after_the_deletion_markers_commit_deletes_on_the_ne
 
         just_before_the_first(
             monkeypatch,
-            cdc_transform.StateRun,
+            StateRun,
             "merge",
             lambda: transform(spark_context, source, live_log),
         )
@@ -175,7 +173,7 @@ def test_two_runs_deleting_the_same_documents_record_each_deletion_marker_once(
 
         just_before_the_first(
             monkeypatch,
-            cdc_transform.StateRun,
+            StateRun,
             "update_deletion_markers",
             lambda: transform(spark_context, source),
         )
@@ -211,7 +209,7 @@ def test_a_new_column_commit_made_from_an_earlier_read_fails_instead_of_doubling
         source.run(skip_spark=True)
         older_log = source.lake.batches()
         with monkeypatch.context() as crash:
-            crash.setattr(cdc_transform.ChangesRun, "finish", crashing)
+            crash.setattr(ChangesRun, "finish", crashing)
             with pytest.raises(RuntimeError, match="crashed"):
                 transform(spark_context, source, older_log)
         for i in range(5):
@@ -220,7 +218,7 @@ def test_a_new_column_commit_made_from_an_earlier_read_fails_instead_of_doubling
 
         just_before_the_first(
             monkeypatch,
-            cdc_transform.StateRun,
+            StateRun,
             "merge",
             lambda: transform(spark_context, source, older_log),
         )
@@ -284,7 +282,7 @@ def test_a_backfill_rebuild_after_a_live_pull_and_transform_landed_keeps_their_c
             source.run(skip_spark=True)
             transform(spark_context, source)
 
-        just_before_the_first(monkeypatch, cdc_transform.ChangesRun, "rebuild", live_run)
+        just_before_the_first(monkeypatch, ChangesRun, "rebuild", live_run)
         transform(spark_context, source, rebuild_hours=this_hour_on(began))
 
         assert_state_equals_collection(source, client, "items")

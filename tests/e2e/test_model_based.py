@@ -18,6 +18,7 @@ from unittest import mock
 
 import pytest
 from bson import Int64
+from cdc_support import spark_job
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 from model_support import (
@@ -45,10 +46,6 @@ from model_support import (
 from mongo_cdc.capture import streaming
 from mongo_cdc.capture.topology import make_client
 
-APPS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "spark_apps")
-sys.path.insert(0, APPS)
-import cdc_transform  # noqa: E402 - the Spark job's module, found through the path set just above
-
 # Sequences per capture mode in CI (6 modes), and how many Hypothesis draws per round of the soak.
 CI_EXAMPLES = int(os.environ.get("MODEL_EXAMPLES", "34"))
 SOAK_MINUTES = float(os.environ.get("MODEL_SOAK_MINUTES", "0"))
@@ -67,7 +64,6 @@ def spark_context():
         .set("spark.ui.enabled", "false")
         .set("spark.ui.showConsoleProgress", "false")
     )
-    context.addPyFile(os.path.join(APPS, "cdc_transform.py"))  # the workers import the job's module
     yield context
     context.stop()
 
@@ -89,9 +85,7 @@ def sequence(replica_set, spark_context, tmp_path_factory):
         database = f"model_{uuid.uuid4().hex[:12]}"
         databases.append(database)
         lake_root = tmp_path_factory.mktemp("model_lake")
-        return Sequence(
-            client, spark_context, cdc_transform.main, lake_root, database, mode, full_update_type
-        )
+        return Sequence(client, spark_context, spark_job().main, lake_root, database, mode, full_update_type)
 
     yield make
     poll.stop()

@@ -27,6 +27,7 @@ import pyarrow as pa
 import pytest
 from bson import Decimal128, Int64, ObjectId, Regex
 from bson.binary import Binary
+from cdc_support import SPARK_APP
 from deltalake import DeltaTable
 
 from mongo_cdc import extjson, lake
@@ -34,11 +35,10 @@ from mongo_cdc.capture.events import rows_to_table
 from mongo_cdc.lake.batch_log import Batch
 from mongo_cdc.lake.landing import SourceLake
 from mongo_cdc.lake.storage import LakeLocation
+from mongo_cdc.transform.changes_commit import FLATTENING_METADATA
 from mongo_cdc.transform.flatten_options import FlatteningOptions
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-APPS = os.path.join(REPO, "spark_apps")
-APP = os.path.join(APPS, "cdc_transform.py")
 SPARK_SUBMIT = os.path.join(os.path.dirname(sys.executable), "spark-submit")
 PREFIX, DB = "shop", "sales"
 ORDERS, METRICS = f"{DB}.orders", f"{DB}.metrics"
@@ -46,9 +46,6 @@ HOUR_1 = 1_700_000_000  # 2023-11-14T22:13:20Z
 HOUR_2 = HOUR_1 + 3600
 CUSTOMER = ObjectId("65a1b2c3d4e5f60718293a4b")
 TABLES = [(zone, collection) for zone in ("state", "changes") for collection in ("orders", "metrics")]
-
-sys.path.insert(0, APPS)
-import cdc_transform  # noqa: E402 - the Spark job's module, found through the path set just above
 
 pytestmark = pytest.mark.skipif(not os.path.exists(SPARK_SUBMIT), reason="spark-submit not installed")
 
@@ -225,8 +222,7 @@ READER = textwrap.dedent(
     import json, sys
     from deltalake import DeltaTable
     from pyspark.sql import SparkSession
-    sys.path.insert(0, {apps!r})
-    import cdc_transform
+    import runpy
 
     spark = SparkSession.builder.getOrCreate()
     report = {{}}
@@ -236,7 +232,7 @@ READER = textwrap.dedent(
         report[name] = {{"columns": frame.columns, "count": frame.count()}}
     with open({report!r}, "w") as file:
         json.dump(report, file)
-    sys.exit(cdc_transform.main(sys.argv[1:]))
+    runpy.run_path({app!r}, run_name="__main__")  # the job, as spark-submit runs it
     """
 )
 
@@ -248,17 +244,17 @@ def lake_runs(tmp_path_factory):
     land_first_batches(source_lake)
     args = ["--lake-root", root, "--topic-prefix", PREFIX]
     runs = {"root": root}
-    runs["first"] = summary_of(spark_submit(APP, *args))
+    runs["first"] = summary_of(spark_submit(SPARK_APP, *args))
     runs["after_first"] = snapshot_tables(root)
     land_later_batches(source_lake)
-    runs["second"] = summary_of(spark_submit(APP, *args))
+    runs["second"] = summary_of(spark_submit(SPARK_APP, *args))
     runs["after_second"] = snapshot_tables(root)
 
     report = os.path.join(root, "..", "spark_read.json")
     uris = {f"{zone}/{collection}": table_uri(root, zone, collection) for zone, collection in TABLES}
     reader = os.path.join(root, "..", "reader.py")
     with open(reader, "w") as file:
-        file.write(READER.format(apps=APPS, uris=uris, report=report))
+        file.write(READER.format(app=SPARK_APP, uris=uris, report=report))
     runs["repeat"] = summary_of(spark_submit(reader, *args))
     runs["after_repeat"] = snapshot_tables(root)
     with open(report) as file:
@@ -268,7 +264,7 @@ def lake_runs(tmp_path_factory):
     flattened_root = str(tmp_path_factory.mktemp("flattened_lake"))
     shutil.copytree(root, flattened_root, dirs_exist_ok=True)
     flattened_args = ["--lake-root", flattened_root, "--topic-prefix", PREFIX]
-    flattened = spark_submit(APP, *flattened_args, *FLATTENING.spark_arguments())
+    flattened = spark_submit(SPARK_APP, *flattened_args, *FLATTENING.spark_arguments())
     # spark-submit passes the driver's stderr, where the job logs, on to its stdout
     runs["flattened"], runs["flattened_log"] = summary_of(flattened), flattened.stdout + flattened.stderr
     runs["after_flattened"] = snapshot_tables(flattened_root)
@@ -437,7 +433,9 @@ def test_repeating_a_run_changes_nothing(lake_runs):
 
 
 def run_app(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, APP, *args], capture_output=True, text=True, env=app_environment())
+    return subprocess.run(
+        [sys.executable, SPARK_APP, *args], capture_output=True, text=True, env=app_environment()
+    )
 
 
 @pytest.mark.parametrize(
@@ -496,4 +494,4 @@ def test_other_flattening_options_rebuild_the_changes_tables_with_them(lake_runs
     partial = next(row for row in rows if row["_id"] == 2 and row["__op"] == "u")
     assert (partial["nested_y"], partial["flag"]) == ("new", None)
     recorded = after["changes/orders"]["schema"].field(lake.HOUR_COLUMN).metadata
-    assert json.loads(recorded[cdc_transform.FLATTENING_METADATA.encode()]) == FLATTENING.to_json()
+    assert json.loads(recorded[FLATTENING_METADATA.encode()]) == FLATTENING.to_json()

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import datetime as dt
+import functools
+import importlib.util
 import json
 import os
 import subprocess
+import sys
 import time
 from collections import Counter
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 from unittest import mock
 
@@ -23,11 +27,26 @@ from mongo_cdc.lake import pack_cluster_time, table_uri
 from mongo_cdc.lake.landing import SourceLake
 from mongo_cdc.lake.storage import LakeLocation, table_if_exists
 
-ASSETS_PAGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "docs", "reading.md")
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ASSETS_PAGE = os.path.join(REPO, "docs", "reading.md")
+# The Spark job's entry point: what spark-submit runs (the DAG's ``dag_factory.SPARK_APP``).
+SPARK_APP = os.path.join(REPO, "spark_apps", "cdc_transform.py")
 DOCUMENTED_ASSET_URI = "file:///data/lake/state/shop/shop/orders"
 EJSON_OPTIONS = json_util.JSONOptions(datetime_conversion=bson.DatetimeConversion.DATETIME_MS)
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 OPLOG_TRUNCATION_TIMEOUT_S = 90
+
+
+@functools.cache
+def spark_job() -> ModuleType:
+    """The Spark job's entry module (``SPARK_APP``: ``parse_args``, ``main``), loaded from its file:
+    ``spark_apps`` is a folder of scripts, not a package on ``sys.path``."""
+    spec = importlib.util.spec_from_file_location("cdc_transform", SPARK_APP)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 @dataclass(frozen=True)
@@ -139,12 +158,11 @@ class CdcSource:
 
     def transform_command(self, *arguments: str) -> list[str]:
         """The spark-submit command of the DAG's Spark job (e.g. with ``--rebuild-hours``)."""
-        app = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "spark_apps")
         return [
             "spark-submit",
             "--master",
             "local[2]",
-            os.path.join(app, "cdc_transform.py"),
+            SPARK_APP,
             "--lake-root",
             self.lake_root,
             "--topic-prefix",

@@ -6,15 +6,13 @@ Golden tests reproduce the seed's examples (array encoding, nested structure fla
 
 from __future__ import annotations
 
-import os
-import sys
-
 import bson
 import pyarrow as pa
 import pytest
 import yaml
 from bson import Int64, ObjectId
 from bson.datetime_ms import DatetimeMS
+from cdc_support import spark_job
 
 from mongo_cdc import extjson, lake
 from mongo_cdc.capture.events import rows_to_table
@@ -24,9 +22,6 @@ from mongo_cdc.transform.flatten import change_row, change_rows, encode_document
 from mongo_cdc.transform.flatten_options import EVENT_FIELDS, FIXED_COLUMNS, FlatteningOptions
 from mongo_cdc.transform.raw_events import ChangeEvent
 from mongo_cdc.transform.table_layout import TableLayout, documents_to_batch
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "spark_apps"))
-import cdc_transform  # noqa: E402 - the Spark job's module, found through the path set just above
 
 DOCUMENT_ENCODING = FlatteningOptions(array_encoding="document")
 FLATTENED = FlatteningOptions(flatten_struct=True)
@@ -393,7 +388,7 @@ def test_bad_values_are_refused_naming_file_key_and_allowed_values(tmp_path, key
 
 def job_options(tmp_path, *arguments: str) -> FlatteningOptions:
     base = ["--lake-root", str(tmp_path), "--topic-prefix", "shop"]
-    return cdc_transform.parse_args([*base, *arguments]).flattening
+    return spark_job().parse_args([*base, *arguments]).flattening
 
 
 def test_the_job_reads_back_what_plan_transform_passes(tmp_path):

@@ -1,0 +1,184 @@
+"""One run's appends to a collection's ``changes`` table, or its rebuild (``ChangesRun``).
+
+One row per new event, appended, partitioned by ``hour``; old files are never rewritten. A new field
+adds a column (in a commit of its own, before the append); a value whose type conflicts with its
+column's goes to the column's fallback sibling (``transform.columns``). The flattening options
+(``--flattening``, keyed like the source YAML) are recorded in the table's schema
+(``FLATTENING_METADATA``): other options rebuild the table, and say so. ``--rebuild-hours``
+rewrites the rows of those hours from the raw rows and backfilled history (``rebuild``, a backfill
+run). Driver only: imports deltalake and runs Spark jobs.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+from deltalake import DeltaTable, Schema, write_deltalake
+from deltalake.transaction import create_table_with_add_actions
+
+from mongo_cdc import lake
+from mongo_cdc.lake.batch_log import BatchWindow
+from mongo_cdc.transform.data_files import DataFile, add_actions, delete_data_files
+from mongo_cdc.transform.flatten_options import FlatteningOptions
+from mongo_cdc.transform.slice_tasks import ChangesSpec, Output, transform_slice
+from mongo_cdc.transform.slices import RawSlice
+from mongo_cdc.transform.table_commits import (
+    creating,
+    log,
+    settled_layout,
+    sql_literal,
+    staged_rows,
+    stored_layout,
+)
+from mongo_cdc.transform.table_layout import TableLayout
+
+if TYPE_CHECKING:
+    from mongo_cdc.transform.driver import CollectionTransform
+
+# Where the changes table records the flattening options it was written with.
+FLATTENING_METADATA = "mongo_cdc.flattening"
+
+
+class ChangesRun:
+    """One run's appends to a collection's changes table (of the raw rows ``window`` selects), or
+    its rebuild."""
+
+    def __init__(
+        self, transform: CollectionTransform, table: DeltaTable | None, rebuilt: bool, window: BatchWindow
+    ) -> None:
+        self.transform = transform
+        self.table = table
+        self.rebuilt = rebuilt
+        self.window = window
+        options = transform.flattening
+        self.layout = stored_layout(
+            table, options.metadata_columns, options.sanitize_field_names, (lake.HOUR_COLUMN,)
+        )
+
+    def spec(self, layout: TableLayout | None = None, staged: bool = False) -> ChangesSpec:
+        """How tasks write the rows (``layout``: in it as it is; ``staged``: before a rewrite)."""
+        transform = self.transform
+        directory = f"{transform.staging}/changes" if staged or self.rebuilt else transform.changes_path
+        return ChangesSpec(
+            layout or self.layout, layout is not None, directory, self.window, transform.flattening
+        )
+
+    def schema(self, layout: TableLayout) -> pa.Schema:
+        return _with_flattening(
+            layout.schema.append(pa.field(lake.HOUR_COLUMN, pa.string())), self.transform.flattening
+        )
+
+    def settle(
+        self, slices: list[RawSlice], outputs: list[Output | None], staged: bool
+    ) -> tuple[TableLayout, list[DataFile]]:
+        """The table's layout after the run, and the files of its rows in it (some written again)."""
+        written = [output for output in outputs if output is not None]
+        layout = settled_layout(self.layout, written)
+        spec = self.spec(staged=staged)
+        misfits = [
+            index
+            for index, output in enumerate(outputs)
+            if output is not None and not self.layout.reads_as(output.survey, layout)
+        ]
+        if misfits:
+            log.info("%s: writing the change rows of %d tasks again", self.transform.namespace, len(misfits))
+            location, forced = self.transform.location, self.spec(layout, staged)
+            again = self.transform.run_slices(
+                [slices[index] for index in misfits],
+                lambda raw_slice: transform_slice(location, raw_slice, None, forced, frozenset(), {}).changes,
+            )
+            for index, output in zip(misfits, again, strict=True):
+                delete_data_files(location, spec.directory, outputs[index].files)
+                outputs[index] = output
+        return layout, [file for output in outputs if output is not None for file in output.files]
+
+    def finish(self, slices: list[RawSlice], outputs: list[Output | None]) -> int:
+        """Commit the run's change rows: appended, or replacing the whole table (a rebuild)."""
+        layout, files = self.settle(slices, outputs, staged=False)
+        schema = self.schema(layout)
+        properties = self.transform.commit_properties("changes")
+        if self.rebuilt:
+            write_deltalake(
+                self.transform.changes_uri,
+                staged_rows(self.transform.location, f"{self.transform.staging}/changes", files, schema),
+                mode="overwrite",
+                schema_mode="overwrite",
+                partition_by=[lake.HOUR_COLUMN],
+                storage_options=self.transform.options,
+                commit_properties=properties,
+            )
+        elif self.table is None:
+            with creating(self.transform.changes_uri, self.transform.options):
+                create_table_with_add_actions(
+                    self.transform.changes_uri,
+                    Schema.from_arrow(schema),
+                    add_actions(files),
+                    mode="error",
+                    partition_by=[lake.HOUR_COLUMN],
+                    storage_options=self.transform.options,
+                    commit_properties=properties,
+                )
+        else:
+            if layout is not self.layout:
+                # new columns first (a commit of its own: Delta's add actions cannot change the schema);
+                # a crash before the next commit leaves only unused columns, which the retry keeps. It
+                # restates the batches applied, so that it fails after another writer's commit instead
+                # of moving self.table past it (the append below would then apply those batches again)
+                applied = self.transform.applied(self.table, "changes")
+                write_deltalake(
+                    self.table,
+                    schema.empty_table(),
+                    mode="append",
+                    schema_mode="merge",
+                    commit_properties=self.transform.commit_properties("changes", applied),
+                )
+            self.table.create_write_transaction(
+                add_actions(files),
+                mode="append",
+                schema=schema,
+                partition_by=[lake.HOUR_COLUMN],
+                commit_properties=properties,
+            )
+        return sum(file.rows for file in files)
+
+    def rebuild(self, hours: set[str]) -> int:
+        """Replace the rows of ``hours`` with the change rows of their raw rows and history (a backfill)."""
+        assert self.table is not None
+        transform = self.transform
+        files = [file for file in transform.files if file.hour in hours]
+        slices = transform.slices([self.window], files)
+        spec, location = self.spec(staged=True), transform.location
+        outputs = transform.run_slices(
+            slices,
+            lambda raw_slice: transform_slice(location, raw_slice, None, spec, frozenset(), {}).changes,
+        )
+        layout, written = self.settle(slices, outputs, staged=True)
+        schema = self.schema(layout)
+        listed = ", ".join(sql_literal(hour) for hour in sorted(hours))
+        write_deltalake(
+            self.table,
+            staged_rows(location, spec.directory, written, schema),
+            mode="overwrite",
+            predicate=f"{lake.HOUR_COLUMN} IN ({listed})",
+            schema_mode="merge",
+            commit_properties=transform.commit_properties("changes"),
+        )
+        return sum(file.rows for file in written)
+
+
+def _with_flattening(schema: pa.Schema, options: FlatteningOptions) -> pa.Schema:
+    """``schema`` with ``options`` recorded on its hour column (``FLATTENING_METADATA``)."""
+    index = schema.get_field_index(lake.HOUR_COLUMN)
+    field = schema.field(index).with_metadata(
+        {FLATTENING_METADATA: json.dumps(options.to_json(), sort_keys=True)}
+    )
+    return schema.set(index, field)
+
+
+def recorded_flattening(table: DeltaTable) -> dict[str, Any]:
+    """The flattening options the changes table was written with (defaults where none are recorded)."""
+    field = pa.schema(table.schema().to_arrow()).field(lake.HOUR_COLUMN)
+    recorded = (field.metadata or {}).get(FLATTENING_METADATA.encode())
+    return json.loads(recorded) if recorded else FlatteningOptions().to_json()

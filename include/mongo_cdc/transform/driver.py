@@ -1,0 +1,337 @@
+"""The Spark job's driver: every collection's committed raw events -> its ``state`` and ``changes`` tables.
+
+The lake says what is committed (the batch log, ``landing.SourceLake``); each derived table records per
+replica set the last batch it applied (Delta app transactions, ``raw_events.applied_app_id``) in
+the same commit as its data, so a run applies exactly the batches committed since the last one,
+whatever crashed before; a collection's run that loses a commit race to another writer of its
+tables (two transforms at once) is made again from a fresh read (``CollectionTransform.converged``).
+Spark parallelises the Python work; delta-rs commits, so no Spark jar is needed. How a run goes,
+per collection (``CollectionTransform.update``):
+
+1. the raw files that may hold new rows are cut into slices of about ``slices.SLICE_ROWS`` rows
+   (``slices.raw_slices``), one Spark task each, read as Arrow tables (``slices.read_slice``);
+2. plan (``slice_tasks.plan_slice``, column-wise): each state event's document key; documents with
+   more than one new event, or an update without ``after``, are *folded apart* (step 4), the others
+   have one;
+3. each slice's task (``slice_tasks.transform_slice``) decodes each document once (one
+   ``bson.decode_all``) for both tables and writes, under the tables' directories, its state rows
+   (the documents with one event, sorted by ``__key``) and its change rows (a file per hour), each in
+   the stored layout evolved by what its own rows need; it hands the driver only file names and
+   those needs;
+4. the documents folded apart: their events grouped by document (Spark's shuffle), folded with the
+   stored version or deletion marker (``fold_events``), written like step 3;
+5. the driver settles each table's layout from every task's needs (a task whose rows took other
+   types for a new field writes them again in it), then commits: a new state table in one commit
+   of the written files, an existing one by MERGE of the (staged) rows (``state_commit``); change
+   files appended in one commit (new columns first, in a commit of their own; ``changes_commit``).
+
+Collections fail alone (``transform_collections``): a collection whose transform raises is logged
+(its namespace, the committed batches its tables are behind, ``backlog.collection_backlog``, and the
+traceback) and the job carries on with the others; the ``JobSummary`` says which failed.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from deltalake import CommitProperties, DeltaTable, Transaction
+from deltalake.exceptions import CommitFailedError
+
+from mongo_cdc import lake
+from mongo_cdc.lake.batch_log import Batch, BatchWindow
+from mongo_cdc.lake.landing import COMMIT_RETRIES, SourceLake
+from mongo_cdc.lake.maintenance import maintain_table
+from mongo_cdc.lake.storage import row_count, table_if_exists
+from mongo_cdc.transform.backlog import behind_text, collection_backlog
+from mongo_cdc.transform.changes_commit import ChangesRun, recorded_flattening
+from mongo_cdc.transform.data_files import delete_directory
+from mongo_cdc.transform.flatten_options import FlatteningOptions
+from mongo_cdc.transform.raw_events import applied_app_id, applied_batches
+from mongo_cdc.transform.slice_tasks import transform_slice
+from mongo_cdc.transform.slices import RawFile, RawSlice, raw_files, raw_slices
+from mongo_cdc.transform.state_commit import StateRun
+from mongo_cdc.transform.table_commits import LostCommitRace, log
+
+if TYPE_CHECKING:
+    from pyspark import SparkContext
+
+# Under a state table: MERGE sources and rebuilt change rows, written before their commit.
+STAGING_DIR = "_mongo_cdc_staging"
+# How many times in all a collection's run is made (``CollectionTransform.converged``) while it keeps
+# losing commit races to other writers of its tables, before the job fails.
+COMMIT_RACE_ATTEMPTS = 4
+
+
+class CollectionTransform:
+    """Brings one collection's state and changes tables up to the committed raw batches."""
+
+    def __init__(
+        self,
+        context: SparkContext,
+        source_lake: SourceLake,
+        namespace: str,
+        batches: list[Batch],
+        flattening: FlatteningOptions,
+        rebuild_hours: tuple[str, ...],
+    ) -> None:
+        self.context = context
+        self.source_lake = source_lake
+        self.location = source_lake.location
+        self.options = source_lake.options
+        self.namespace = namespace
+        db, _, collection = namespace.partition(".")
+        self.batches = batches
+        self.committed: dict[str, int] = {}
+        for batch in batches:
+            self.committed[batch.rs] = max(batch.seq, self.committed.get(batch.rs, 0))
+        manifests = [batch.manifest for batch in batches if batch.manifest is not None]
+        self.manifests = [m for m in manifests if namespace in m.collections]
+        self.flattening = flattening
+        self.rebuild_hours = rebuild_hours
+        self.raw_path = lake.table_path("raw", source_lake.prefix, db, collection)
+        self.state_path = lake.table_path("state", source_lake.prefix, db, collection)
+        self.changes_path = lake.table_path("changes", source_lake.prefix, db, collection)
+        self.raw_uri = lake.table_uri(self.location, "raw", source_lake.prefix, db, collection)
+        self.state_uri = lake.table_uri(self.location, "state", source_lake.prefix, db, collection)
+        self.deletions_uri = lake.deletions_uri(self.location, source_lake.prefix, db, collection)
+        self.changes_uri = lake.table_uri(self.location, "changes", source_lake.prefix, db, collection)
+        raw = table_if_exists(self.raw_uri, self.options)
+        self.files = raw_files(raw, self.raw_path) if raw is not None else []
+        # MERGE sources and rebuilt tables are written here first (never read as the tables' data)
+        self.staging = f"{self.state_path}/{STAGING_DIR}/{uuid.uuid4()}"
+
+    def run(self, maintenance: dict[str, int] | None) -> dict[str, Any]:
+        summary = self.converged()
+        if maintenance is not None:
+            summary["maintenance"] = self.maintain(maintenance)
+        return summary
+
+    def converged(self) -> dict[str, Any]:
+        """``update``, made again from a fresh read of the batch log and the tables each time it lost a
+        commit race to another writer of the collection's tables (a backfill run's transform beside a
+        live run's, say), at most COMMIT_RACE_ATTEMPTS times in all.
+
+        Every commit of a run carries the tables' app transactions (``commit_properties``), so of two
+        runs committing to one table from the same read, Delta's conflict check fails the later one;
+        and a table read is refused when a run with a newer batch log already applied more (``read``).
+        The fresh read then shows what the winner applied, and the run applies the rest: no batch is
+        applied twice, none is skipped."""
+        transform = self
+        for attempt in range(1, COMMIT_RACE_ATTEMPTS + 1):
+            try:
+                return transform.update()
+            except (CommitFailedError, LostCommitRace) as race:
+                lost = race
+            finally:
+                delete_directory(transform.location, transform.staging)
+            if attempt < COMMIT_RACE_ATTEMPTS:
+                log.warning(
+                    "%s: lost a commit race to another writer of its tables (%s); running it again from a "
+                    "fresh read of the batch log and the tables (attempt %d of %d)",
+                    self.namespace, lost, attempt + 1, COMMIT_RACE_ATTEMPTS,
+                )  # fmt: skip
+                transform = transform.again()
+        raise LostCommitRace(
+            f"{self.namespace}: lost {COMMIT_RACE_ATTEMPTS} commit races in a row to other writers of its "
+            f"tables (is more than one transform of this source running?); the last: {lost}"
+        ) from lost
+
+    def again(self) -> CollectionTransform:
+        """This collection's transform from a fresh read of the batch log, raw files and tables."""
+        return CollectionTransform(
+            self.context,
+            self.source_lake,
+            self.namespace,
+            self.source_lake.batches(),
+            self.flattening,
+            self.rebuild_hours,
+        )
+
+    def maintain(self, settings: dict[str, int]) -> dict[str, Any]:
+        """Compact small files and vacuum versions past the retention, table by table."""
+        now = dt.datetime.now(dt.timezone.utc)
+        done = {}
+        for name, uri in (
+            ("raw", self.raw_uri),
+            ("changes", self.changes_uri),
+            ("state", self.state_uri),
+            ("deletions", self.deletions_uri),
+        ):
+            if table_if_exists(uri, self.options) is not None:
+                done[name] = maintain_table(
+                    uri, self.options, settings["optimize_interval_hours"], settings["retention_hours"], now
+                )
+        return done
+
+    def applied(self, table: DeltaTable | None, name: str) -> dict[str, int]:
+        return applied_batches(table, name, self.committed)
+
+    def read(self, name: str) -> DeltaTable | None:
+        """The ``state`` or ``changes`` table as it is now. LostCommitRace if it has applied batches past
+        this run's batch log: a run that read a newer log committed first, and a commit of this run's
+        view would record older batches as applied (applied again, their change rows would double)."""
+        table = table_if_exists(self.state_uri if name == "state" else self.changes_uri, self.options)
+        ahead = {rs: seq for rs, seq in self.applied(table, name).items() if seq > self.committed[rs]}
+        if ahead:
+            raise LostCommitRace(
+                f"its {name} table has applied batches {ahead}, past this run's batch log {self.committed}"
+            )
+        return table
+
+    def commit_properties(self, name: str, versions: dict[str, int] | None = None) -> CommitProperties:
+        """The commit's app transactions: this table has applied every committed batch (``versions``:
+        the batches it had applied when read, for a commit that applies none). ``name``'s app ids are
+        in every commit of a run to that table, so Delta fails the later of two made from one read."""
+        return CommitProperties(
+            app_transactions=[
+                Transaction(applied_app_id(name, rs), seq)
+                for rs, seq in (self.committed if versions is None else versions).items()
+            ],
+            max_commit_retries=COMMIT_RETRIES,
+        )
+
+    def slices(self, windows: list[BatchWindow], files: list[RawFile] | None = None) -> list[RawSlice]:
+        chosen = [
+            file
+            for file in (self.files if files is None else files)
+            if any(window.may_hold(file.min_seq, file.max_seq) for window in windows)
+        ]
+        return raw_slices(self.location, chosen, self.context.defaultParallelism)
+
+    def run_slices(self, slices: list[RawSlice], task: Callable[[RawSlice], Any]) -> list[Any]:
+        """``task`` of each slice, one Spark task each; the results in slice order."""
+        if not slices:
+            return []
+        return self.context.parallelize(slices, len(slices)).map(task).collect()
+
+    # -- both tables ---------------------------------------------------------------------
+
+    def update(self) -> dict[str, Any]:
+        state_table = self.read("state")
+        state_applied = self.applied(state_table, "state")
+        state_window = BatchWindow.of(self.batches, self.namespace, state_applied)
+        # a copy that found no document (an empty collection renamed over this one) lands no rows
+        # here, yet its manifest still deletes the stored documents it did not find
+        manifest_pending = state_table is not None and any(
+            m.seq > state_applied.get(m.rs, 0) for m in self.manifests
+        )
+        changes_table = self.read("changes")
+        rebuilt = (
+            changes_table is not None and recorded_flattening(changes_table) != self.flattening.to_json()
+        )
+        if rebuilt:
+            log.warning(
+                "%s: other flattening options than the changes table's: rebuilding it", self.namespace
+            )
+        changes_window = BatchWindow.of(
+            self.batches, self.namespace, {} if rebuilt else self.applied(changes_table, "changes")
+        )
+        state = (
+            None
+            if state_window.is_empty and not manifest_pending
+            else StateRun(self, state_table, state_window)
+        )
+        changes = (
+            None
+            if changes_window.is_empty
+            else ChangesRun(self, None if rebuilt else changes_table, rebuilt, changes_window)
+        )
+        windows = [run.window for run in (state, changes) if run is not None]
+        slices = self.slices(windows) if windows else []
+        if state is not None:
+            state.plan(slices)
+        state_spec = state.spec() if state is not None else None
+        changes_spec = changes.spec() if changes is not None else None
+        location = self.location
+        folded = self.context.broadcast(state.folded_keys if state is not None else frozenset())
+        markers = self.context.broadcast(state.markers if state is not None else {})
+        started = time.monotonic()
+        outputs = self.run_slices(
+            slices,
+            lambda raw_slice: transform_slice(
+                location, raw_slice, state_spec, changes_spec, folded.value, markers.value
+            ),
+        )
+        log.info(
+            "%s: %d slices transformed in %.1fs", self.namespace, len(slices), time.monotonic() - started
+        )
+        summary: dict[str, Any] = {}
+        if state is not None:
+            summary.update(state.finish(slices, [output.state for output in outputs]))
+        else:
+            summary.update(new_events=0, state_rows=row_count(state_table))
+        written = 0
+        if changes is not None:
+            written = changes.finish(slices, [output.changes for output in outputs])
+            changes_table = self.read("changes")
+        if self.rebuild_hours and changes_table is not None:
+            every = BatchWindow.of(self.batches, self.namespace, include_history=True)
+            written += ChangesRun(self, changes_table, False, every).rebuild(set(self.rebuild_hours))
+            changes_table = table_if_exists(self.changes_uri, self.options)
+        summary.update(
+            change_rows=row_count(changes_table), change_rows_written=written, changes_rebuilt=rebuilt
+        )
+        return summary
+
+
+@dataclass
+class JobSummary:
+    """What a run of the job did: under ``collections`` per ``<db>.<collection>`` that landed,
+    ``new_events``, ``state_rows``, ``change_rows``, ``change_rows_written``, ``changes_rebuilt`` (and
+    ``maintenance``); under ``failed`` per collection that failed, ``error`` (its first line) and
+    ``batches_behind``."""
+
+    collections: dict[str, dict[str, Any]] = field(default_factory=dict)
+    failed: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def failure_line(self) -> str:
+        """The stderr line naming each failed collection and its batches behind."""
+        stuck = behind_text(
+            {namespace: failure["batches_behind"] for namespace, failure in self.failed.items()}
+        )
+        return (
+            f"cdc_transform: the transform failed for {stuck}; the other collections landed. Each one's "
+            "error and traceback are in the log above (search for 'FAILED'): fix its cause and the next "
+            "run catches it up\n"
+        )
+
+    def to_json(self) -> str:
+        return json.dumps({"collections": self.collections, "failed": self.failed}, sort_keys=True)
+
+
+def transform_collections(
+    context: SparkContext,
+    source_lake: SourceLake,
+    batches: list[Batch],
+    flattening: FlatteningOptions,
+    rebuild_hours: tuple[str, ...],
+    maintenance: dict[str, int] | None,
+) -> JobSummary:
+    """Every collection of the committed ``batches`` brought up to them, one at a time; a collection
+    that fails is logged and holds back no other."""
+    namespaces = sorted({ns for batch in batches for ns in (*batch.namespaces, *(batch.collections or ()))})
+    summary = JobSummary()
+    for namespace in namespaces:
+        log.info("transforming %s", namespace)
+        try:
+            transform = CollectionTransform(
+                context, source_lake, namespace, batches, flattening, rebuild_hours
+            )
+            summary.collections[namespace] = transform.run(maintenance)
+        except Exception as error:  # one collection's failure holds back no other collection
+            behind = collection_backlog(source_lake, namespace, batches).batches
+            log.exception("FAILED: %s; the other collections carry on", behind_text({namespace: behind}))
+            summary.failed[namespace] = {"error": _error_line(error), "batches_behind": behind}
+    return summary
+
+
+def _error_line(error: Exception) -> str:
+    """The error's type and the first line of its message (Spark's run to whole Java stack traces)."""
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0][:500]}" if lines else type(error).__name__

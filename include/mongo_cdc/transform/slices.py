@@ -1,0 +1,141 @@
+"""Raw slices: a raw table's data files cut into the pieces one Spark task each reads.
+
+The driver lists a raw table's files (``raw_files``) and cuts them into slices of about
+``SLICE_ROWS`` rows (``raw_slices``); each Spark task reads its slice as an Arrow table
+(``read_slice``). Runs on the executors too, which have only pyarrow, orjson and bson: no pyspark
+or deltalake import here (``DeltaTable`` only for type checking).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, NamedTuple
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from mongo_cdc import lake
+from mongo_cdc.lake.storage import LakeLocation
+from mongo_cdc.lake.table_reads import plain
+from mongo_cdc.transform.raw_events import RAW_COLUMNS
+
+if TYPE_CHECKING:
+    from deltalake import DeltaTable
+
+# Raw rows per Spark task (a slice): each task writes a state file and a change file per hour of
+# them. Fewer when that keeps every core busy, but not below MIN_SLICE_ROWS (tiny files).
+SLICE_ROWS = 50_000
+MIN_SLICE_ROWS = 5_000
+
+
+class RawFile(NamedTuple):
+    """A data file of a raw table: its path under the lake root, partition, batch range and rows."""
+
+    path: str
+    hour: str
+    min_seq: int | None
+    max_seq: int | None
+    rows: int
+
+
+class RawPiece(NamedTuple):
+    """Rows of one raw file: some of its row groups, or all of it (``row_groups`` None)."""
+
+    path: str
+    row_groups: tuple[int, ...] | None
+
+
+# A slice of the raw events: the pieces one Spark task reads, about SLICE_ROWS rows in all.
+RawSlice = tuple[RawPiece, ...]
+
+
+def raw_files(table: DeltaTable, table_path: str) -> list[RawFile]:
+    actions = pa.table(table.get_add_actions(flatten=True))
+    names = actions.column_names
+    return [
+        RawFile(
+            f"{table_path}/{row['path']}",
+            row["partition.hour"],
+            row["min.batch_seq"] if "min.batch_seq" in names else None,
+            row["max.batch_seq"] if "max.batch_seq" in names else None,
+            row["num_records"] or 0,
+        )
+        for row in actions.to_pylist()
+    ]
+
+
+def raw_slices(location: LakeLocation, files: list[RawFile], parallelism: int) -> list[RawSlice]:
+    """``files`` in slices of about SLICE_ROWS rows (fewer when that keeps every core busy), in batch
+    order, so each slice's change files cover few hours and its state file a narrow range of keys.
+
+    Small files (a pull's batches) are grouped; a large one (a snapshot's) is split at its row groups.
+    """
+    total = sum(file.rows for file in files)
+    target = max(MIN_SLICE_ROWS, min(SLICE_ROWS, -(-total // max(1, parallelism))))
+    pieces: list[tuple[RawPiece, int]] = []
+    filesystem, base = location.filesystem()
+    for file in sorted(files, key=lambda file: (file.min_seq or 0, file.path)):
+        groups = []
+        if file.rows > target:
+            metadata = pq.ParquetFile(lake_path(base, file.path), filesystem=filesystem).metadata
+            groups = [metadata.row_group(index).num_rows for index in range(metadata.num_row_groups)]
+        if len(groups) < 2:
+            pieces.append((RawPiece(file.path, None), file.rows))
+            continue
+        start, rows = 0, 0
+        for index, count in enumerate(groups):
+            rows += count
+            if rows >= target or index == len(groups) - 1:
+                pieces.append((RawPiece(file.path, tuple(range(start, index + 1))), rows))
+                start, rows = index + 1, 0
+    slices: list[RawSlice] = []
+    current: list[RawPiece] = []
+    rows = 0
+    for piece, count in pieces:
+        current.append(piece)
+        rows += count
+        if rows >= target:
+            slices.append(tuple(current))
+            current, rows = [], 0
+    if current:
+        slices.append(tuple(current))
+    return slices
+
+
+def lake_path(base: str, path: str) -> str:
+    """``path`` (under the lake root) as ``LakeLocation.filesystem`` names it under ``base``."""
+    return f"{base}/{path}" if base else path
+
+
+def read_slice(
+    location: LakeLocation, raw_slice: RawSlice, row_filter: pc.Expression, columns: list[str] = RAW_COLUMNS
+) -> pa.Table:
+    """The rows of ``raw_slice`` that pass ``row_filter``, in plain types (a file a delta-rs DELETE
+    rewrote holds ``string_view``)."""
+    filesystem, base = location.filesystem()
+    parts = []
+    for piece in raw_slice:
+        file = pq.ParquetFile(lake_path(base, piece.path), filesystem=filesystem)
+        rows = (
+            file.read(columns)
+            if piece.row_groups is None
+            else file.read_row_groups(piece.row_groups, columns)
+        )
+        parts.append(plain(rows).filter(row_filter))
+    return pa.concat_tables(parts, promote_options="permissive")
+
+
+def ipc_bytes(rows: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, rows.schema) as writer:
+        writer.write_table(rows)
+    return sink.getvalue().to_pybytes()
+
+
+def from_ipc(data: bytes) -> pa.Table:
+    return pa.ipc.open_stream(data).read_all()
+
+
+def collection_operations(rows: pa.Table) -> pa.ChunkedArray:
+    """Which raw rows are a drop or rename of the collection (no document)."""
+    return pc.fill_null(pc.is_in(rows.column("op"), pa.array(sorted(lake.COLLECTION_OPERATIONS))), False)

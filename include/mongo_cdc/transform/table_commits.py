@@ -1,0 +1,92 @@
+"""What the driver's commits to a collection's state and changes tables share.
+
+The job's log (``log``, named ``cdc_transform``: the bench reads its lines by that name), the
+lost commit race (``LostCommitRace``, ``creating``), the layouts read from a table and settled from
+the tasks' needs (``stored_layout``, ``settled_layout``), staged rows read back for a MERGE or a
+rewrite (``staged_rows``) and the SQL of the MERGE predicates. Driver only: imports deltalake.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from functools import reduce
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from deltalake import DeltaTable
+from deltalake.exceptions import CommitFailedError, DeltaError
+
+from mongo_cdc.lake.storage import LakeLocation, table_if_exists
+from mongo_cdc.transform import columns
+from mongo_cdc.transform.data_files import DataFile
+from mongo_cdc.transform.slice_tasks import Output
+from mongo_cdc.transform.slices import lake_path
+from mongo_cdc.transform.table_layout import TableLayout, widened
+
+log = logging.getLogger("cdc_transform")
+
+
+class LostCommitRace(RuntimeError):
+    """Another writer committed to one of a collection's tables after this run read it."""
+
+
+def stored_layout(
+    table: DeltaTable | None,
+    metadata_columns: tuple[tuple[str, columns.ColumnType], ...],
+    sanitize_field_names: bool,
+    reserved_names: tuple[str, ...] = (),
+) -> TableLayout:
+    """The layout a table was written with (its schema's type metadata), or a new table's."""
+    if table is None:
+        return TableLayout(metadata_columns, reserved_names, sanitize_field_names)
+    schema = pa.schema(table.schema().to_arrow())
+    return TableLayout.from_arrow(schema, metadata_columns, reserved_names, sanitize_field_names)
+
+
+def position_after(left: str, right: str) -> str:
+    """SQL: ``left``'s position is after ``right``'s."""
+    return (
+        f"({left}.__cluster_time > {right}.__cluster_time OR ({left}.__cluster_time = {right}.__cluster_time "
+        f"AND {left}.__event_order > {right}.__event_order))"
+    )
+
+
+def sql_literal(value: str) -> str:
+    """``value`` as a SQL string literal."""
+    return "'" + value.replace("'", "''") + "'"
+
+
+def settled_layout(stored: TableLayout, outputs: list[Output]) -> TableLayout:
+    """The table's layout after this run: ``stored`` with what every task's rows needed."""
+    return stored.evolved(reduce(lambda a, b: a.merge(b), (o.survey for o in outputs), columns.NO_CHANGES))
+
+
+@contextlib.contextmanager
+def creating(uri: str, options: dict[str, str]) -> Iterator[None]:
+    """Around the creation of a table the run found missing: LostCommitRace if another writer created
+    it since."""
+    try:
+        yield
+    except DeltaError as error:
+        if isinstance(error, CommitFailedError) or table_if_exists(uri, options) is None:
+            raise
+        raise LostCommitRace(f"{uri} was created by another writer since this run read it") from error
+
+
+def staged_rows(
+    location: LakeLocation, directory: str, files: list[DataFile], schema: pa.Schema
+) -> pa.RecordBatchReader:
+    """The rows of staged ``files``, one file at a time, as rows of ``schema`` (``widened``)."""
+    filesystem, base = location.filesystem()
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        for file in files:
+            path = lake_path(base, f"{directory}/{file.path}")
+            rows = pq.read_table(path, filesystem=filesystem)
+            for column, value in file.partition:
+                rows = rows.append_column(column, pa.array([value] * rows.num_rows, pa.string()))
+            yield from widened(rows, schema).to_batches()
+
+    return pa.RecordBatchReader.from_batches(schema, batches())
