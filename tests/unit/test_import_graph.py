@@ -107,3 +107,17 @@ def test_the_core_imports_neither_airflow_nor_the_developer_tooling() -> None:
         if module == "mongo_cdc" or module.startswith("mongo_cdc."):
             outside = {t for t in targets if t.startswith(("mongo_cdc_airflow", "mongo_cdc_dev"))}
             assert not outside, f"{module} imports {sorted(outside)}"
+
+
+MAX_MODULE_LINES = 600
+
+
+def test_no_module_is_over_600_lines() -> None:
+    """A module a newcomer can read in one sitting: split one that grows past this by what it owns."""
+    paths = [path for source in SOURCES for path in source.rglob("*.py")]
+    long = {
+        str(p.relative_to(ROOT)): n
+        for p in paths
+        if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES
+    }
+    assert long == {}, f"modules over {MAX_MODULE_LINES} lines: {long}"
