@@ -208,12 +208,23 @@ def test_an_empty_collection_renamed_over_another_empties_its_state(sequence):
     """Found by this suite: the rename's copy of an empty collection lands no rows for the new
     name, so its manifest never reached the state, which kept the replaced collection's documents.
 
-    The insert into c1 puts the rename past the snapshot's position: a rename at that very cluster
-    time is another bug, still open (a manifest deletes rows before its cluster time only, and the
-    snapshot's reads sit at it)."""
+    The insert into c1 puts the rename past the snapshot's position (the next test has a rename at
+    that very cluster time)."""
     played(
         sequence("change_streams", "lookup"),
         [Insert("c2", 0, {}), Run(), Insert("c1", 0, {}), RenameCollection("c0", "c2"), Run()],
+    )
+
+
+def test_a_rename_at_the_snapshots_cluster_time_replaces_the_target(sequence):
+    """Found by this suite: with no write between the snapshot and the rename, the rename's event has
+    the snapshot position's cluster time. Its copy's reads sat at the same position as the
+    snapshot's reads of the replaced collection, so they were not newer, and its manifest (deleting
+    rows before its cluster time only) kept the replaced documents. A rename's copy now sits after a
+    snapshot read at the same cluster time (``lake.RENAMED_COPY_ORDER``)."""
+    played(
+        sequence("change_streams", "lookup"),
+        [Replace("c2", 0, {}), Insert("c0", 0, {}), Run(), RenameCollection("c2", "c0"), Run()],
     )
 
 

@@ -36,7 +36,7 @@ from mongo_cdc.capture.events import token_cluster_time
 from mongo_cdc.capture.replica_set import ReplicaSetCapture
 from mongo_cdc.capture.snapshot import run_snapshot
 from mongo_cdc.capture.streaming import pull_changes
-from mongo_cdc.lake import deletions_uri, pack_cluster_time, table_uri
+from mongo_cdc.lake import RENAMED_COPY_ORDER, deletions_uri, pack_cluster_time, table_uri
 from mongo_cdc.lake.landing import SourceLake
 from mongo_cdc.lake.maintenance import maintain_table
 from mongo_cdc.lake.storage import LakeLocation, table_if_exists
@@ -420,16 +420,15 @@ class Sequence:
     def _check_changes(self, name: str) -> None:
         # (a table whose events were all drops or renames has no _id column yet)
         rows = sorted(self._rows("changes", name), key=lambda r: (r["__cluster_time"], r["__event_order"]))
-        # a rename's copy into this collection: reads at the rename's position, of what was there
-        copies = {e.cluster_time for e in self.events if e.op == "rename" and e.to == name}
+        # (a rename's copy into this collection, reads of what was there, sits after them: left out)
         reads: dict[int, list[int]] = defaultdict(list)
         for row in rows:
-            if row["__op"] == "r" and row["__cluster_time"] not in copies:
+            if row["__op"] == "r" and row["__event_order"] != RENAMED_COPY_ORDER:
                 reads[row["__cluster_time"]].append(row.get("_id"))
         expected_reads: dict[int, list[int]] = defaultdict(list)
         for read in self.snapshot_reads:
             # (a re-snapshot with no write since the last one shares its position)
-            if read.coll == name and read.ids and read.cluster_time not in copies:
+            if read.coll == name and read.ids:
                 expected_reads[read.cluster_time].extend(read.ids)
         actual = {t: sorted(ids) for t, ids in reads.items()}
         assert actual == {t: sorted(ids) for t, ids in expected_reads.items()}, (
@@ -467,11 +466,11 @@ class DagSequence(Sequence):
         self.requested = []
         conf = {"resnapshot": True, "collections": requested} if requested else None
         self.source.run(conf=conf)
-        # the snapshots this run took (a rename's copy too: the checks leave those out)
+        # the snapshots this run took (not a rename's copy: the checks leave those out)
         batches = self.source.lake.batches()
         for batch in batches[self.batches_seen :]:
             manifest = batch.manifest
-            if manifest is None:
+            if manifest is None or manifest.event_order == RENAMED_COPY_ORDER:
                 continue
             for namespace in manifest.collections:
                 name = namespace.partition(".")[2]

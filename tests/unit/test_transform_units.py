@@ -185,6 +185,29 @@ def test_reconcile_keeps_documents_read_or_written_since_and_other_replica_sets(
         assert reconcile_with_snapshots(stored, [snapshot("rs0", 5)]) == stored
 
 
+def test_a_renames_copy_at_a_snapshots_cluster_time_is_newer_than_the_snapshots_reads():
+    """A rename with no write between it and a snapshot's position has that position's cluster time:
+    its copy replaces what the snapshot read there, and its manifest deletes what the copy lacks."""
+    copy = SnapshotManifest("rs0", 8, 5, ("db.c",), lake.RENAMED_COPY_ORDER)
+    read_by_the_snapshot = version({"_id": 1, "v": "replaced"}, 5, "")
+    copied = event("r", copy.position, {"_id": 1, "v": "renamed in"})
+    assert document_of(fold_events("1", read_by_the_snapshot, [copied])) == {"_id": 1, "v": "renamed in"}
+    assert reconcile_with_snapshots(read_by_the_snapshot, [copy]) == version(None, 5, lake.RENAMED_COPY_ORDER)
+    # the copy's own reads stay, and so does an event at that cluster time (it folds over the copy)
+    for kept in (version({"_id": 1}, 5, lake.RENAMED_COPY_ORDER), version({"_id": 1}, 5, "8500")):
+        assert reconcile_with_snapshots(kept, [copy]) == kept
+
+
+def test_a_stream_batchs_copy_is_a_renames_manifest_and_a_snapshots_is_not(tmp_path):
+    source_lake = SourceLake(LakeLocation(str(tmp_path)), "p")
+    for seq, kind in ((1, "snapshot"), (2, "stream")):
+        source_lake.commit(
+            Batch("rs0", seq, kind, {"_data": "8200"}, 5, snapshot_cluster_time=5, collections=("db.c",))
+        )
+    positions = [batch.manifest.position for batch in source_lake.batches()]
+    assert positions == [(5, ""), (5, lake.RENAMED_COPY_ORDER)]
+
+
 def test_a_drop_deletes_the_documents_of_its_replica_set_written_before_it():
     drop = ((5, "8500"), "rs0")
     before = version({"_id": 1}, 4, "8400")

@@ -26,7 +26,7 @@ from pymongo import MongoClient
 from mongo_cdc import extjson
 from mongo_cdc.capture.events import SourceInfo, bson_bytes, event_position, now_ms
 from mongo_cdc.config import SourceConfig
-from mongo_cdc.lake import COLLECTION_KEY
+from mongo_cdc.lake import COLLECTION_KEY, RENAMED_COPY_ORDER
 
 
 def collection_row(change: dict, source: SourceInfo) -> dict[str, Any]:
@@ -72,7 +72,7 @@ def renamed_collection_reads(
             "updateDescription": None,
             "source": block,
             "cluster_time": cluster_time,
-            "event_order": "",
+            "event_order": RENAMED_COPY_ORDER,
         }
         for document in documents
     ]

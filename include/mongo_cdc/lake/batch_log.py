@@ -18,7 +18,7 @@ import pyarrow.dataset as ds
 from bson import json_util
 
 from mongo_cdc import extjson
-from mongo_cdc.lake.layout import HISTORY_SEQ, SnapshotManifest
+from mongo_cdc.lake.layout import HISTORY_SEQ, RENAMED_COPY_ORDER, SnapshotManifest
 from mongo_cdc.lake.table_reads import Where
 
 BATCH_LOG_SCHEMA = pa.schema(
@@ -60,7 +60,9 @@ class Batch:
     def manifest(self) -> SnapshotManifest | None:
         if self.collections is None or self.snapshot_cluster_time is None:
             return None
-        return SnapshotManifest(self.rs, self.seq, self.snapshot_cluster_time, self.collections)
+        # a stream batch's copy is a rename's: it sits after a snapshot's reads at its cluster time
+        order = RENAMED_COPY_ORDER if self.kind == "stream" else ""
+        return SnapshotManifest(self.rs, self.seq, self.snapshot_cluster_time, self.collections, order)
 
     def to_row(self) -> dict:
         return {

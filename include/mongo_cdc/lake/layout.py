@@ -115,6 +115,11 @@ DROP = "drop"
 RENAME = "rename"
 COLLECTION_OPERATIONS = frozenset({DROP, RENAME})
 COLLECTION_KEY = '{"id":null}'
+# The ``event_order`` of the documents a rename into a captured collection copies, and of that
+# copy's manifest: after a snapshot read's "" at the same cluster time (the copy is read after the
+# rename, so after any snapshot position taken at its cluster time), before every change event's
+# (a hex resume token, "82..."), so an event at that cluster time still folds over the copy.
+RENAMED_COPY_ORDER = "0"
 
 BATCH_LOG = "_batches"
 SNAPSHOT_LOG = "_snapshots"
@@ -132,11 +137,12 @@ class SnapshotManifest:
     seq: int
     cluster_time: int
     collections: tuple[str, ...]  # "<db>.<collection>"
+    event_order: str = ""  # RENAMED_COPY_ORDER for a rename's copy, "" for a snapshot
 
     @property
     def position(self) -> tuple[int, str]:
         """Where the documents it read sit at or after: the state deletes those before it."""
-        return self.cluster_time, ""
+        return self.cluster_time, self.event_order
 
 
 class ReservedDatabaseError(ValueError):

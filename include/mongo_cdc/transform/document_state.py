@@ -105,13 +105,14 @@ def reconcile_with_snapshots(
     folded into ``version``: a document one of them read sits at or after that snapshot's position.
     """
     missed_by = [
-        snapshot.cluster_time
+        snapshot.position
         for snapshot in snapshots
         if snapshot.rs == version.rs and version.position < snapshot.position
     ]
     if version.document is None or not missed_by:
         return version
-    return version._replace(document=None, cluster_time=max(missed_by), event_order="")
+    cluster_time, event_order = max(missed_by)
+    return version._replace(document=None, cluster_time=cluster_time, event_order=event_order)
 
 
 def drop_with_collection(

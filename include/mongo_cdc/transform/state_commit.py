@@ -286,12 +286,9 @@ class StateRun:
         )
         # documents the new batches did not touch: gone if a snapshot missed them or a drop came after
         gone = [
-            f"(t.__rs = {sql_literal(m.rs)} AND t.__cluster_time < {m.cluster_time})" for m in self.manifests
-        ]
-        gone += [
             f"(t.__rs = {sql_literal(rs)} AND (t.__cluster_time < {ct} OR (t.__cluster_time = {ct} "
             f"AND t.__event_order < {sql_literal(order)})))"
-            for (ct, order), rs in self.drops
+            for (ct, order), rs in [(m.position, m.rs) for m in self.manifests] + list(self.drops)
         ]
         if gone:
             merger = merger.when_not_matched_by_source_delete(predicate=" OR ".join(gone))
