@@ -13,11 +13,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from bson import Decimal128, Int64, ObjectId
 from bson.datetime_ms import DatetimeMS
+from deltalake import write_deltalake
 
 from mongo_cdc import extjson, lake
 from mongo_cdc.capture.events import rows_to_table
 from mongo_cdc.lake import SnapshotManifest
-from mongo_cdc.lake.batch_log import Batch, BatchWindow
+from mongo_cdc.lake.batch_log import BATCH_LOG_SCHEMA, Batch, BatchWindow
 from mongo_cdc.lake.landing import SourceLake
 from mongo_cdc.lake.storage import LakeLocation
 from mongo_cdc.transform.document_state import (
@@ -198,14 +199,24 @@ def test_a_renames_copy_at_a_snapshots_cluster_time_is_newer_than_the_snapshots_
         assert reconcile_with_snapshots(kept, [copy]) == kept
 
 
-def test_a_stream_batchs_copy_is_a_renames_manifest_and_a_snapshots_is_not(tmp_path):
+def test_a_batch_log_from_before_the_copy_order_keeps_its_copies_at_the_snapshot_order(tmp_path):
+    """A log landed before ``snapshot_event_order`` existed gains the column on the next commit; its
+    old copies' manifests stay at "" (their rows sit there), a new rename's copy is after them."""
     source_lake = SourceLake(LakeLocation(str(tmp_path)), "p")
-    for seq, kind in ((1, "snapshot"), (2, "stream")):
-        source_lake.commit(
-            Batch("rs0", seq, kind, {"_data": "8200"}, 5, snapshot_cluster_time=5, collections=("db.c",))
+    old_schema = BATCH_LOG_SCHEMA.remove(BATCH_LOG_SCHEMA.get_field_index("snapshot_event_order"))
+    old_copy = Batch("rs0", 1, "stream", {"_data": "8200"}, 5, snapshot_cluster_time=5, collections=("db.c",))
+    old_row = {k: v for k, v in old_copy.to_row().items() if k != "snapshot_event_order"}
+    write_deltalake(
+        source_lake.source_uri(lake.BATCH_LOG), pa.Table.from_pylist([old_row], schema=old_schema)
+    )
+    source_lake.commit(
+        Batch(
+            "rs0", 2, "stream", {"_data": "8300"}, 6, snapshot_cluster_time=6, collections=("db.c",),
+            snapshot_event_order=lake.RENAMED_COPY_ORDER,
         )
+    )  # fmt: skip
     positions = [batch.manifest.position for batch in source_lake.batches()]
-    assert positions == [(5, ""), (5, lake.RENAMED_COPY_ORDER)]
+    assert positions == [(5, ""), (6, lake.RENAMED_COPY_ORDER)]
 
 
 def test_a_drop_deletes_the_documents_of_its_replica_set_written_before_it():

@@ -65,7 +65,7 @@ from mongo_cdc.capture.replica_set import ReplicaSetCapture
 from mongo_cdc.capture.stream_filter import namespace_filter
 from mongo_cdc.capture.transactions import TRANSACTION_SCHEMA, TransactionTracker
 from mongo_cdc.config import SourceConfig
-from mongo_cdc.lake import DROP, RENAME, TRANSACTION_DIR, pack_cluster_time
+from mongo_cdc.lake import DROP, RENAME, RENAMED_COPY_ORDER, TRANSACTION_DIR, pack_cluster_time
 from mongo_cdc.lake.batch_log import Batch
 
 log = logging.getLogger(__name__)
@@ -208,6 +208,8 @@ def _land(
             snapshot_cluster_time=batch.copy_position if batch.copied else None,
             collections=batch.copied or None,
             namespaces=tuple(sorted(batch.rows)),
+            # a rename's copy: its reads sit after a snapshot's at the rename's cluster time
+            snapshot_event_order=RENAMED_COPY_ORDER if batch.copied else "",
             open_transaction=open_transaction,
         ),
     )

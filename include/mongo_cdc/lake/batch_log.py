@@ -18,7 +18,7 @@ import pyarrow.dataset as ds
 from bson import json_util
 
 from mongo_cdc import extjson
-from mongo_cdc.lake.layout import HISTORY_SEQ, RENAMED_COPY_ORDER, SnapshotManifest
+from mongo_cdc.lake.layout import HISTORY_SEQ, SnapshotManifest
 from mongo_cdc.lake.table_reads import Where
 
 BATCH_LOG_SCHEMA = pa.schema(
@@ -38,6 +38,9 @@ BATCH_LOG_SCHEMA = pa.schema(
         # counters of a transaction the batch ended inside of (transactions.OpenTransaction)
         pa.field("open_transaction", pa.string()),
         pa.field("landed_at", pa.timestamp("us", tz="UTC")),
+        # the manifest's event_order: RENAMED_COPY_ORDER for a rename's copy, "" for a snapshot (null
+        # in rows landed before the column existed, whose copies' rows sit at "" too)
+        pa.field("snapshot_event_order", pa.string()),
     ]
 )
 
@@ -55,14 +58,15 @@ class Batch:
     collections: tuple[str, ...] | None = None
     namespaces: tuple[str, ...] = ()
     open_transaction: dict | None = None
+    snapshot_event_order: str = ""
 
     @property
     def manifest(self) -> SnapshotManifest | None:
         if self.collections is None or self.snapshot_cluster_time is None:
             return None
-        # a stream batch's copy is a rename's: it sits after a snapshot's reads at its cluster time
-        order = RENAMED_COPY_ORDER if self.kind == "stream" else ""
-        return SnapshotManifest(self.rs, self.seq, self.snapshot_cluster_time, self.collections, order)
+        return SnapshotManifest(
+            self.rs, self.seq, self.snapshot_cluster_time, self.collections, self.snapshot_event_order
+        )
 
     def to_row(self) -> dict:
         return {
@@ -76,6 +80,7 @@ class Batch:
             "namespaces": list(self.namespaces),
             "open_transaction": json.dumps(self.open_transaction) if self.open_transaction else None,
             "landed_at": dt.datetime.now(dt.timezone.utc),
+            "snapshot_event_order": self.snapshot_event_order,
         }
 
     @classmethod
@@ -91,6 +96,7 @@ class Batch:
             collections=tuple(row["collections"]) if row["collections"] is not None else None,
             namespaces=tuple(row["namespaces"] or ()),
             open_transaction=json.loads(row["open_transaction"]) if row["open_transaction"] else None,
+            snapshot_event_order=row.get("snapshot_event_order") or "",
         )
 
 
