@@ -20,6 +20,7 @@ import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import boto3
 import pytest
@@ -106,6 +107,14 @@ def s3_lake(s3_bucket: str, lake_s3_connection: str) -> LakeLocation:
     from mongo_cdc_airflow.lake_storage import lake_location
 
     return lake_location(f"s3://{s3_bucket}/lake", lake_s3_connection)
+
+
+@pytest.fixture(params=["local", "s3"])
+def local_or_s3_lake(request: pytest.FixtureRequest, tmp_path: Path) -> LakeLocation:
+    """The same test on a local lake (``<tmp_path>/lake``) and on ``s3_lake``."""
+    if request.param == "local":
+        return LakeLocation(str(tmp_path / "lake"))
+    return request.getfixturevalue("s3_lake")
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""Damaged data files are named with their fix; a lake of the previous layout is refused."""
+"""Damaged data files are named with their fix; a lake of the previous layout is refused, and only it."""
 
 from __future__ import annotations
 
@@ -23,13 +23,9 @@ def two_partitions(uri: str, options: dict[str, str]) -> list[str]:
     return sorted(DeltaTable(uri, storage_options=options).file_uris())
 
 
-@pytest.fixture(params=["local", "s3"])
-def lake(request: pytest.FixtureRequest, tmp_path: Path) -> LakeLocation:
-    return (
-        LakeLocation(str(tmp_path / "lake"))
-        if request.param == "local"
-        else request.getfixturevalue("s3_lake")
-    )
+@pytest.fixture
+def lake(local_or_s3_lake: LakeLocation) -> LakeLocation:
+    return local_or_s3_lake
 
 
 def damage(lake: LakeLocation, file_uri: str, truncate: bool) -> None:
@@ -99,37 +95,36 @@ def test_legacy_layouts_are_refused(tmp_path: Path) -> None:
         root.mkdir(exist_ok=True)
         return LakeLocation(str(root))
 
-    old_raw = lake_with("raw/p/db/c/hour=2026-01-01T00/rs0-000000000001-0000.parquet")
+    old = lake_with("_versions/state/p/db/c/v000001/part-0.parquet")
     with pytest.raises(
-        LegacyLakeError, match=r"Parquet files without a _delta_log in .*/raw/p/db/c"
+        LegacyLakeError, match=rf"a _versions/ directory at {re.escape(old.root)}/_versions\."
     ) as error:
-        refuse_legacy_layout(old_raw, "p")
+        refuse_legacy_layout(old, "p")
     assert "Nothing was written" in str(error.value) and '{"resnapshot": true}' in str(error.value)
-    with pytest.raises(LegacyLakeError, match="a _versions/ directory"):
-        refuse_legacy_layout(lake_with("_versions/state/p/db/c/v000001/part-0.parquet"), "p")
-    with pytest.raises(LegacyLakeError, match=r"a symlink at .*/state/p/db/c"):
+    with pytest.raises(LegacyLakeError, match=r"a symlinked table directory at .*/state/p/db/c\."):
         refuse_legacy_layout(lake_with(links=(("state/p/db/c", "elsewhere/v000001"),)), "p")
-    with pytest.raises(LegacyLakeError, match=r"without a _delta_log in .*/raw/p/transaction"):
-        refuse_legacy_layout(
-            lake_with("raw/p/transaction/hour=2026-01-01T00/rs0-000000000001-0000.parquet"), "p"
-        )
 
-    # the Delta layout, an empty lake, and another prefix's old tables pass
-    delta = lake_with("raw/p/_snapshots/rs0-000000000001.json", "raw/q/db/c/hour=x/old.parquet")
-    for table in ("raw/p/db/c", "state/p/db/c", "raw/p/transaction"):
+    # the Delta layout, an empty lake, and a writer's leftovers before a table's first commit pass:
+    # Parquet without a _delta_log in a table directory (raw, state, a reserved table) is no sign
+    delta = lake_with(
+        "raw/p/_snapshots/rs0-000000000001.json",
+        "raw/p/db/new/hour=2026-01-01T00/part-00000-x.parquet",
+        "state/p/db/new/part-00000-y.parquet",
+        "raw/p/transaction/hour=2026-01-01T00/part-00000-z.parquet",
+    )
+    for table in ("raw/p/db/c", "state/p/db/c"):
         two_partitions(delta.table_uri(*table.split("/")), {})
     refuse_legacy_layout(delta, "p")
     refuse_legacy_layout(LakeLocation(str(tmp_path / "nothing-yet")), "p")
 
 
 def test_legacy_layout_on_s3(s3_lake: LakeLocation) -> None:
-    with s3_lake.open_output(
-        "raw", "p", "db", "c", "hour=2026-01-01T00", "rs0-000000000001-0000.parquet"
-    ) as out:
+    with s3_lake.open_output("state", "p", "db", "c", "part-00000-x.parquet") as out:
+        pq.write_table(pa.table({"a": [1]}), out)
+    refuse_legacy_layout(s3_lake, "p")  # a leftover of a first commit that never happened
+    with s3_lake.open_output("_versions", "state", "p", "db", "c", "v000001", "part-0.parquet") as out:
         pq.write_table(pa.table({"a": [1]}), out)
     with pytest.raises(
-        LegacyLakeError, match=rf"without a _delta_log in {re.escape(s3_lake.root)}/raw/p/db/c"
+        LegacyLakeError, match=rf"a _versions/ directory at {re.escape(s3_lake.root)}/_versions"
     ):
         refuse_legacy_layout(s3_lake, "p")
-    two_partitions(s3_lake.table_uri("state", "q", "db", "c"), dict(s3_lake.storage_options))
-    refuse_legacy_layout(s3_lake, "q")

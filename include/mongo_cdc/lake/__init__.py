@@ -11,7 +11,7 @@ here so callers write ``lake.RAW_SCHEMA`` and ``lake.table_uri(...)``. The rest,
 * ``table_reads``: filtered reads of a table's rows, whatever Arrow string type a writer chose.
 * ``readers``: a table's live files and rows, for Python and for a Spark without Delta's jars.
 * ``errors``: damaged data files named with their fix; lakes in the previous layout refused.
-* ``maintenance``: compaction and vacuum.
+* ``maintenance``: compaction and vacuum, and the files of commits that never happened.
 * ``debezium_export``: raw events rendered as Debezium change-event records.
 
 Nothing here imports the capture or the transform.
@@ -31,6 +31,7 @@ from mongo_cdc.lake.layout import (
     RENAMED_COPY_ORDER,
     SNAPSHOT_LOG,
     SOURCE_TYPE,
+    STAGING_DIR,
     TRANSACTION_DIR,
     TRANSACTION_TYPE,
     UPDATE_DESCRIPTION_TYPE,
@@ -63,6 +64,7 @@ __all__ = [
     "RENAMED_COPY_ORDER",
     "SNAPSHOT_LOG",
     "SOURCE_TYPE",
+    "STAGING_DIR",
     "TRANSACTION_DIR",
     "TRANSACTION_TYPE",
     "UPDATE_DESCRIPTION_TYPE",

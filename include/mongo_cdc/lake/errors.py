@@ -6,20 +6,19 @@ fix. It finds the file by comparing each live file of the table with the size th
 recorded for it, so it does not depend on the wording of anybody's message.
 
 ``refuse_legacy_layout`` refuses a lake written by mongo-cdc before the Delta layout (plain
-Parquet directories switched by symlinks under ``_versions/``).
+Parquet directories switched by symlinks under ``_versions/``), by those signs only.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import posixpath
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from urllib.parse import unquote
 
-from pyarrow.fs import FileSelector, FileSystem, FileType
+from pyarrow.fs import FileType
 
 from mongo_cdc.lake.layout import table_names
 from mongo_cdc.lake.storage import LakeLocation, TableVersion, open_table
@@ -111,11 +110,13 @@ def naming_damaged_files(
 def refuse_legacy_layout(location: LakeLocation, prefix: str) -> None:
     """Raise ``LegacyLakeError`` if ``prefix``'s part of the lake was written by the previous layout.
 
-    Signs: a ``_versions/`` directory at the root, a ``changes``/``state`` table that is a symlink,
-    or a table directory (``<zone>/<prefix>/<db>/<collection>``, or a reserved one such as
-    ``raw/<prefix>/transaction``) holding Parquet files or ``hour=`` partitions but no
-    ``_delta_log``. It lists directories level by level (one listing per database and table), and
-    never reads a data file.
+    Its signs, and only those: a ``_versions/`` directory at the root, or (local lakes; S3 has no
+    symlinks) a symlink where a zone, database or table directory of ``prefix`` is. Parquet files
+    in a directory without a ``_delta_log`` are no sign: Delta writers (delta-rs, Spark) write a new
+    table's data files before its first commit, so a writer killed in between leaves exactly that.
+    Such files belong to no table: every reader and writer treats the directory as a table not yet
+    created, and ``maintenance.remove_uncommitted_leftovers`` deletes them after
+    ``lake.retention.hours``. It lists directories level by level, and never reads a data file.
     """
     found = _legacy_sign(location, prefix)
     if found:
@@ -133,25 +134,23 @@ def _legacy_sign(location: LakeLocation, prefix: str) -> str | None:
     fs, root = location.filesystem()
     if fs.get_file_info(f"{root}/_versions").type != FileType.NotFound:
         return f"a _versions/ directory at {location.table_uri('_versions')}"
+    if not location.is_local:
+        return None
     for zone in ZONES:
-        sign = _plain_parquet(fs, f"{root}/{zone}/{prefix}", 2, location.is_local)
+        sign = _symlink(f"{root}/{zone}/{prefix}", 2)
         if sign:
-            return sign.replace(root, location.root, 1)
+            return sign
     return None
 
 
-def _plain_parquet(fs: FileSystem, path: str, depth: int, local: bool) -> str | None:
-    """Where under ``path`` (``depth`` levels down) a symlink or Parquet outside a Delta table is."""
-    if local and os.path.islink(path):
-        return f"a symlink at {path}"
-    children = fs.get_file_info(FileSelector(path, allow_not_found=True))
-    names = {posixpath.basename(child.path) for child in children}
-    if "_delta_log" in names:
+def _symlink(path: str, depth: int) -> str | None:
+    """A symlinked directory at ``path`` or ``depth`` levels below it (not inside a Delta table)."""
+    if os.path.islink(path):
+        return f"a symlinked table directory at {path}"
+    if depth == 0 or not os.path.isdir(path) or os.path.isdir(os.path.join(path, "_delta_log")):
         return None
-    if any(name.endswith(".parquet") or name.startswith("hour=") for name in names):
-        return f"Parquet files without a _delta_log in {path}"
-    for child in children if depth > 0 else ():
-        sign = _plain_parquet(fs, child.path, depth - 1, local) if child.type == FileType.Directory else None
+    for child in sorted(os.listdir(path)):
+        sign = _symlink(os.path.join(path, child), depth - 1)
         if sign:
             return sign
     return None

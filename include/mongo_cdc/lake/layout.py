@@ -127,6 +127,9 @@ DELETIONS_DIR = "_deletions"
 TRANSACTION_DIR = "transaction"
 HEARTBEAT_DIR = "__heartbeat"
 ZONES = ("raw", "changes", "state")
+# inside a state table: the transform's MERGE sources and rebuilt tables, staged before the commit
+# ("_": no Delta reader or vacuum looks in it)
+STAGING_DIR = "_mongo_cdc_staging"
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,16 @@ The table's own retention properties are kept equal to ``lake.retention.hours`` 
 Delta writers (delta-spark's VACUUM, say) honour the same setting, and so that the checkpoint
 written after a vacuum drops the tombstones it has dealt with (delta-rs lists the tombstones
 still in the log on every vacuum, and would commit an empty VACUUM pair on every run).
+
+Crash leftovers. A writer killed before its commit leaves data files no log names: in an existing
+table (vacuum's "full" mode deletes them; its default "lite" mode only deletes files the log
+removed), or in the directory of a table whose first commit never happened (delta-rs writes a new
+table's data files before ``_delta_log/00000000000000000000.json``). Such a directory is no table to
+any reader or writer (delta-rs opens it as "not found" and creates the table there without reading
+the files); ``remove_uncommitted_leftovers`` deletes its files once they are as old as vacuum's.
+Files no log names are kept at least ``UNCOMMITTED_MIN_AGE_HOURS`` whatever the retention: a writer
+between its data files and its commit (a pull landing raw rows beside this transform, a first build)
+has written exactly such files, and deleting them would make its commit name missing files.
 """
 
 from __future__ import annotations
@@ -16,11 +26,17 @@ import datetime as dt
 from collections.abc import Mapping
 from typing import Any
 
-from mongo_cdc.lake.storage import open_table
+from pyarrow.fs import FileInfo, FileSelector, FileSystem, FileType
+
+from mongo_cdc.lake.layout import STAGING_DIR, ZONES
+from mongo_cdc.lake.storage import LakeLocation, open_table
 
 # Delta's default: the log keeps 30 days of commits. Time travel needs the commit and the files,
 # so a longer file retention lengthens the log's too.
 _DEFAULT_LOG_RETENTION_HOURS = 30 * 24
+
+# no mongo-cdc writer takes this long between its first data file and its commit
+UNCOMMITTED_MIN_AGE_HOURS = 24
 
 
 def maintain_table(
@@ -45,11 +61,21 @@ def maintain_table(
             files_added=metrics["numFilesAdded"],
             files_removed=metrics["numFilesRemoved"],
         )
-    vacuumed = table.vacuum(retention_hours=retention_hours, dry_run=False, enforce_retention_duration=False)
+    vacuumed = _vacuum(table, retention_hours, full=retention_hours >= UNCOMMITTED_MIN_AGE_HOURS)
+    if retention_hours < UNCOMMITTED_MIN_AGE_HOURS:
+        vacuumed += _vacuum(table, UNCOMMITTED_MIN_AGE_HOURS, full=True)
     if vacuumed:
         table.create_checkpoint()
     done.update(files_vacuumed=len(vacuumed), version=table.version())
     return done
+
+
+def _vacuum(table: Any, retention_hours: int, full: bool) -> list[str]:
+    """Delete the files older than ``retention_hours`` that the log removed, and (``full``) those no
+    log entry names: the leftovers of commits that never happened."""
+    return table.vacuum(
+        retention_hours=retention_hours, dry_run=False, enforce_retention_duration=False, full=full
+    )
 
 
 def _optimize_due(table: Any, interval_hours: int, now: dt.datetime) -> bool:
@@ -69,3 +95,47 @@ def _align_retention(table: Any, retention_hours: int) -> None:
     current = table.metadata().configuration
     if any(current.get(key) != value for key, value in wanted.items()):
         table.alter.set_table_properties(wanted)
+
+
+def remove_uncommitted_leftovers(
+    location: LakeLocation, prefix: str, retention_hours: int, now: dt.datetime
+) -> list[str]:
+    """Delete the files under ``prefix``'s zones that no table's log names and vacuum does not see,
+    last modified ``retention_hours`` (at least ``UNCOMMITTED_MIN_AGE_HOURS``) before ``now``;
+    returns their URIs.
+
+    Those are every file outside a directory with a ``_delta_log`` (a leftover of a first commit
+    that never happened: mongo-cdc keeps nothing else there), and the files of a killed transform
+    under a table's ``STAGING_DIR``. The rest of a table is vacuum's. Younger files are kept, as
+    vacuum keeps them: they may be a write under way.
+    """
+    fs, root = location.filesystem()
+    cutoff = now - dt.timedelta(hours=max(retention_hours, UNCOMMITTED_MIN_AGE_HOURS))
+    stale: list[FileInfo] = []
+    for zone in ZONES:
+        stale.extend(_uncommitted_files(fs, f"{root}/{zone}/{prefix}", cutoff))
+    for info in stale:
+        fs.delete_file(info.path)
+    return [location.root + info.path[len(root) :] for info in stale]
+
+
+def _uncommitted_files(fs: FileSystem, path: str, cutoff: dt.datetime) -> list[FileInfo]:
+    children = fs.get_file_info(FileSelector(path, allow_not_found=True))
+    if any(child.base_name == "_delta_log" for child in children):
+        staged = [child.path for child in children if child.base_name == STAGING_DIR]
+        return [
+            info
+            for directory in staged
+            for info in fs.get_file_info(FileSelector(directory, recursive=True))
+            if _older(info, cutoff)
+        ]
+    found = [child for child in children if _older(child, cutoff)]
+    for child in children:
+        if child.type == FileType.Directory:
+            found.extend(_uncommitted_files(fs, child.path, cutoff))
+    return found
+
+
+def _older(info: FileInfo, cutoff: dt.datetime) -> bool:
+    """A file last modified at ``cutoff`` or before."""
+    return info.type == FileType.File and info.mtime is not None and info.mtime <= cutoff

@@ -46,7 +46,7 @@ from deltalake.exceptions import CommitFailedError
 from mongo_cdc import lake
 from mongo_cdc.lake.batch_log import Batch, BatchWindow
 from mongo_cdc.lake.landing import COMMIT_RETRIES, SourceLake
-from mongo_cdc.lake.maintenance import maintain_table
+from mongo_cdc.lake.maintenance import maintain_table, remove_uncommitted_leftovers
 from mongo_cdc.lake.storage import row_count, table_if_exists
 from mongo_cdc.transform.backlog import behind_text, collection_backlog
 from mongo_cdc.transform.changes_commit import ChangesRun, recorded_flattening
@@ -62,7 +62,6 @@ if TYPE_CHECKING:
     from pyspark import SparkContext
 
 # Under a state table: MERGE sources and rebuilt change rows, written before their commit.
-STAGING_DIR = "_mongo_cdc_staging"
 # How many times in all a collection's run is made (``CollectionTransform.converged``) while it keeps
 # losing commit races to other writers of its tables, before the job fails.
 COMMIT_RACE_ATTEMPTS = 4
@@ -104,7 +103,7 @@ class CollectionTransform:
         raw = table_if_exists(self.raw_uri, self.options)
         self.files = raw_files(raw, self.raw_path) if raw is not None else []
         # MERGE sources and rebuilt tables are written here first (never read as the tables' data)
-        self.staging = f"{self.state_path}/{STAGING_DIR}/{uuid.uuid4()}"
+        self.staging = f"{self.state_path}/{lake.STAGING_DIR}/{uuid.uuid4()}"
 
     def run(self, maintenance: dict[str, int] | None) -> dict[str, Any]:
         summary = self.converged()
@@ -328,6 +327,16 @@ def transform_collections(
             behind = collection_backlog(source_lake, namespace, batches).batches
             log.exception("FAILED: %s; the other collections carry on", behind_text({namespace: behind}))
             summary.failed[namespace] = {"error": _error_line(error), "batches_behind": behind}
+    if maintenance is not None:  # any table's, a collection of no batch's too: a source-wide listing
+        removed = remove_uncommitted_leftovers(
+            source_lake.location,
+            source_lake.prefix,
+            maintenance["retention_hours"],
+            dt.datetime.now(dt.timezone.utc),
+        )
+        log.info(
+            "removed %d files no table's log names (commits that never happened): %s", len(removed), removed
+        )
     return summary
 
 
