@@ -7,13 +7,27 @@ non-canonical decimals and the like are built here byte by byte, since bson woul
 
 from __future__ import annotations
 
-import math
 import struct
 
 import bson
 import pytest
 from bson import Binary, Code, Decimal128, Int64, MaxKey, MinKey, ObjectId, Regex, Timestamp
 from bson.datetime_ms import DatetimeMS
+from bson_corpus import (
+    DBPOINTER,
+    NAMES,
+    SYMBOL,
+    VALUES,
+    array,
+    binary,
+    code_with_scope,
+    cstring,
+    document,
+    embedded,
+    int32,
+    round_trips,
+    string,
+)
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -31,38 +45,13 @@ EXAMPLES = settings(
     max_examples=60, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow]
 )
 
-# field names MongoDB accepts that look like something else
-NAMES = [b"", b"a.b", b"$ref", b"$id", b"$db", b"$banana", b"$", b"_id", "é名".encode(), b"0", b"00"]
 names = st.one_of(
-    st.sampled_from(NAMES),
+    st.sampled_from([name.encode() for name in NAMES] + [b"$banana", b"$", b"_id", b"0", b"00"]),
     st.text(st.characters(codec="utf-8", exclude_characters="\x00"), max_size=8).map(str.encode),
 )
 
 
-# -- BSON built by hand: (type byte, value bytes) ---------------------------------------------------
-
-
-def _int32(value: int) -> bytes:
-    return struct.pack("<i", value)
-
-
-def _string(data: bytes) -> bytes:
-    return _int32(len(data) + 1) + data + b"\x00"
-
-
-def _cstring(text: str) -> bytes:
-    return text.encode() + b"\x00"
-
-
-def _document(elements: list[tuple[bytes, tuple[int, bytes]]]) -> bytes:
-    return document_bytes(element_bytes(kind, name, value) for name, (kind, value) in elements)
-
-
-def _binary(subtype: int, data: bytes) -> tuple[int, bytes]:
-    if subtype == 2:  # the old binary subtype holds its own length again
-        data = _int32(len(data)) + data
-    return 0x05, _int32(len(data)) + bytes([subtype]) + data
-
+# -- random documents, built by hand ----------------------------------------------------------
 
 texts = st.text(st.characters(codec="utf-8", exclude_characters="\x00"), max_size=12)
 keys = st.text(st.characters(codec="utf-8", exclude_characters="\x00"), max_size=6)
@@ -74,24 +63,22 @@ scalars = st.one_of(
             lambda head: (0x01, struct.pack("<Q", head | payload))
         )
     ),
-    texts.map(lambda t: (0x02, _string(t.encode()))),
+    texts.map(lambda t: (0x02, string(t.encode()))),
     st.tuples(st.sampled_from([0, 1, 2, 3, 4, 5, 6, 7, 8, 0x80, 0xFF]), st.binary(max_size=20)).map(
-        lambda args: _binary(*args)
+        lambda args: binary(*args)
     ),
     st.just((0x06, b"")),  # undefined
     st.binary(min_size=12, max_size=12).map(lambda b: (0x07, b)),
     st.sampled_from([(0x08, b"\x00"), (0x08, b"\x01")]),
     st.integers(-(2**63), 2**63 - 1).map(lambda n: (0x09, struct.pack("<q", n))),
     st.just((0x0A, b"")),
-    st.tuples(texts, st.sampled_from(["", "i", "imsx"])).map(
-        lambda r: (0x0B, _cstring(r[0]) + _cstring(r[1]))
-    ),
+    st.tuples(texts, st.sampled_from(["", "i", "imsx"])).map(lambda r: (0x0B, cstring(r[0]) + cstring(r[1]))),
     st.tuples(texts, st.binary(min_size=12, max_size=12)).map(
-        lambda p: (0x0C, _string(p[0].encode()) + p[1])  # DBPointer
+        lambda p: (0x0C, string(p[0].encode()) + p[1])  # DBPointer
     ),
-    texts.map(lambda t: (0x0D, _string(t.encode()))),  # code
-    texts.map(lambda t: (0x0E, _string(t.encode()))),  # symbol
-    st.integers(-(2**31), 2**31 - 1).map(lambda n: (0x10, _int32(n))),
+    texts.map(lambda t: (0x0D, string(t.encode()))),  # code
+    texts.map(lambda t: (0x0E, string(t.encode()))),  # symbol
+    st.integers(-(2**31), 2**31 - 1).map(lambda n: (0x10, int32(n))),
     st.binary(min_size=8, max_size=8).map(lambda b: (0x11, b)),  # timestamp
     st.integers(-(2**63), 2**63 - 1).map(lambda n: (0x12, struct.pack("<q", n))),
     st.binary(min_size=16, max_size=16).map(lambda b: (0x13, b)),  # any bits: non-canonical too
@@ -99,23 +86,12 @@ scalars = st.one_of(
 )
 
 
-def _code_with_scope(code: str, scope: bytes) -> tuple[int, bytes]:
-    body = _string(code.encode()) + scope
-    return 0x0F, _int32(len(body) + 4) + body
-
-
-def _array(values: list[tuple[int, bytes]]) -> tuple[int, bytes]:
-    return ARRAY, _document([(b"%d" % i, value) for i, value in enumerate(values)])
-
-
 values = st.recursive(
     scalars,
     lambda inner: st.one_of(
-        st.lists(st.tuples(names, inner), max_size=5).map(lambda e: (DOCUMENT, _document(e))),
-        st.lists(inner, max_size=5).map(_array),
-        st.tuples(texts, st.lists(st.tuples(names, inner), max_size=3)).map(
-            lambda c: _code_with_scope(c[0], _document(c[1]))
-        ),
+        st.lists(st.tuples(names, inner), max_size=5).map(lambda e: (DOCUMENT, document(e))),
+        st.lists(inner, max_size=5).map(array),
+        st.tuples(texts, st.lists(st.tuples(names, inner), max_size=3)).map(lambda c: code_with_scope(*c)),
     ),
     max_leaves=10,
 )
@@ -137,7 +113,7 @@ def as_built(container: Container) -> list[tuple[bytes, tuple[int, bytes]]]:
 @EXAMPLES
 @given(documents)
 def test_every_element_is_read_as_built_and_rebuilt_byte_for_byte(elements):
-    data = _document(elements)
+    data = document(elements)
     assert as_built(Container(DOCUMENT, data)) == elements
     assert Container(DOCUMENT, data).to_bytes() == data
     deep = Container(DOCUMENT, data)
@@ -163,7 +139,7 @@ lossless_scalars = st.one_of(
     st.integers(-(2**31), 2**31 - 1),
     st.tuples(st.integers(0, 2**32 - 1), st.integers(0, 2**32 - 1)).map(lambda t: Timestamp(*t)),
     st.integers(-(2**63), 2**63 - 1).map(Int64),
-    st.decimals(allow_nan=False, allow_infinity=False, places=3).map(lambda d: Decimal128(str(d))),
+    st.binary(min_size=16, max_size=16).map(Decimal128.from_bid),
     st.sampled_from([MinKey(), MaxKey()]),
 )
 lossless_values = st.recursive(
@@ -208,43 +184,40 @@ def test_edits_change_only_the_elements_they_touch():
     assert container.position(b"f") == 2 and container.position(b"e") is None
 
 
-def test_positions_find_a_documents_first_name_and_an_arrays_index():
-    data = _document([(b"x", (0x10, _int32(1))), (b"x", (0x10, _int32(2))), (b"$ref", (0x0A, b""))])
+def test_positions_find_a_documents_first_name_and_anarrays_index():
+    data = document([(b"x", (0x10, int32(1))), (b"x", (0x10, int32(2))), (b"$ref", (0x0A, b""))])
     container = Container(DOCUMENT, data)
     assert (container.position(b"x"), container.position(b"$ref"), container.position(b"y")) == (0, 2, None)
-    array = Container(ARRAY, _array([(0x0A, b""), (0x0A, b"")])[1])
-    assert [array.position(key) for key in (b"0", b"1", b"2", b"x", b"-1")] == [0, 1, None, None, None]
+    nulls = Container(ARRAY, array([(0x0A, b""), (0x0A, b"")])[1])
+    assert [nulls.position(key) for key in (b"0", b"1", b"2", b"x", b"-1")] == [0, 1, None, None, None]
     assert [array_index(key) for key in (b"12", b"", b"1a", "١".encode())] == [12, None, None, None]
 
 
-def test_values_that_bson_would_change_keep_their_bytes():
-    """The deprecated types and odd bits a decode-and-encode loses: each stays as it was built."""
-    nan_payload = struct.pack("<Q", 0x7FF0_0000_0000_0BAD)
-    assert math.isnan(struct.unpack("<d", nan_payload)[0])
-    non_canonical = bytes(16)[:-2] + b"\xff\x7f"  # a decimal128 outside the canonical range
-    elements = [
-        (b"symbol", (0x0E, _string(b"sym"))),
-        (b"pointer", (0x0C, _string(b"db.coll") + bytes(range(12)))),
-        (b"undefined", (0x06, b"")),
-        (b"scope", _code_with_scope("x", _document([(b"x", (0x0E, _string(b"in scope")))]))),
-        (b"min", (0xFF, b"")),
-        (b"max", (0x7F, b"")),
-        (b"old binary", _binary(2, b"abc")),
-        (b"user binary", _binary(0x80, b"\x00\x01")),
-        (b"nan", (0x01, nan_payload)),
-        (b"decimal", (0x13, non_canonical)),
-        (b"$ref", (0x02, _string(b"not-a-dbref"))),
-        (b"$id", (0x07, bytes(12))),
-    ]
-    data = _document(elements)
-    assert bson.encode(bson.decode(data)) != data  # what a decode and encode would do
+def test_the_corpus_keeps_every_byte_through_reads_and_edits():
+    """Every type and edge case of the corpus, including what a decode and encode would change
+    (deprecated types, NaN payloads, non-canonical decimals, the old binary subtype, DBRef-like
+    key sets), under names that look like something else."""
+    elements = [(name.encode(), value) for name, value in VALUES.items()]
+    elements += [(name.encode(), SYMBOL) for name in NAMES]
+    changed_by_bson = [name for name, value in VALUES.items() if not round_trips(value)]
+    assert {"symbol", "dbpointer", "undefined", "document", "array"} <= set(changed_by_bson)
+    data = document(elements)
     container = Container(DOCUMENT, data)
     assert as_built(container) == elements
-    container.rename(container.position(b"$id"), b"$banana")
-    container.remove(container.position(b"min"))
-    assert container.to_bytes() == _document(
-        [element for element in elements if element[0] != b"min"][:-1] + [(b"$banana", (0x07, bytes(12)))]
-    )
+    opened_all(container)
+    assert container.to_bytes() == data
+
+    edited = Container(DOCUMENT, data)
+    edited.rename(edited.position(b"$id"), b"$banana")
+    edited.remove(edited.position(b"minkey"))
+    inner = edited.opened(edited.position(b"document"))
+    inner.replace(inner.position(b""), *DBPOINTER)
+    renamed = [
+        (b"$banana" if name == b"$id" else name, value) for name, value in elements if name != b"minkey"
+    ]
+    inner_elements = [("a", (0x10, int32(1))), ("$dollar", (0x0A, b"")), ("dot.ted", SYMBOL), ("", DBPOINTER)]
+    expected = [(name, embedded(inner_elements) if name == b"document" else value) for name, value in renamed]
+    assert edited.to_bytes() == document(expected)
 
 
 # -- damaged documents --------------------------------------------------------------------------
@@ -252,10 +225,10 @@ def test_values_that_bson_would_change_keep_their_bytes():
 
 @EXAMPLES
 @given(documents.filter(bool), st.data())
-@example([(b"a", (0x02, _string(b"x")))], None)
+@example([(b"a", (0x02, string(b"x")))], None)
 def test_a_cut_short_or_altered_document_is_refused_or_read_exactly(elements, data):
     """Never a silent cut: a damaged document raises DamagedBson, or it reads as the bytes it is."""
-    built = _document(elements)
+    built = document(elements)
     for cut in range(len(built)):
         with pytest.raises(DamagedBson):
             opened_all(Container(DOCUMENT, built[:cut]))
@@ -277,15 +250,15 @@ def test_a_cut_short_or_altered_document_is_refused_or_read_exactly(elements, da
 @pytest.mark.parametrize(
     ("damaged", "message"),
     [
-        (_document([(b"s", (0x02, _int32(50) + b"ab\x00"))]), "a string at byte 7"),
-        (_document([(b"s", (0x02, _int32(3) + b"ab!"))]), "lacks its closing NUL"),
-        (_document([(b"b", (0x05, _int32(-1) + b"\x00"))]), "negative length"),
-        (_document([(b"x", (0x42, b""))]), "unknown BSON type 0x42 at byte 4"),
-        (_document([(b"d", (DOCUMENT, _int32(9) + b"\x00"))]), "says it has 9 bytes"),
-        (_document([(b"c", (0x0F, _int32(30) + _string(b"x") + _document([])))]), "code with scope"),
-        (_int32(9) + b"\x10abc", "at byte 0 says it has 9 bytes, but 8 are there"),
-        (_int32(8) + b"\x10ab!", "does not end with a NUL"),
-        (_int32(10) + b"\x10ab\x00\x00\x00", "runs past its document's end"),
+        (document([(b"s", (0x02, int32(50) + b"ab\x00"))]), "a string at byte 7"),
+        (document([(b"s", (0x02, int32(3) + b"ab!"))]), "lacks its closing NUL"),
+        (document([(b"b", (0x05, int32(-1) + b"\x00"))]), "negative length"),
+        (document([(b"x", (0x42, b""))]), "unknown BSON type 0x42 at byte 4"),
+        (document([(b"d", (DOCUMENT, int32(9) + b"\x00"))]), "says it has 9 bytes"),
+        (document([(b"c", (0x0F, int32(30) + string(b"x") + document([])))]), "code with scope"),
+        (int32(9) + b"\x10abc", "at byte 0 says it has 9 bytes, but 8 are there"),
+        (int32(8) + b"\x10ab!", "does not end with a NUL"),
+        (int32(10) + b"\x10ab\x00\x00\x00", "runs past its document's end"),
         (b"\x05\x00", "cut short"),
     ],
 )
