@@ -21,10 +21,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import pyarrow as pa
+from bson.raw_bson import DEFAULT_RAW_BSON_OPTIONS
 from pymongo import MongoClient
 
-from mongo_cdc import extjson
-from mongo_cdc.capture.events import SourceInfo, bson_bytes, event_position, now_ms
+from mongo_cdc.capture.events import SourceInfo, bson_bytes, document_keys, event_position, now_ms
 from mongo_cdc.config import SourceConfig
 from mongo_cdc.lake import COLLECTION_KEY, RENAMED_COPY_ORDER
 
@@ -58,23 +59,25 @@ def renamed_collection_reads(
     db, collection = change["to"]["db"], change["to"]["coll"]
     block = source.block(db, collection, cluster_time, source_ts_ms, snapshot=True)
     processed = now_ms()
-    documents = client[db].get_collection(collection, codec_options=extjson.DECODE_OPTIONS).find()
+    found = client[db].get_collection(collection, codec_options=DEFAULT_RAW_BSON_OPTIONS).find()
+    documents = [document.raw for document in found]  # the server's bytes
+    keys = document_keys(pa.array(documents, pa.binary())).to_pylist()
     fields = config.field_filters.for_collection(db, collection)
     if fields is not None:
-        documents = map(fields.document, documents)
+        documents = [fields.document(document) for document in documents]
     return [
         {
-            "key": extjson.document_key(document["_id"]),
+            "key": key,
             "op": "r",
             "ts_ms": processed,
             "before": None,
-            "after": bson_bytes(document),
+            "after": document,
             "updateDescription": None,
             "source": block,
             "cluster_time": cluster_time,
             "event_order": RENAMED_COPY_ORDER,
         }
-        for document in documents
+        for key, document in zip(keys, documents, strict=True)
     ]
 
 

@@ -112,10 +112,6 @@ def change_rows(
     # only with a pre-image capture.mode, and never for inserts
     before_document = change.get("fullDocumentBeforeChange")
     description = change.get("updateDescription")
-    if fields is not None:
-        full_document = fields.document(full_document) if full_document is not None else None
-        before_document = fields.document(before_document) if before_document is not None else None
-        description = fields.update_description(description) if description is not None else None
     row = {
         "key": extjson.document_key(change["documentKey"]["_id"]),
         "op": op,
@@ -136,6 +132,11 @@ def change_rows(
         "cluster_time": cluster_time,
         "event_order": change["_id"]["_data"],
     }
+    if fields is not None:  # the rules rewrite the BSON by elements: every other byte stays
+        for image in ("before", "after"):
+            row[image] = fields.document(row[image]) if row[image] is not None else None
+        if row["updateDescription"] is not None:
+            row["updateDescription"] = fields.update_description(row["updateDescription"])
     if op == "d" and tombstones:
         return [row, tombstone_of(row)]
     return [row]
@@ -223,7 +224,7 @@ class SnapshotColumns:
     """Snapshot reads of one collection as Arrow record batches: the hot path of a snapshot.
 
     Only ``key`` and ``after`` differ per document. ``after`` is the server's batch itself, cut
-    into documents without copying (re-encoded only where field rules change documents); keys of
+    into documents without copying (rewritten by elements where field rules change documents); keys of
     ObjectId ``_id``s are built in bulk. The constant columns are built once and sliced.
     """
 
@@ -266,13 +267,10 @@ class SnapshotColumns:
 
     def _rows(self, documents: pa.BinaryArray) -> pa.RecordBatch:
         count = len(documents)
-        if self._fields is None:
-            keys, afters = document_keys(documents), documents
-        else:  # per-document work only when this collection has rules
-            decoded = [bson.decode(document, DECODE_OPTIONS) for document in documents.to_pylist()]
-            keys = pa.array([extjson.document_key(document["_id"]) for document in decoded], pa.string())
+        keys, afters = document_keys(documents), documents
+        if self._fields is not None:  # per-document work only when this collection has rules
             afters = pa.array(
-                [bson_bytes(self._fields.document(document)) for document in decoded], pa.binary()
+                [self._fields.document(document) for document in documents.to_pylist()], pa.binary()
             )
         columns = self._constant.slice(0, count).columns
         columns[RAW_SCHEMA.get_field_index("key")] = keys
