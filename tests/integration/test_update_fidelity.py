@@ -11,24 +11,13 @@ from __future__ import annotations
 import bson
 from bson.codec_options import CodecOptions
 from bson.raw_bson import RawBSONDocument
-from bson_corpus import DBPOINTER, NAMES, SYMBOL, UNDEFINED, VALUES, array, embedded, int32, raw, string
+from bson_corpus import DBPOINTER, SYMBOL, UNDEFINED, VALUES, corpus_document, embedded, raw
 
 from mongo_cdc.transform.document_state import apply_update, fold_events
 from mongo_cdc.transform.raw_events import ChangeEvent
 
 RAW = CodecOptions(document_class=RawBSONDocument)
-# array elements long enough that mongod logs a cut array as a truncation, not as the whole array
-LONG = [(0x02, string(f"{i:02d}" + "x" * 40)) for i in range(12)]
-CORPUS = [
-    ("_id", (0x10, int32(1))),
-    *VALUES.items(),
-    *((f"named {name}" if name.startswith("$") else name, SYMBOL) for name in NAMES),
-    ("$ref", (0x02, string("not-a-dbref"))),  # a DBRef's key set at the top level
-    ("$id", VALUES["object id"]),
-    ("$banana", (0x02, string("peel"))),
-    ("long", array(LONG)),
-    ("nested", embedded([("long", array(LONG)), ("tail", UNDEFINED)])),
-]
+CORPUS = corpus_document(1)
 TYPES = list(VALUES)
 
 

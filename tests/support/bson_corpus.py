@@ -82,6 +82,9 @@ SYMBOL = (0x0E, string("a symbol"))
 DBPOINTER = (0x0C, string("db.collection") + OBJECT_ID)
 UNDEFINED = (0x06, b"")
 
+DOCUMENT_FIELDS = [("a", (0x10, int32(1))), ("$dollar", (0x0A, b"")), ("dot.ted", SYMBOL), ("", UNDEFINED)]
+ARRAY_VALUES = [(0x10, int32(1)), SYMBOL, embedded([("x", UNDEFINED)]), array([DBPOINTER])]
+
 # every type, the deprecated ones, and values whose bits a decode may not keep
 VALUES: dict[str, Value] = {
     "double": (0x01, struct.pack("<d", 1.5)),
@@ -91,9 +94,7 @@ VALUES: dict[str, Value] = {
     "negative signalling nan": double_bits(0xFFF0_0000_0000_0001),
     "string": (0x02, string("é名 \u2028")),
     "empty string": (0x02, string("")),
-    "document": embedded(
-        [("a", (0x10, int32(1))), ("$dollar", (0x0A, b"")), ("dot.ted", SYMBOL), ("", UNDEFINED)]
-    ),
+    "document": embedded(DOCUMENT_FIELDS),
     "dbref-like document": embedded(
         [
             ("$ref", (0x02, string("not-a-dbref"))),
@@ -102,7 +103,7 @@ VALUES: dict[str, Value] = {
         ]
     ),
     "empty document": embedded([]),
-    "array": array([(0x10, int32(1)), SYMBOL, embedded([("x", UNDEFINED)]), array([DBPOINTER])]),
+    "array": array(ARRAY_VALUES),
     "empty array": array([]),
     **{
         f"binary subtype {subtype}": binary(subtype, b"\x00\x01bin")
@@ -132,3 +133,21 @@ VALUES: dict[str, Value] = {
 # field names MongoDB accepts that look like something else (the fold cannot reach a dotted one:
 # change events do not say which dots are names)
 NAMES = ["$dollar", "dot.ted", "", "é名", "$ref", "$id", "$db"]
+
+# array elements long enough that mongod logs a cut array as a truncation, not as the whole array
+LONG = [(0x02, string(f"{i:02d}" + "x" * 40)) for i in range(12)]
+
+
+def corpus_document(document_id: int) -> list[tuple[str, Value]]:
+    """The elements of a document holding every value of the corpus under its name, the odd names,
+    a DBRef's key set at the top level, and arrays to truncate (``long``, ``nested.long``)."""
+    return [
+        ("_id", (0x10, int32(document_id))),
+        *VALUES.items(),
+        *((f"named {name}" if name.startswith("$") else name, SYMBOL) for name in NAMES),
+        ("$ref", (0x02, string("not-a-dbref"))),
+        ("$id", VALUES["object id"]),
+        ("$banana", (0x02, string("peel"))),
+        ("long", array(LONG)),
+        ("nested", embedded([("long", array(LONG)), ("tail", UNDEFINED)])),
+    ]
