@@ -11,11 +11,13 @@ from typing import Any
 import bson
 import pyarrow as pa
 import pyarrow.compute as pc
+import pytest
 from bson import Decimal128, Int64, ObjectId
 from bson.datetime_ms import DatetimeMS
 from deltalake import write_deltalake
 
 from mongo_cdc import extjson, lake
+from mongo_cdc.bson_elements import DamagedBson
 from mongo_cdc.capture.events import rows_to_table
 from mongo_cdc.lake import SnapshotManifest
 from mongo_cdc.lake.batch_log import BATCH_LOG_SCHEMA, Batch, BatchWindow
@@ -283,6 +285,16 @@ def test_fold_never_modifies_the_events_or_previous_documents():
     updated_previous = fold_events("1", previous, [event("u", (2, "82"), update=update({"a.b.0": 9}))])
     assert document_of(updated_previous) == {"_id": 1, "a": {"b": [9, 2]}}
     assert document_of(previous) == {"_id": 1, "a": {"b": [1, 2]}}
+
+
+def test_an_update_of_a_damaged_document_names_the_document_and_the_damage():
+    stored = version({"_id": 1, "a": "text"}, 1, "81")
+    cut = stored._replace(document=stored.document[:-3])
+    with pytest.raises(DamagedBson, match=r"document 1 at \(2, '82'\).*says it has 26 bytes, but 23"):
+        fold_events("1", cut, [event("u", (2, "82"), update=update({"a": 1}))])
+    damaged_update = {**update({"b": "x"}), "updatedFields": bson.encode({"b": "x"})[:-1] + b"!"}
+    with pytest.raises(DamagedBson, match="does not end with a NUL"):
+        fold_events("1", stored, [event("u", (2, "82"), update=damaged_update)])
 
 
 def test_updates_set_bson_values_and_wrapper_like_field_names_as_they_are():

@@ -40,6 +40,7 @@ from mongo_cdc.bson_elements import (
     DOCUMENT,
     NULL,
     Container,
+    DamagedBson,
     array_index,
     document_bytes,
     element_bytes,
@@ -80,9 +81,15 @@ def fold_events(
             data, opened = event.after_bson, None
             document_id_json = current_id_json(event.after, event.document_id_json)
         elif event.op == "u" and event.update_description is not None:
-            if opened is None:
-                opened = Container(DOCUMENT, _document_to_update(event, version))
-            _apply(opened, event.update_description)
+            try:
+                if opened is None:
+                    opened = Container(DOCUMENT, _document_to_update(event, version))
+                _apply(opened, event.update_description)
+            except DamagedBson as damage:
+                raise DamagedBson(
+                    f"the update of document {document_id_json} at {event.position} cannot be applied: "
+                    f"{damage} (its stored version or the event's updatedFields is damaged)"
+                ) from damage
             data = None
         else:
             continue  # no document data to apply (an update whose lookup found nothing)
