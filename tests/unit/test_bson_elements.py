@@ -42,7 +42,7 @@ from mongo_cdc.bson_elements import (
 )
 
 EXAMPLES = settings(
-    max_examples=60, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow]
+    max_examples=40, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow]
 )
 
 names = st.one_of(
