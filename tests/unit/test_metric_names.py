@@ -4,6 +4,9 @@ accepts. Sent through Airflow's real StatsD client to a listener on loopback."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 from statsd_support import airflow_statsd
 
 from mongo_cdc_airflow.metrics import MAX_PART, SourceMetrics, stat_part
@@ -38,3 +41,20 @@ def test_any_collection_name_becomes_a_valid_bounded_name_part():
     assert stat_part("café ☕/%20#?") == "caf_____20__"
     long_a, long_b = stat_part("a" * 200), stat_part("a" * 199 + "b")
     assert len(long_a) == len(long_b) == MAX_PART and long_a != long_b
+
+
+def test_parsing_the_dags_imports_no_metrics_code(tmp_path):
+    """With metrics off nothing changes: building the DAGs (what every parse does) loads neither the
+    metrics module nor a StatsD client; only a running task does."""
+    (tmp_path / "shop.yaml").write_text("topic.prefix: shop\n")
+    probe = (
+        "import sys\n"
+        "from mongo_cdc.config import load_source\n"
+        "from mongo_cdc_airflow.dag_factory import build_cdc_dag, build_topology_dag\n"
+        f"config = load_source({str(tmp_path / 'shop.yaml')!r})\n"
+        "build_cdc_dag(config), build_topology_dag(config)\n"
+        "print(sorted(m for m in sys.modules if m in ('mongo_cdc_airflow.metrics', 'statsd')))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]"
