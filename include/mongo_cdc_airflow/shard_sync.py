@@ -208,6 +208,7 @@ class ShardSync:
         result.update(
             documents=copied.documents,
             seconds=round(copied.seconds, 3),
+            chunks=len(plan.chunks),
             newest_source_ts_ms=(copied.cluster_time >> 32) * 1000,
         )
         return result
@@ -232,7 +233,7 @@ class ShardSync:
             self.keeper.commit(self.keeper.load() or Offset(), retired_at=retired_at)
             log.info("shard %s left the cluster: its stream is drained and its offset retired", self.shard.id)
         result["snapshot"] = {
-            key: snapshot_result.get(key) for key in ("documents", "seconds", "newest_source_ts_ms")
+            key: snapshot_result.get(key) for key in ("documents", "seconds", "chunks", "newest_source_ts_ms")
         }
         return result
 

@@ -21,6 +21,7 @@ import logging
 import os
 import sys
 import tempfile
+import time
 import zipfile
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -128,12 +129,15 @@ class CdcTransformOperator(SparkSubmitOperator):
     Python paths are the worker's, not the DAG processor's.
     """
 
-    def __init__(self, *, lake_root: str, lake_conn_id: str | None, **kwargs: Any) -> None:
+    def __init__(self, *, source: str, lake_root: str, lake_conn_id: str | None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.source = source
         self.lake_root = lake_root
         self.lake_conn_id = lake_conn_id
 
     def execute(self, context: Any) -> None:
+        from mongo_cdc_airflow.metrics import SourceMetrics  # when it runs: metrics may be off
+
         extra = Connection.get(self._conn_id).extra_dejson
         self.conf, self.py_files = submit_settings(self._conn_id, extra, self.conf, self.py_files)
         location = lake_location(self.lake_root, self.lake_conn_id)
@@ -141,8 +145,10 @@ class CdcTransformOperator(SparkSubmitOperator):
             raise ValueError(cluster_mode_credentials_error(self.lake_conn_id, self._conn_id))
         log.info("shipping %s to the executors; Spark properties: %s", self.py_files, sorted(self.conf))
         # Not env_vars: on YARN and Kubernetes the hook turns those into --conf arguments.
+        started = time.monotonic()
         with environment(location.to_env()):
             super().execute(context)
+        SourceMetrics(self.source).seconds("transform", time.monotonic() - started)
 
 
 @contextlib.contextmanager
@@ -197,6 +203,7 @@ def transform_task(config: SourceConfig, application: str, application_args: Any
         conn_id=config.spark_conn_id,
         application_args=application_args,
         name=f"mongo_cdc__{config.name}",
+        source=config.name,
         lake_root=config.lake_root,
         lake_conn_id=config.lake_conn_id,
     )

@@ -105,6 +105,7 @@ def test_a_cluster_mode_driver_is_refused_the_lake_connection_and_told_the_fixes
         task_id="transform",
         application="job.py",
         conn_id="spark_unit",
+        source="unit",
         lake_root="s3://b/lake",
         lake_conn_id="lake_unit",
     )
