@@ -43,9 +43,9 @@ def test_any_collection_name_becomes_a_valid_bounded_name_part():
     assert len(long_a) == len(long_b) == MAX_PART and long_a != long_b
 
 
-def test_parsing_the_dags_imports_no_metrics_code(tmp_path):
-    """With metrics off nothing changes: building the DAGs (what every parse does) loads neither the
-    metrics module nor a StatsD client; only a running task does."""
+def test_parsing_the_dags_imports_no_metrics_or_lineage_code(tmp_path):
+    """With metrics and lineage off nothing changes: building the DAGs (what every parse does) loads
+    neither the metrics and lineage modules nor a StatsD client; only a running task does."""
     (tmp_path / "shop.yaml").write_text("topic.prefix: shop\n")
     probe = (
         "import sys\n"
@@ -53,7 +53,8 @@ def test_parsing_the_dags_imports_no_metrics_code(tmp_path):
         "from mongo_cdc_airflow.dag_factory import build_cdc_dag, build_topology_dag\n"
         f"config = load_source({str(tmp_path / 'shop.yaml')!r})\n"
         "build_cdc_dag(config), build_topology_dag(config)\n"
-        "print(sorted(m for m in sys.modules if m in ('mongo_cdc_airflow.metrics', 'statsd')))\n"
+        "watched = ('mongo_cdc_airflow.metrics', 'mongo_cdc_airflow.lineage', 'statsd')\n"
+        "print(sorted(m for m in sys.modules if m in watched))\n"
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
