@@ -26,7 +26,7 @@ from typing import Any
 from bson.timestamp import Timestamp
 from pymongo import MongoClient
 
-from mongo_cdc.capture.events import SourceInfo, rows_to_table, token_cluster_time
+from mongo_cdc.capture.events import SourceInfo, open_change_stream, rows_to_table, token_cluster_time
 from mongo_cdc.capture.offsets import Offset
 from mongo_cdc.capture.replica_set import ReplicaSetCapture
 from mongo_cdc.capture.streaming import MicroBatch, collect_change, stream_options
@@ -168,7 +168,7 @@ def _pull_history(
     # history files carry no transaction metadata: BEGIN/END records belong to the live batches
     no_transactions = TransactionTracker(False, rs, None)
     hour = hour_partition(history_from)
-    with client.watch(**options) as stream:
+    with open_change_stream(client, **options) as stream:
         while True:
             change = stream.try_next()
             position = token_cluster_time(change["_id"] if change is not None else stream.resume_token)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from mongo_cdc.capture.events import token_cluster_time
+from mongo_cdc.capture.events import plain_token, token_cluster_time
 
 
 def read_events(stream: Any, limit: int) -> tuple[list[dict], dict | None]:
@@ -19,7 +19,7 @@ def read_events(stream: Any, limit: int) -> tuple[list[dict], dict | None]:
     while len(events) < limit:
         change = stream.try_next()
         if change is None:
-            return events, stream.resume_token
+            return events, plain_token(stream.resume_token)
         events.append(change)
         if not _has_buffered(stream):  # the getMore's events are all here: the next read asks again
             break
