@@ -19,7 +19,7 @@ _OID = ObjectId("0123456789abcdef01234567").binary
 
 def document(*elements: bytes) -> bytes:
     body = b"".join(elements)
-    return struct.pack("<i", len(body) + 5) + body + b"\x00"
+    return int32(len(body) + 5) + body + b"\x00"
 
 
 def element(kind: int, name: str | bytes, value: bytes) -> bytes:
@@ -28,32 +28,41 @@ def element(kind: int, name: str | bytes, value: bytes) -> bytes:
 
 
 def string(data: bytes) -> bytes:
-    return struct.pack("<i", len(data) + 1) + data + b"\x00"
+    return int32(len(data) + 1) + data + b"\x00"
 
 
 def binary(subtype: int, data: bytes) -> bytes:
-    return struct.pack("<i", len(data)) + bytes([subtype]) + data
+    return int32(len(data)) + bytes([subtype]) + data
+
+
+def int32(value: int) -> bytes:
+    return struct.pack("<i", value)
+
+
+def code_with_scope(code: bytes, scope: bytes) -> bytes:
+    return int32(4 + len(code) + len(scope)) + code + scope
 
 
 def _id(value: int) -> bytes:
-    return element(0x10, "_id", struct.pack("<i", value))
+    return element(0x10, "_id", int32(value))
 
 
 # (name, the elements after _id) of each case
 CASES: tuple[tuple[str, tuple[bytes, ...]], ...] = (
-    ("double", (element(0x01, "v", struct.pack("<d", 1.5)), element(0x01, "negative_zero", struct.pack("<d", -0.0)))),
+    ("double", (element(0x01, "v", struct.pack("<d", 1.5)),
+                element(0x01, "negative_zero", struct.pack("<d", -0.0)))),
     ("nan_payloads", (element(0x01, "v", struct.pack("<Q", 0x7FF8000000000123)),
                       element(0x01, "signalling", struct.pack("<Q", 0x7FF0000000000001)),
                       element(0x01, "negative", struct.pack("<Q", 0xFFF8000000000000)),
                       element(0x01, "infinity", struct.pack("<d", float("inf"))))),
     ("unicode_string", (element(0x02, "v", string("café ☕ 名前".encode())),)),
-    ("embedded", (element(0x03, "v", document(element(0x10, "a", struct.pack("<i", 1)))),
+    ("embedded", (element(0x03, "v", document(element(0x10, "a", int32(1)))),
                   element(0x03, "empty", document()))),
-    ("array", (element(0x04, "v", document(element(0x10, "0", struct.pack("<i", 1)),
+    ("array", (element(0x04, "v", document(element(0x10, "0", int32(1)),
                                            element(0x02, "1", string(b"x")))),
                element(0x04, "empty", document()))),
     ("binaries", tuple(element(0x05, f"b{subtype}", binary(subtype, data)) for subtype, data in (
-        (0, b"\x00\x01"), (1, b"f"), (2, struct.pack("<i", 2) + b"ab"), (3, bytes(range(16))),
+        (0, b"\x00\x01"), (1, b"f"), (2, int32(2) + b"ab"), (3, bytes(range(16))),
         (4, bytes(range(16, 32))), (5, bytes(16)), (6, b"enc"), (7, b"\x01col"), (8, b"sens"),
         (9, b"\x03\x00"), (0x80, b"user")))),
     ("undefined", (element(0x06, "v", b""),)),
@@ -67,9 +76,9 @@ CASES: tuple[tuple[str, tuple[bytes, ...]], ...] = (
     ("db_pointer", (element(0x0C, "v", string(b"db.collection") + _OID),)),
     ("code", (element(0x0D, "v", string(b"function () { return 1; }")),)),
     ("symbol", (element(0x0E, "v", string(b"a symbol")),)),
-    ("code_with_scope", (element(0x0F, "v", (lambda code, scope: struct.pack("<i", 4 + len(code) + len(scope))
-                                              + code + scope)(string(b"x + y"), document(element(0x10, "x", struct.pack("<i", 1))))),)),
-    ("int32", (element(0x10, "v", struct.pack("<i", -7)),)),
+    ("code_with_scope", (element(0x0F, "v", code_with_scope(string(b"x + y"),
+                                                            document(element(0x10, "x", int32(1))))),)),
+    ("int32", (element(0x10, "v", int32(-7)),)),
     ("timestamp", (element(0x11, "v", struct.pack("<II", 5, 1_700_000_000)),)),
     ("int64", (element(0x12, "v", struct.pack("<q", 2**40)),)),
     ("decimals", (element(0x13, "v", struct.pack("<QQ", 100, 0x303C000000000000)),  # 1.00
@@ -77,15 +86,15 @@ CASES: tuple[tuple[str, tuple[bytes, ...]], ...] = (
                   element(0x13, "non_canonical", struct.pack("<QQ", 0xFFFFFFFFFFFFFFFF, 0x3041FFFFFFFFFFFF)),
                   element(0x13, "nan_payload", struct.pack("<QQ", 12, 0x7C00000000000000)))),
     ("min_max_keys", (element(0xFF, "min", b""), element(0x7F, "max", b""))),
-    ("field_names", (element(0x10, "a.b", struct.pack("<i", 1)), element(0x10, "", struct.pack("<i", 2)),
-                     element(0x10, "名前", struct.pack("<i", 3)), element(0x10, "$dollar", struct.pack("<i", 4)),
-                     element(0x03, "nested", document(element(0x10, "$inner", struct.pack("<i", 5)),
-                                                      element(0x10, "x.y", struct.pack("<i", 6)))))),
+    ("field_names", (element(0x10, "a.b", int32(1)), element(0x10, "", int32(2)),
+                     element(0x10, "名前", int32(3)), element(0x10, "$dollar", int32(4)),
+                     element(0x03, "nested", document(element(0x10, "$inner", int32(5)),
+                                                      element(0x10, "x.y", int32(6)))))),
     ("dbref_like", (element(0x02, "$ref", string(b"not-a-dbref")), element(0x07, "$id", _OID),
                     element(0x02, "$banana", string(b"peel")))),
     ("nested_dbref_like", (element(0x03, "v", document(element(0x02, "$ref", string(b"x")),
-                                                      element(0x10, "$id", struct.pack("<i", 1)),
-                                                      element(0x10, "$extra", struct.pack("<i", 2)))),)),
+                                                      element(0x10, "$id", int32(1)),
+                                                      element(0x10, "$extra", int32(2)))),)),
 )  # fmt: skip
 
 # strings that are not valid UTF-8: a lone continuation byte, a cut sequence, an overlong one
