@@ -43,7 +43,6 @@ from mongo_cdc.capture.events import (
     SourceInfo,
     change_rows,
     open_change_stream,
-    plain_token,
     rows_to_table,
     token_cluster_time,
 )
@@ -341,7 +340,7 @@ class _ChangeReader:
                     change = fragments.add(change)
                     if change is None:
                         continue
-                    change_token = plain_token(change["_id"])
+                    change_token = change["_id"]
                     if change["operationType"] == "invalidate":
                         log.warning("replica set %s: change stream invalidated; reopening after it", self.rs)
                         self._land_read(batch)
