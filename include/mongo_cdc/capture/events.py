@@ -259,10 +259,10 @@ def rows_to_table(rows: list[dict[str, Any]], seq: int) -> pa.Table:
     column by column (converting the ``source`` struct row by row dominated a pull's CPU)."""
     columns = []
     for name, arrow_type in _RAW_COLUMNS:
-        if name == "source":
+        if name == "source" and all(row.get("source") is not None for row in rows):
             sources = [row["source"] for row in rows]
             children = [
-                pa.array([source[child] for source in sources], kind) for child, kind in _SOURCE_FIELDS
+                pa.array([source.get(child) for source in sources], kind) for child, kind in _SOURCE_FIELDS
             ]
             columns.append(pa.StructArray.from_arrays(children, fields=list(arrow_type)))
         elif name == "batch_seq":
