@@ -89,7 +89,7 @@ def test_a_renamed_collection_is_copied_in_batches_and_a_pull_killed_midway_goes
         source.run(skip_spark=True)
 
         db.src.rename("target", dropTarget=True)  # the target's own documents vanish
-        db.target.update_one({"_id": 5}, {"$set": {"v": "updated after the rename"}})
+        db.target.update_one({"_id": 5}, {"$set": {"v": -5}})  # updated after the rename
         db.target.insert_one({"_id": 1000})
 
         written = []

@@ -201,23 +201,42 @@ def slice_key_counts(
 def keyed_rows(
     location: LakeLocation, files: tuple[KeyedFile, ...], keys: pa.Array, columns: list[str]
 ) -> pa.Table | None:
-    """``columns`` of the rows of ``files`` whose ``__key`` is one of ``keys`` (a file whose key range
-    holds none of them is not read); None if none is."""
+    """``columns`` of the rows of ``files`` whose ``__key`` is one of ``keys``; None if none is. A
+    file or row group whose key range holds none of them is skipped, and only the ``__key`` column
+    of the rest is read until one matches."""
     if not len(keys) or not files:
         return None
-    low, high = pc.min_max(keys).values()
-    low, high = low.as_py(), high.as_py()
+    low, high = (value.as_py() for value in pc.min_max(keys).values())
     filesystem, base = location.filesystem()
-    wanted = pc.field("__key").isin(keys)
-    parts = [
-        plain(pq.read_table(lake_path(base, file.path), columns=columns, filesystem=filesystem)).filter(
-            wanted
-        )
-        for file in files
-        if (file.max_key is None or low <= file.max_key) and (file.min_key is None or file.min_key <= high)
-    ]
-    parts = [part for part in parts if part.num_rows]
+    parts = []
+    for file in files:
+        if (file.max_key is not None and file.max_key < low) or (
+            file.min_key is not None and high < file.min_key
+        ):
+            continue
+        parquet = pq.ParquetFile(lake_path(base, file.path), filesystem=filesystem)
+        for group in range(parquet.num_row_groups):
+            if not _may_hold(parquet.metadata.row_group(group), low, high):
+                continue
+            found = pc.is_in(plain(parquet.read_row_group(group, ["__key"])).column("__key"), keys)
+            if pc.any(found).as_py():
+                parts.append(plain(parquet.read_row_group(group, columns)).filter(found))
     return pa.concat_tables(parts) if parts else None
+
+
+def _may_hold(group: pq.RowGroupMetaData, low: str, high: str) -> bool:
+    """Whether a row group's ``__key`` statistics allow a key in [low, high] (no statistics: yes),
+    compared as UTF-8 bytes, as Parquet orders them."""
+    for index in range(group.num_columns):
+        column = group.column(index)
+        statistics = column.statistics
+        if column.path_in_schema == "__key" and statistics is not None and statistics.has_min_max:
+            minimum, maximum = (
+                value.encode() if isinstance(value, str) else value
+                for value in (statistics.min, statistics.max)
+            )
+            return not (maximum < low.encode() or high.encode() < minimum)
+    return True
 
 
 def deletion_markers(
