@@ -381,6 +381,7 @@ class SnapshotColumns:
         seq: int,
         fields: CollectionFieldRules | None = None,
         max_rows: int = 50_000,
+        event_order: str = "",  # a rename's copy: RENAMED_COPY_ORDER
     ) -> None:
         self._fields = fields
         self.max_rows = max_rows
@@ -395,7 +396,7 @@ class SnapshotColumns:
                     "updateDescription": None,
                     "source": source_block,
                     "cluster_time": cluster_time,
-                    "event_order": "",
+                    "event_order": event_order,
                     "transaction": None,
                     "batch_seq": seq,
                     "hour": hour_partition(cluster_time),

@@ -37,7 +37,7 @@ from pymongo import MongoClient
 from pymongo.errors import ConnectionFailure, CursorNotFound, OperationFailure, PyMongoError
 
 from mongo_cdc.capture.capture_modes import require_images, watch_options
-from mongo_cdc.capture.collection_events import collection_row, rename_namespaces, renamed_collection_reads
+from mongo_cdc.capture.collection_events import collection_row, land_renamed_copy, rename_namespaces
 from mongo_cdc.capture.events import (
     DATA_OPERATIONS,
     SourceInfo,
@@ -400,8 +400,9 @@ class _ChangeReader:
         return batch.events >= self.config.max_batch_size or (limit > 0 and batch.document_bytes >= limit)
 
     def _has_news(self, batch: MicroBatch) -> bool:
-        """Whether there is anything to land: events, or transaction records (an END alone)."""
-        return bool(batch.events or self.transactions.records)
+        """Whether there is anything to land: events, a rename's copy (its manifest), or transaction
+        records (an END alone)."""
+        return bool(batch.events or batch.copied or self.transactions.records)
 
     def _land(self, batch: MicroBatch, token: dict) -> None:
         """Land ``batch`` up to ``token`` on the landing thread, after the batch before it."""
@@ -435,10 +436,14 @@ class _ChangeReader:
         if old is not None:
             batch.add(old, RENAME, [collection_row(change, self.source)])
         if new is not None:
-            reads = renamed_collection_reads(self.client, change, self.config, self.source)
+            self.landing.settle()  # the copy's batches come after the events read before the rename
+            self.offset, reads, landed = land_renamed_copy(
+                self.client, self.config, self.keeper, self.source, change, self.offset
+            )
             log.info("replica set %s: %s renamed to %s; copied its %d documents", self.rs,
-                     f"{change['ns']['db']}.{change['ns']['coll']}", new, len(reads))  # fmt: skip
+                     f"{change['ns']['db']}.{change['ns']['coll']}", new, landed + len(reads))  # fmt: skip
             batch.copied, batch.copy_position = (new,), token_cluster_time(change["_id"])
+            batch.events_by_op[new]["r"] += landed
             if reads:
                 batch.add(new, "r", reads, events=len(reads))
         return batch

@@ -15,6 +15,8 @@ Starts its own single-member replica set in a temporary directory and, section b
 * the ``--small`` collection snapshotted in one piece, then in ``CHUNKS`` chunks by one thread and
   by two: chunking's overhead on one worker;
 * the Spark transform (``bench.transform``): first build, incremental runs, a new field;
+* the transform driver's peak RSS for first builds of ``--driver-events`` and 4 times as many events
+  (``bench.transform.driver_memory``): it must not grow with the run;
 * peak RSS of the snapshot, pull and transform processes.
 
 Each path runs in a process of its own (``worker``). Other processes may share the machine, so
@@ -46,7 +48,7 @@ from mongo_cdc.lake.landing import SourceLake
 from mongo_cdc.lake.storage import LakeLocation
 from mongo_cdc_dev.bench import data, peers
 from mongo_cdc_dev.bench.table import Row, render
-from mongo_cdc_dev.bench.transform import HOT_DOCS, transform
+from mongo_cdc_dev.bench.transform import HOT_DOCS, driver_memory, transform
 from mongo_cdc_dev.bench.worker import RAW, bench_config
 from mongo_cdc_dev.testing import ReplicaSet
 from mongo_cdc_dev.testing.lake import memory_keeper
@@ -74,6 +76,7 @@ SIZES = {
     "state": 1_000_000,
     "small_state": 100_000,
     "changes": 1_000,
+    "driver_events": 1_000_000,
 }
 SMOKE_SIZES = {
     "small": 3_000,
@@ -83,6 +86,7 @@ SMOKE_SIZES = {
     "state": 2_000,
     "small_state": 500,
     "changes": 100,
+    "driver_events": 2_000,
 }
 
 
@@ -369,6 +373,7 @@ SECTIONS: dict[str, Callable[[Bench], list[Row]]] = {
     "large-docs": large_documents,
     "chunks": chunks,
     "transform": transform,
+    "driver-memory": driver_memory,
 }
 
 
