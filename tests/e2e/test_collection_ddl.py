@@ -10,15 +10,19 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
+import bson
+from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 from cdc_support import assert_state_equals_collection
 from pymongo.errors import OperationFailure
 
+from mongo_cdc.capture import streaming
 from mongo_cdc.capture.offsets import Offset
 from mongo_cdc.capture.replica_set import ReplicaSetCapture
 from mongo_cdc.capture.streaming import pull_changes
 from mongo_cdc.lake import COLLECTION_KEY, pack_cluster_time
 from mongo_cdc.lake.batch_log import Batch
+from mongo_cdc.lake.landing import SourceLake
 from mongo_cdc_dev.testing.lake import database_source, memory_keeper
 
 
@@ -73,6 +77,51 @@ def test_drops_and_renames_reach_the_state_tables(cdc_source, replica_set, db_na
         assert_state_equals_collection(source, client, "old")
 
 
+def test_a_renamed_collection_is_copied_in_batches_and_a_pull_killed_midway_goes_on(
+    cdc_source, replica_set, db_name, monkeypatch
+):
+    """A rename into a captured name copies the collection one server reply (max.batch.size
+    documents) per batch; a pull killed in the middle of the copy leaves the batches it committed,
+    and the next run goes on after the last document they hold: each document lands once."""
+    source = cdc_source(db_name, **{"max.batch.size": 20})
+    renamed = f"{db_name}.target"
+    with replica_set.client() as client:
+        db = client[db_name]
+        db.src.insert_many([{"_id": i, "v": i} for i in range(130)])
+        db.target.insert_many([{"_id": 500 + i} for i in range(5)])
+        source.run(skip_spark=True)
+
+        db.src.rename("target", dropTarget=True)  # the target's own documents vanish
+        db.target.update_one({"_id": 5}, {"$set": {"v": -5}})  # updated after the rename
+        db.target.insert_one({"_id": 1000})
+
+        written = []
+        write_raw = SourceLake.write_raw
+
+        def killed_at_the_third_copy_batch(self, rs, seq, namespace, data):
+            if namespace == renamed and data.num_rows and data.column("event_order")[0].as_py() == "0":
+                written.append(seq)
+                if len(written) == 3:
+                    raise RuntimeError("the pull was killed")
+            return write_raw(self, rs, seq, namespace, data)
+
+        monkeypatch.setattr(SourceLake, "write_raw", killed_at_the_third_copy_batch)
+        source.run(expect="failed")
+        monkeypatch.setattr(SourceLake, "write_raw", write_raw)
+        copies = [batch for batch in source.lake.batches() if batch.renamed_copy is not None]
+        assert len(copies) == 2  # committed before the kill, 20 documents each
+        source.run()
+
+        assert_state_equals_collection(source, client, "target")
+        assert_state_equals_collection(source, client, "src")
+        copied = Counter(
+            row["key"] for row in source.raw_rows("target") if row["op"] == "r" and row["event_order"] == "0"
+        )
+        assert len(copied) == 131 and set(copied.values()) == {1}, copied.most_common(3)
+        batches = [batch for batch in source.lake.batches() if batch.renamed_copy is not None]
+        assert len(batches) == 7  # 131 documents in replies of 20, the first two landed once
+
+
 def test_a_dropped_database_empties_its_collections(cdc_source, replica_set, db_name):
     source = cdc_source(db_name)
     with replica_set.client() as client:
@@ -115,11 +164,11 @@ class _FakeStream:
     def __exit__(self, *exc: object) -> None:
         return None
 
-    def try_next(self) -> dict | None:
+    def try_next(self) -> RawBSONDocument | None:
         if self.events:
             event = self.events.pop(0)
             self.resume_token = event["_id"]
-            return event
+            return RawBSONDocument(bson.encode(event))  # as a pull reads its stream
         self.resume_token = self.end_token  # the post-batch resume token of an empty getMore
         return None
 
@@ -152,8 +201,11 @@ class _FakeClient:
         return _FakeStream([_insert(125, 2)], _token(131, "04"))
 
 
-def test_an_invalidated_stream_is_reopened_after_the_invalidate_with_nothing_lost(tmp_path: Path):
+def test_an_invalidated_stream_is_reopened_after_the_invalidate_with_nothing_lost(
+    tmp_path: Path, monkeypatch
+):
     """A fake client: a real server never invalidates a deployment-wide stream."""
+    monkeypatch.setattr(streaming, "open_change_stream", lambda client, **options: client.watch(**options))
     config = database_source("inv", tmp_path / "lake", "shop")
     keeper = memory_keeper(config, "rs0")
     start = Batch("rs0", 1, "start", _token(100, "00"), pack_cluster_time(100, 1))

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from bson.codec_options import CodecOptions, DatetimeConversion
 from bson.raw_bson import RawBSONDocument
-from bson_corpus import (
+from bson_by_hand import (
     ARRAY_VALUES,
     DOCUMENT_FIELDS,
     UNDEFINED,

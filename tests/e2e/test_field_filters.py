@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 import yaml
 from bson import json_util
-from bson_corpus import DBPOINTER, SYMBOL, UNDEFINED, array, document, embedded
+from bson_by_hand import DBPOINTER, SYMBOL, UNDEFINED, array, document, embedded
 
 from mongo_cdc.capture.field_filters import FieldFilters, FieldRenameConflict, parse_rules
 from mongo_cdc.capture.replica_set import ReplicaSetCapture

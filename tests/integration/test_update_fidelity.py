@@ -11,7 +11,7 @@ from __future__ import annotations
 import bson
 from bson.codec_options import CodecOptions
 from bson.raw_bson import RawBSONDocument
-from bson_corpus import DBPOINTER, SYMBOL, UNDEFINED, VALUES, corpus_document, embedded, raw
+from bson_by_hand import DBPOINTER, SYMBOL, UNDEFINED, VALUES, corpus_document, embedded, raw
 
 from mongo_cdc.transform.document_state import apply_update, fold_events
 from mongo_cdc.transform.raw_events import ChangeEvent

@@ -1,153 +1,116 @@
-"""BSON built byte by byte, and a corpus of values of every type and edge case.
-
-A value is ``(type byte, value bytes)``: how it stands in a document after its name. pymongo's
-``bson`` cannot write the deprecated types (Symbol, DBPointer, Undefined) and would change some
-bits a document may hold (a decode and encode turns them into other types), so the corpus is
-built here; ``round_trips`` says which values pymongo would keep.
-"""
+"""Hand-made BSON documents MongoDB stores but pymongo cannot write from Python values: one document per
+BSON type and edge case (deprecated types, NaN payloads, non-canonical decimals, every binary subtype,
+odd field names), and strings that are not valid UTF-8. Built byte by byte, inserted as
+``RawBSONDocument``s, so the server keeps exactly these bytes."""
 
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable
 
-import bson
+from bson import DatetimeConversion, ObjectId
+from bson.codec_options import CodecOptions
 from bson.raw_bson import RawBSONDocument
 
-from mongo_cdc.bson_elements import ARRAY, DOCUMENT, document_bytes, element_bytes
+# reading these documents raw: dates (some beyond datetime's years) as milliseconds
+RAW = CodecOptions(document_class=RawBSONDocument, datetime_conversion=DatetimeConversion.DATETIME_MS)
 
-Value = tuple[int, bytes]
+_OID = ObjectId("0123456789abcdef01234567").binary
+
+
+def document(*elements: bytes) -> bytes:
+    body = b"".join(elements)
+    return int32(len(body) + 5) + body + b"\x00"
+
+
+def element(kind: int, name: str | bytes, value: bytes) -> bytes:
+    name_bytes = name.encode() if isinstance(name, str) else name
+    return bytes([kind]) + name_bytes + b"\x00" + value
+
+
+def string(data: bytes) -> bytes:
+    return int32(len(data) + 1) + data + b"\x00"
+
+
+def binary(subtype: int, data: bytes) -> bytes:
+    return int32(len(data)) + bytes([subtype]) + data
 
 
 def int32(value: int) -> bytes:
     return struct.pack("<i", value)
 
 
-def string(text: str | bytes) -> bytes:
-    data = text.encode() if isinstance(text, str) else text
-    return int32(len(data) + 1) + data + b"\x00"
+def code_with_scope(code: bytes, scope: bytes) -> bytes:
+    return int32(4 + len(code) + len(scope)) + code + scope
 
 
-def cstring(text: str) -> bytes:
-    return text.encode() + b"\x00"
+def _id(value: int) -> bytes:
+    return element(0x10, "_id", int32(value))
 
 
-def _name(name: str | bytes) -> bytes:
-    return name.encode() if isinstance(name, str) else name
+# (name, the elements after _id) of each case
+CASES: tuple[tuple[str, tuple[bytes, ...]], ...] = (
+    ("double", (element(0x01, "v", struct.pack("<d", 1.5)),
+                element(0x01, "negative_zero", struct.pack("<d", -0.0)))),
+    ("nan_payloads", (element(0x01, "v", struct.pack("<Q", 0x7FF8000000000123)),
+                      element(0x01, "signalling", struct.pack("<Q", 0x7FF0000000000001)),
+                      element(0x01, "negative", struct.pack("<Q", 0xFFF8000000000000)),
+                      element(0x01, "infinity", struct.pack("<d", float("inf"))))),
+    ("unicode_string", (element(0x02, "v", string("café ☕ 名前".encode())),)),
+    ("embedded", (element(0x03, "v", document(element(0x10, "a", int32(1)))),
+                  element(0x03, "empty", document()))),
+    ("array", (element(0x04, "v", document(element(0x10, "0", int32(1)),
+                                           element(0x02, "1", string(b"x")))),
+               element(0x04, "empty", document()))),
+    ("binaries", tuple(element(0x05, f"b{subtype}", binary(subtype, data)) for subtype, data in (
+        (0, b"\x00\x01"), (1, b"f"), (2, int32(2) + b"ab"), (3, bytes(range(16))),
+        (4, bytes(range(16, 32))), (5, bytes(16)), (6, b"enc"), (7, b"\x01col"), (8, b"sens"),
+        (9, b"\x03\x00"), (0x80, b"user")))),
+    ("undefined", (element(0x06, "v", b""),)),
+    ("object_id", (element(0x07, "v", _OID),)),
+    ("booleans", (element(0x08, "t", b"\x01"), element(0x08, "f", b"\x00"))),
+    ("dates", (element(0x09, "v", struct.pack("<q", 1_700_000_000_123)),
+               element(0x09, "far_future", struct.pack("<q", 253_402_300_800_000 * 3)),
+               element(0x09, "before_epoch", struct.pack("<q", -62_135_596_800_001)))),
+    ("null", (element(0x0A, "v", b""),)),
+    ("regex", (element(0x0B, "v", b"^a.*b$\x00imsx\x00"),)),
+    ("db_pointer", (element(0x0C, "v", string(b"db.collection") + _OID),)),
+    ("code", (element(0x0D, "v", string(b"function () { return 1; }")),)),
+    ("symbol", (element(0x0E, "v", string(b"a symbol")),)),
+    ("code_with_scope", (element(0x0F, "v", code_with_scope(string(b"x + y"),
+                                                            document(element(0x10, "x", int32(1))))),)),
+    ("int32", (element(0x10, "v", int32(-7)),)),
+    ("timestamp", (element(0x11, "v", struct.pack("<II", 5, 1_700_000_000)),)),
+    ("int64", (element(0x12, "v", struct.pack("<q", 2**40)),)),
+    ("decimals", (element(0x13, "v", struct.pack("<QQ", 100, 0x303C000000000000)),  # 1.00
+                  # coefficient over 34 digits: non-canonical, read as zero
+                  element(0x13, "non_canonical", struct.pack("<QQ", 0xFFFFFFFFFFFFFFFF, 0x3041FFFFFFFFFFFF)),
+                  element(0x13, "nan_payload", struct.pack("<QQ", 12, 0x7C00000000000000)))),
+    ("min_max_keys", (element(0xFF, "min", b""), element(0x7F, "max", b""))),
+    ("field_names", (element(0x10, "a.b", int32(1)), element(0x10, "", int32(2)),
+                     element(0x10, "名前", int32(3)), element(0x10, "$dollar", int32(4)),
+                     element(0x03, "nested", document(element(0x10, "$inner", int32(5)),
+                                                      element(0x10, "x.y", int32(6)))))),
+    ("dbref_like", (element(0x02, "$ref", string(b"not-a-dbref")), element(0x07, "$id", _OID),
+                    element(0x02, "$banana", string(b"peel")))),
+    ("nested_dbref_like", (element(0x03, "v", document(element(0x02, "$ref", string(b"x")),
+                                                      element(0x10, "$id", int32(1)),
+                                                      element(0x10, "$extra", int32(2)))),)),
+)  # fmt: skip
+
+# strings that are not valid UTF-8: a lone continuation byte, a cut sequence, an overlong one
+INVALID_UTF8_CASES: tuple[tuple[str, tuple[bytes, ...]], ...] = (
+    # fields of their own: typed string, struct and list columns
+    ("invalid_utf8", (element(0x02, "text", string(b"caf\xc3")), element(0x02, "ok", string(b"fine")),
+                      element(0x03, "inner", document(element(0x02, "w", string(b"\xff\xfe")))),
+                      element(0x04, "texts", document(element(0x02, "0", string(b"\xc0\xaf")))))),
+)  # fmt: skip
 
 
-def document(elements: Iterable[tuple[str | bytes, Value]]) -> bytes:
-    return document_bytes(element_bytes(kind, _name(name), value) for name, (kind, value) in elements)
-
-
-def embedded(elements: Iterable[tuple[str | bytes, Value]]) -> Value:
-    return DOCUMENT, document(elements)
-
-
-def array(values: Iterable[Value]) -> Value:
-    return ARRAY, document((b"%d" % i, value) for i, value in enumerate(values))
-
-
-def binary(subtype: int, data: bytes) -> Value:
-    if subtype == 2:  # the old binary subtype holds its own length again
-        data = int32(len(data)) + data
-    return 0x05, int32(len(data)) + bytes([subtype]) + data
-
-
-def code_with_scope(code: str, scope: Iterable[tuple[str | bytes, Value]]) -> Value:
-    body = string(code) + document(scope)
-    return 0x0F, int32(len(body) + 4) + body
-
-
-def double_bits(bits: int) -> Value:
-    return 0x01, struct.pack("<Q", bits)
-
-
-def raw(elements: Iterable[tuple[str | bytes, Value]]) -> RawBSONDocument:
-    """A document to hand pymongo as it is (an insert, an update's operators)."""
-    return RawBSONDocument(document(elements))
-
-
-def round_trips(value: Value) -> bool:
-    """Whether pymongo's bson decodes and encodes the value back to the same bytes."""
-    data = document([("v", value)])
-    try:
-        return bson.encode(bson.decode(data)) == data
-    except (bson.errors.InvalidBSON, bson.errors.InvalidDocument, TypeError):
-        return False
-
-
-OBJECT_ID = bytes.fromhex("65a1b2c3d4e5f60718293a4b")
-SYMBOL = (0x0E, string("a symbol"))
-DBPOINTER = (0x0C, string("db.collection") + OBJECT_ID)
-UNDEFINED = (0x06, b"")
-
-DOCUMENT_FIELDS = [("a", (0x10, int32(1))), ("$dollar", (0x0A, b"")), ("dot.ted", SYMBOL), ("", UNDEFINED)]
-ARRAY_VALUES = [(0x10, int32(1)), SYMBOL, embedded([("x", UNDEFINED)]), array([DBPOINTER])]
-
-# every type, the deprecated ones, and values whose bits a decode may not keep
-VALUES: dict[str, Value] = {
-    "double": (0x01, struct.pack("<d", 1.5)),
-    "negative zero": (0x01, struct.pack("<d", -0.0)),
-    "infinity": (0x01, struct.pack("<d", float("-inf"))),
-    "nan with a payload": double_bits(0x7FF0_0000_0000_0BAD),
-    "negative signalling nan": double_bits(0xFFF0_0000_0000_0001),
-    "string": (0x02, string("é名 \u2028")),
-    "empty string": (0x02, string("")),
-    "document": embedded(DOCUMENT_FIELDS),
-    "dbref-like document": embedded(
-        [
-            ("$ref", (0x02, string("not-a-dbref"))),
-            ("$id", (0x07, OBJECT_ID)),
-            ("$banana", (0x02, string("peel"))),
-        ]
-    ),
-    "empty document": embedded([]),
-    "array": array(ARRAY_VALUES),
-    "empty array": array([]),
-    **{
-        f"binary subtype {subtype}": binary(subtype, b"\x00\x01bin")
-        for subtype in (0, 1, 2, 3, 4, 5, 6, 7, 8, 0x80)
-    },
-    "undefined": UNDEFINED,
-    "object id": (0x07, OBJECT_ID),
-    "true": (0x08, b"\x01"),
-    "false": (0x08, b"\x00"),
-    "date before 1970": (0x09, struct.pack("<q", -62_135_596_800_001)),
-    "null": (0x0A, b""),
-    "regex": (0x0B, cstring("^a.*b$") + cstring("imsx")),
-    "dbpointer": DBPOINTER,
-    "code": (0x0D, string("function () { return 1; }")),
-    "symbol": SYMBOL,
-    "code with scope": code_with_scope("function () { return x; }", [("x", SYMBOL)]),
-    "int32": (0x10, int32(-(2**31))),
-    "timestamp": (0x11, struct.pack("<II", 7, 1_700_000_000)),
-    "int64": (0x12, struct.pack("<q", 2**40)),
-    "decimal128": (0x13, bson.Decimal128("1.10").bid),
-    "decimal128 non-canonical": (0x13, bytes(14) + b"\x00\x70"),  # a coefficient past 10^34: zero
-    "decimal128 nan with a payload": (0x13, b"\x2a" + bytes(14) + b"\x7c"),
-    "minkey": (0xFF, b""),
-    "maxkey": (0x7F, b""),
-}
-
-# field names MongoDB accepts that look like something else (the fold cannot reach a dotted one:
-# change events do not say which dots are names)
-NAMES = ["$dollar", "dot.ted", "", "é名", "$ref", "$id", "$db"]
-
-# array elements long enough that mongod logs a cut array as a truncation, not as the whole array
-LONG = [(0x02, string(f"{i:02d}" + "x" * 40)) for i in range(12)]
-
-
-def corpus_document(document_id: int) -> list[tuple[str, Value]]:
-    """The elements of a document holding every value of the corpus under its name, the odd names,
-    a DBRef's key set at the top level, and arrays to truncate (``long``, ``nested.long``)."""
+def documents(cases: tuple[tuple[str, tuple[bytes, ...]], ...], first_id: int) -> list[RawBSONDocument]:
+    """One document per case, ``_id`` from ``first_id`` on (MongoDB keeps ``_id`` first)."""
     return [
-        ("_id", (0x10, int32(document_id))),
-        *VALUES.items(),
-        *((f"named {name}" if name.startswith("$") else name, SYMBOL) for name in NAMES),
-        ("$ref", (0x02, string("not-a-dbref"))),
-        ("$id", VALUES["object id"]),
-        ("$banana", (0x02, string("peel"))),
-        ("long", array(LONG)),
-        ("nested", embedded([("long", array(LONG)), ("tail", UNDEFINED)])),
+        RawBSONDocument(
+            document(_id(first_id + index), element(0x02, "case", string(name.encode())), *elements), RAW
+        )
+        for index, (name, elements) in enumerate(cases)
     ]

@@ -13,7 +13,7 @@ import bson
 import pytest
 from bson import Binary, Code, Decimal128, Int64, MaxKey, MinKey, ObjectId, Regex, Timestamp
 from bson.datetime_ms import DatetimeMS
-from bson_corpus import (
+from bson_by_hand import (
     DBPOINTER,
     NAMES,
     SYMBOL,

@@ -6,12 +6,21 @@
   it; documents written after the drop (a re-created collection) stay.
 * ``rename`` lands an op ``rename`` row in the old namespace (the same effect there as a drop;
   ``after`` holds the new namespace as a BSON document ``{db, coll}``) and, when the new
-  namespace is captured, copies the renamed
-  collection as snapshot reads at the rename's position, with a snapshot manifest, all in the
-  batch that commits the rename. The new namespace's state is then its documents as of the rename
-  plus every later event, and documents of a collection the rename replaced (``dropTarget``)
-  vanish by the manifest. A rename into a namespace that is not captured is a drop; one from a
-  namespace that is not captured starts capturing the new one with its copy.
+  namespace is captured, copies the renamed collection as snapshot reads at the rename's position
+  (``land_renamed_copy``), then commits the rename with a snapshot manifest of the new namespace.
+  The new namespace's state is then its documents as of the rename plus every later event, and
+  documents of a collection the rename replaced (``dropTarget``) vanish by the manifest. A rename
+  into a namespace that is not captured is a drop; one from a namespace that is not captured
+  starts capturing the new one with its copy.
+
+  The copy is read like a chunk of a snapshot (``chunk_reads``: the server's raw BSON replies of
+  ``max.batch.size`` documents, never decoded) in ``_id`` order, and each reply lands as a batch of
+  its own before the next is read, so a pull holds one reply whatever the collection's size. Those
+  batches stay at the position before the rename and record the ``_id`` the copy reached
+  (``Batch.renamed_copy``): a pull killed midway reads the rename again and goes on after it, so
+  every document lands once. A collection whose ``_id`` index does not give the order (a default
+  collation, clustered on ``_id``: ``chunking._id_index_ordered``) is copied whole in natural
+  order, in the batch that commits the rename.
 * ``dropDatabase`` follows the drops of each of its collections, which carry its effect.
 * ``invalidate`` never reaches a deployment-wide stream (the only kind a pull opens), but if one
   does, the pull lands what it read before it and reopens with ``startAfter`` its token.
@@ -21,13 +30,27 @@ from __future__ import annotations
 
 from typing import Any
 
+import bson
 import pyarrow as pa
-from bson.raw_bson import DEFAULT_RAW_BSON_OPTIONS
+from bson.codec_options import CodecOptions
 from pymongo import MongoClient
 
-from mongo_cdc.capture.events import SourceInfo, bson_bytes, document_keys, event_position, now_ms
+from mongo_cdc.capture import chunk_reads
+from mongo_cdc.capture.chunk_reads import _elements, _int32
+from mongo_cdc.capture.chunking import ID_INDEX, _id_index_ordered
+from mongo_cdc.capture.events import (
+    SnapshotColumns,
+    SourceInfo,
+    bson_bytes,
+    event_position,
+    now_ms,
+    raw_documents,
+)
+from mongo_cdc.capture.offsets import Offset, OffsetKeeper
 from mongo_cdc.config import SourceConfig
-from mongo_cdc.lake import COLLECTION_KEY, RENAMED_COPY_ORDER
+from mongo_cdc.lake import COLLECTION_KEY, RAW_SCHEMA, RENAMED_COPY_ORDER
+from mongo_cdc.lake.batch_log import Batch
+from mongo_cdc.lake.snapshot_log import Chunk
 
 
 def collection_row(change: dict, source: SourceInfo) -> dict[str, Any]:
@@ -47,38 +70,71 @@ def collection_row(change: dict, source: SourceInfo) -> dict[str, Any]:
     }
 
 
-def renamed_collection_reads(
-    client: MongoClient, change: dict, config: SourceConfig, source: SourceInfo
-) -> list[dict[str, Any]]:
-    """Snapshot reads of a renamed collection under its new name, positioned at the rename.
+def land_renamed_copy(
+    client: MongoClient,
+    config: SourceConfig,
+    keeper: OffsetKeeper,
+    source: SourceInfo,
+    change: dict,
+    offset: Offset,
+) -> tuple[Offset, list[dict[str, Any]], int]:
+    """Copy the collection ``change`` (a rename) names under its new name as snapshot reads at the
+    rename's position: each server reply as a batch of its own, committed after ``offset`` (see the
+    module's docstring), going on after the ``_id`` the last batch recorded if it copied this rename.
 
-    Read after the rename, so a document may already show later writes; those writes' events
-    come after the rename in the stream and fold over these reads, as after any snapshot.
+    Returns the offset after the batches landed, the rows left for the batch committing the rename
+    (a collection copied whole in natural order) and the documents landed in batches of their own.
     """
     cluster_time, source_ts_ms = event_position(change)
-    db, collection = change["to"]["db"], change["to"]["coll"]
-    block = source.block(db, collection, cluster_time, source_ts_ms, snapshot=True)
-    processed = now_ms()
-    found = client[db].get_collection(collection, codec_options=DEFAULT_RAW_BSON_OPTIONS).find()
-    documents = [document.raw for document in found]  # the server's bytes
-    keys = document_keys(pa.array(documents, pa.binary())).to_pylist()
-    fields = config.field_filters.for_collection(db, collection)
-    if fields is not None:
-        documents = [fields.document(document) for document in documents]
-    return [
-        {
-            "key": key,
-            "op": "r",
-            "ts_ms": processed,
-            "before": None,
-            "after": document,
-            "updateDescription": None,
-            "source": block,
-            "cluster_time": cluster_time,
-            "event_order": RENAMED_COPY_ORDER,
-        }
-        for key, document in zip(keys, documents, strict=True)
-    ]
+    db, name = change["to"]["db"], change["to"]["coll"]
+    found = next(client[db].list_collections(filter={"name": name}), None)
+    ordered = _id_index_ordered((found or {}).get("options", {}))
+    rename = change["_id"]["_data"]
+    last = keeper.lake.last_batch(keeper.rs) if ordered else None
+    progress = last.renamed_copy if last is not None and last.seq == offset.batch_seq else None
+    reached = None
+    if progress is not None and progress["rename"] == rename:
+        reached = bytes.fromhex(progress["after"])  # a pull before this one copied up to here
+    block = source.block(db, name, cluster_time, source_ts_ms, snapshot=True)
+    fields = config.field_filters.for_collection(db, name)
+    chunk = Chunk(f"{db}.{name}", 0, 1, ID_INDEX if ordered else None, reached)
+    kept: list[pa.RecordBatch] = []
+    landed = 0
+    for reply in chunk_reads._raw_batches(client[db].get_collection(name), config.max_batch_size, chunk):
+        if reached is not None and _id_bound(reply) == reached:
+            reply = reply[_int32.unpack_from(reply)[0] :]  # cursor.min is inclusive: copied already
+        reached = None
+        if not reply:
+            continue
+        seq = offset.batch_seq + 1
+        columns = SnapshotColumns(block, cluster_time, seq, fields, config.max_batch_size, RENAMED_COPY_ORDER)
+        rows = list(columns.record_batches(reply))
+        if not ordered:
+            kept.extend(rows)
+            continue
+        landed += sum(batch.num_rows for batch in rows)
+        keeper.lake.write_raw(keeper.rs, seq, chunk.namespace, pa.Table.from_batches(rows, RAW_SCHEMA))
+        offset = keeper.commit_batch(
+            offset,
+            Batch(keeper.rs, seq, "stream", offset.resume_token, offset.cluster_time,
+                  namespaces=(chunk.namespace,), open_transaction=offset.open_transaction,
+                  renamed_copy={"rename": rename, "after": _id_bound(reply, last=True).hex()}),
+        )  # fmt: skip
+    return offset, pa.Table.from_batches(kept, RAW_SCHEMA).to_pylist() if kept else [], landed
+
+
+def _id_bound(reply: bytes, last: bool = False) -> bytes:
+    """The ``_id`` of the first (``last``: the last) document of a raw reply, as the BSON document
+    ``{_id: <value>}`` (a ``cursor.min`` bound), cut from its bytes without decoding the document."""
+    documents = raw_documents(reply)
+    document = memoryview(documents[len(documents) - 1 if last else 0].as_py())
+    for element_name, start, end in _elements(document, 0, len(document)):
+        if element_name == b"_id":
+            element = bytes(document[start - 5 : end])  # type byte, b"_id\0", value
+            return _int32.pack(len(element) + 5) + element + b"\x00"
+    # an _id of a type the walk does not know (or not first): decoded, the rest never looked at
+    value = bson.decode(bytes(document), CodecOptions(unicode_decode_error_handler="surrogateescape"))["_id"]
+    return bson.encode({"_id": value})
 
 
 def rename_namespaces(change: dict, config: SourceConfig) -> tuple[str | None, str | None]:

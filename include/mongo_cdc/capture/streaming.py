@@ -37,11 +37,12 @@ from pymongo import MongoClient
 from pymongo.errors import ConnectionFailure, CursorNotFound, OperationFailure, PyMongoError
 
 from mongo_cdc.capture.capture_modes import require_images, watch_options
-from mongo_cdc.capture.collection_events import collection_row, rename_namespaces, renamed_collection_reads
+from mongo_cdc.capture.collection_events import collection_row, land_renamed_copy, rename_namespaces
 from mongo_cdc.capture.events import (
     DATA_OPERATIONS,
     SourceInfo,
     change_rows,
+    open_change_stream,
     rows_to_table,
     token_cluster_time,
 )
@@ -323,7 +324,7 @@ class _ChangeReader:
             del options["resume_after"]
             options["start_after"] = self.start_after
         with (
-            self.client.watch(**options) as stream,
+            open_change_stream(self.client, **options) as stream,
             ReadAhead(stream, self.config.max_batch_size, self.target) as reads,
             _Landing(self._landed) as self.landing,
         ):
@@ -339,28 +340,29 @@ class _ChangeReader:
                     change = fragments.add(change)
                     if change is None:
                         continue
+                    change_token = change["_id"]
                     if change["operationType"] == "invalidate":
                         log.warning("replica set %s: change stream invalidated; reopening after it", self.rs)
                         self._land_read(batch)
-                        self.start_after = change["_id"]
+                        self.start_after = change_token
                         return False
                     if change["operationType"] == RENAME:
                         self._land_read(batch)
                         batch = self._rename_batch(change)
                     else:
                         collect_change(change, self.config, self.source, batch, self.transactions)
-                    batch.last_token = change["_id"]
+                    batch.last_token = change_token
                     # strictly past the target: more events of one transaction share its cluster
                     # time (and an open transaction's END has to land with it)
                     caught_up = (
-                        token_cluster_time(change["_id"]) > self.target
+                        token_cluster_time(change_token) > self.target
                         and not self.transactions.in_transaction
                     )
                     if self._full(batch) or (caught_up and self._has_news(batch)):
-                        self._land(batch, change["_id"])
+                        self._land(batch, change_token)
                         batch = MicroBatch()
                     if caught_up:
-                        token = change["_id"]
+                        token = change_token
                         break
                 if token is None or fragments.pending:  # more to read, or the rest of a split event
                     continue
@@ -398,8 +400,9 @@ class _ChangeReader:
         return batch.events >= self.config.max_batch_size or (limit > 0 and batch.document_bytes >= limit)
 
     def _has_news(self, batch: MicroBatch) -> bool:
-        """Whether there is anything to land: events, or transaction records (an END alone)."""
-        return bool(batch.events or self.transactions.records)
+        """Whether there is anything to land: events, a rename's copy (its manifest), or transaction
+        records (an END alone)."""
+        return bool(batch.events or batch.copied or self.transactions.records)
 
     def _land(self, batch: MicroBatch, token: dict) -> None:
         """Land ``batch`` up to ``token`` on the landing thread, after the batch before it."""
@@ -433,10 +436,14 @@ class _ChangeReader:
         if old is not None:
             batch.add(old, RENAME, [collection_row(change, self.source)])
         if new is not None:
-            reads = renamed_collection_reads(self.client, change, self.config, self.source)
+            self.landing.settle()  # the copy's batches come after the events read before the rename
+            self.offset, reads, landed = land_renamed_copy(
+                self.client, self.config, self.keeper, self.source, change, self.offset
+            )
             log.info("replica set %s: %s renamed to %s; copied its %d documents", self.rs,
-                     f"{change['ns']['db']}.{change['ns']['coll']}", new, len(reads))  # fmt: skip
+                     f"{change['ns']['db']}.{change['ns']['coll']}", new, landed + len(reads))  # fmt: skip
             batch.copied, batch.copy_position = (new,), token_cluster_time(change["_id"])
+            batch.events_by_op[new]["r"] += landed
             if reads:
                 batch.add(new, "r", reads, events=len(reads))
         return batch

@@ -41,6 +41,9 @@ BATCH_LOG_SCHEMA = pa.schema(
         # the manifest's event_order: RENAMED_COPY_ORDER for a rename's copy, "" for a snapshot (null
         # in rows landed before the column existed, whose copies' rows sit at "" too)
         pa.field("snapshot_event_order", pa.string()),
+        # a batch of a rename's copy (capture.collection_events): the rename's resume token data and
+        # the BSON (hex) of {_id: ...} of the last document copied so far, JSON; null in other batches
+        pa.field("renamed_copy", pa.string()),
     ]
 )
 
@@ -59,6 +62,7 @@ class Batch:
     namespaces: tuple[str, ...] = ()
     open_transaction: dict | None = None
     snapshot_event_order: str = ""
+    renamed_copy: dict | None = None  # {"rename": <the rename's token data>, "after": <hex BSON {_id}>}
 
     @property
     def manifest(self) -> SnapshotManifest | None:
@@ -81,6 +85,7 @@ class Batch:
             "open_transaction": json.dumps(self.open_transaction) if self.open_transaction else None,
             "landed_at": dt.datetime.now(dt.timezone.utc),
             "snapshot_event_order": self.snapshot_event_order,
+            "renamed_copy": json.dumps(self.renamed_copy) if self.renamed_copy else None,
         }
 
     @classmethod
@@ -97,6 +102,7 @@ class Batch:
             namespaces=tuple(row["namespaces"] or ()),
             open_transaction=json.loads(row["open_transaction"]) if row["open_transaction"] else None,
             snapshot_event_order=row.get("snapshot_event_order") or "",
+            renamed_copy=json.loads(row["renamed_copy"]) if row.get("renamed_copy") else None,
         )
 
 

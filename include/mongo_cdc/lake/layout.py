@@ -231,7 +231,16 @@ def deletions_uri(lake: LakeLocation, prefix: str, db: str, collection: str) -> 
     """The deletion markers of a collection's state: the last position of each deleted document.
 
     Outside ``state/``, so no reader of the state (nor a glob over it) counts deleted documents."""
-    return lake.table_uri("raw", prefix, DELETIONS_DIR, *name_parts(db), *name_parts(collection))
+    return lake.table_uri(*_deletions_parts(prefix, db, collection))
+
+
+def deletions_path(prefix: str, db: str, collection: str) -> str:
+    """``deletions_uri``'s path under the lake root."""
+    return "/".join(_deletions_parts(prefix, db, collection))
+
+
+def _deletions_parts(prefix: str, db: str, collection: str) -> tuple[str, ...]:
+    return ("raw", prefix, DELETIONS_DIR, *name_parts(db), *name_parts(collection))
 
 
 def source_table_uri(lake: LakeLocation, prefix: str, name: str) -> str:

@@ -87,7 +87,7 @@ class ChangesRun:
             location, forced = self.transform.location, self.spec(layout, staged)
             again = self.transform.run_slices(
                 [slices[index] for index in misfits],
-                lambda raw_slice: transform_slice(location, raw_slice, None, forced, frozenset(), {}).changes,
+                lambda raw_slice: transform_slice(location, raw_slice, None, forced, frozenset()).changes,
             )
             for index, output in zip(misfits, again, strict=True):
                 delete_data_files(location, spec.directory, outputs[index].files)
@@ -152,7 +152,7 @@ class ChangesRun:
         spec, location = self.spec(staged=True), transform.location
         outputs = transform.run_slices(
             slices,
-            lambda raw_slice: transform_slice(location, raw_slice, None, spec, frozenset(), {}).changes,
+            lambda raw_slice: transform_slice(location, raw_slice, None, spec, frozenset()).changes,
         )
         layout, written = self.settle(slices, outputs, staged=True)
         schema = self.schema(layout)

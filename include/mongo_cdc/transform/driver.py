@@ -10,16 +10,18 @@ per collection (``CollectionTransform.update``):
 
 1. the raw files that may hold new rows are cut into slices of about ``slices.SLICE_ROWS`` rows
    (``slices.raw_slices``), one Spark task each, read as Arrow tables (``slices.read_slice``);
-2. plan (``slice_tasks.plan_slice``, column-wise): each state event's document key; documents with
-   more than one new event, or an update without ``after``, are *folded apart* (step 4), the others
-   have one;
+2. plan (``slice_tasks.plan_slice``, ``slice_key_counts``, column-wise): each state event's
+   document key, summed by a Spark aggregation; documents with more than one new event, or an update
+   without ``after``, are *folded apart* (step 4), the others have one; each slice's task gets its
+   share of them (``StateRun.slice_inputs``): the driver holds no per-document data of the run;
 3. each slice's task (``slice_tasks.transform_slice``) decodes each document once (one
    ``bson.decode_all``) for both tables and writes, under the tables' directories, its state rows
    (the documents with one event, sorted by ``__key``) and its change rows (a file per hour), each in
    the stored layout evolved by what its own rows need; it hands the driver only file names and
    those needs;
 4. the documents folded apart: their events grouped by document (Spark's shuffle), folded with the
-   stored version or deletion marker (``fold_events``), written like step 3;
+   stored version or deletion marker (``fold_events``; each task reads those of its documents),
+   written like step 3;
 5. the driver settles each table's layout from every task's needs (a task whose rows took other
    types for a new field writes them again in it), then commits: a new state table in one commit
    of the written files, an existing one by MERGE of the (staged) rows (``state_commit``); change
@@ -99,6 +101,7 @@ class CollectionTransform:
         self.raw_uri = lake.table_uri(self.location, "raw", source_lake.prefix, db, collection)
         self.state_uri = lake.table_uri(self.location, "state", source_lake.prefix, db, collection)
         self.deletions_uri = lake.deletions_uri(self.location, source_lake.prefix, db, collection)
+        self.deletions_path = lake.deletions_path(source_lake.prefix, db, collection)
         self.changes_uri = lake.table_uri(self.location, "changes", source_lake.prefix, db, collection)
         raw = table_if_exists(self.raw_uri, self.options)
         self.files = raw_files(raw, self.raw_path) if raw is not None else []
@@ -245,18 +248,16 @@ class CollectionTransform:
         slices = self.slices(windows) if windows else []
         if state is not None:
             state.plan(slices)
-        state_spec = state.spec() if state is not None else None
         changes_spec = changes.spec() if changes is not None else None
         location = self.location
-        folded = self.context.broadcast(state.folded_keys if state is not None else frozenset())
-        markers = self.context.broadcast(state.markers if state is not None else {})
         started = time.monotonic()
-        outputs = self.run_slices(
-            slices,
-            lambda raw_slice: transform_slice(
-                location, raw_slice, state_spec, changes_spec, folded.value, markers.value
-            ),
-        )
+        if state is not None:
+            outputs = state.transformed(slices, state.spec(), changes_spec)
+        else:
+            outputs = self.run_slices(
+                slices,
+                lambda raw_slice: transform_slice(location, raw_slice, None, changes_spec, frozenset()),
+            )
         log.info(
             "%s: %d slices transformed in %.1fs", self.namespace, len(slices), time.monotonic() - started
         )

@@ -50,7 +50,7 @@ import bson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from mongo_cdc.extjson import DECODE_OPTIONS
+from mongo_cdc.extjson import READ_OPTIONS
 from mongo_cdc.lake import COLLECTION_OPERATIONS
 from mongo_cdc.transform.flatten_options import FlatteningOptions
 from mongo_cdc.transform.raw_events import ChangeEvent, event_from_row
@@ -70,7 +70,7 @@ def change_document(event: ChangeEvent) -> dict[str, Any] | None:
         return document
     updated_fields = event.update_description.get("updatedFields")
     if updated_fields:
-        for path, value in bson.decode(updated_fields, DECODE_OPTIONS).items():
+        for path, value in bson.decode(updated_fields, READ_OPTIONS).items():
             _set_nested(document, path, value)
     for path in event.update_description.get("removedFields") or ():
         _set_nested(document, path, None)

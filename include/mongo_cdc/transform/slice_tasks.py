@@ -1,12 +1,16 @@
 """What each Spark task does with its raw slice: the executor side of the transform.
 
-* ``plan_slice``: a slice's state events in brief (``SlicePlan``), for the driver to choose the
-  documents whose events are folded apart;
+* ``plan_slice``: a slice's rows in the run and its drops (``SlicePlan``), for the driver;
+* ``slice_key_counts``: a slice's document keys with their events, for Spark to find the documents
+  whose events are folded apart (more than one event in the run, or an update without ``after``):
+  the driver only counts them;
 * ``transform_slice``: a slice's state rows and change rows, each document decoded once for both
-  tables, written as data files under the tables' directories (``write_state``, ``write_changes``);
-  the task hands the driver only the files and what its rows need of each table's layout
-  (``SliceOutput``);
-* ``fold_inputs``: the events of the documents folded apart, keyed by document, for Spark's shuffle.
+  tables, written as data files under the tables' directories (``write_state``, ``write_changes``),
+  with the deletion marker rows of the slice's documents (``write_markers``); the task hands the
+  driver only the files and what its rows need of each table's layout (``SliceOutput``);
+* ``fold_inputs``: the events of the documents folded apart, keyed by document, for Spark's shuffle;
+* ``keyed_rows``: the rows of given document keys in a keyed table's files (``KeyedFile``: the state
+  table, for stored versions, and the deletion markers), read by the task that needs them.
 
 Runs on the executors, which have only pyarrow, orjson and bson: no pyspark or deltalake import
 here. The driver's side is ``transform.driver``.
@@ -14,22 +18,27 @@ here. The driver's side is ``transform.driver``.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import NamedTuple
 
+import bson
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from mongo_cdc import extjson, lake
 from mongo_cdc.lake import SnapshotManifest
 from mongo_cdc.lake.batch_log import BatchWindow
 from mongo_cdc.lake.storage import LakeLocation
+from mongo_cdc.lake.table_reads import plain
 from mongo_cdc.transform import columns
 from mongo_cdc.transform.data_files import DataFile, write_data_file
 from mongo_cdc.transform.document_state import (
     DocumentVersion,
     current_id_json,
     drop_with_collection,
+    fold_events,
     reconcile_with_snapshots,
 )
 from mongo_cdc.transform.flatten import change_rows, delete_rows_hold_before_images
@@ -41,13 +50,23 @@ from mongo_cdc.transform.raw_events import (
     event_from_row,
     event_keys,
 )
-from mongo_cdc.transform.slices import RawSlice, collection_operations, ipc_bytes, read_slice
+from mongo_cdc.transform.slices import RawSlice, collection_operations, lake_path, read_slice
 from mongo_cdc.transform.table_layout import TableLayout
 
 # The deletion markers' columns (lake.deletions_uri): a deleted document's last position.
 DELETION_COLUMNS = ("__key", "__cluster_time", "__event_order", "__rs")
+DELETION_SCHEMA = pa.schema(
+    [
+        ("__key", pa.string()),
+        ("__cluster_time", pa.int64()),
+        ("__event_order", pa.string()),
+        ("__rs", pa.string()),
+    ]
+)
 # A MERGE source row's deletion flag: never a column of the table.
 DELETED_FLAG = "__merge_deleted"
+# A stored version's columns of the state table (``stored_versions``), in DocumentVersion's order.
+STORED_VERSION_COLUMNS = ("__key", "__id", "__doc_bson", "__cluster_time", "__event_order", "__rs")
 # Columns with file statistics (min/max/null count) in the data files the job writes.
 STATE_STATS_COLUMNS = ("__key", "__cluster_time", "__event_order", "__rs")
 CHANGES_STATS_COLUMNS = ("__cluster_time", "__event_order")
@@ -61,11 +80,11 @@ class Output(NamedTuple):
 
 
 class StateOutput(NamedTuple):
-    """What a task wrote of the state table (None: no rows) and the deletion marker rows of its
-    versions (``write_state``)."""
+    """What a task wrote of the state table (None: no rows) and its file of deletion marker rows
+    (``write_markers``; None: none)."""
 
     output: Output | None
-    marker_rows: list[tuple]
+    markers: DataFile | None
 
 
 class SliceOutput(NamedTuple):
@@ -78,9 +97,33 @@ class SliceOutput(NamedTuple):
 class SlicePlan(NamedTuple):
     """A slice's state events in brief (``plan_slice``)."""
 
-    events: bytes  # Arrow IPC: each document event's ``__key``, and ``partial``: an update without ``after``
     drops: list[tuple[tuple[int, str], str]]  # the drops and renames of the collection, as (position, rs)
     rows: int  # the slice's rows in the run's window
+
+
+class KeyCount(NamedTuple):
+    """A document's events in some slices (``slice_key_counts``), summed by Spark (``add``)."""
+
+    events: int
+    partial: bool  # one of them is an update without ``after``
+    slices: tuple[int, ...]  # the indexes of the slices holding them
+
+    @property
+    def folded(self) -> bool:
+        """Whether the document's events are folded apart: more than one, or an update without ``after``."""
+        return self.events > 1 or self.partial
+
+    def add(self, other: KeyCount) -> KeyCount:
+        return KeyCount(self.events + other.events, self.partial or other.partial, self.slices + other.slices)
+
+
+class KeyedFile(NamedTuple):
+    """A data file of a table keyed by ``__key`` (state, deletion markers): its path under the lake
+    root and its keys' range (None: unknown)."""
+
+    path: str
+    min_key: str | None
+    max_key: str | None
 
 
 @dataclass(frozen=True)
@@ -98,6 +141,8 @@ class StateSpec(TableSpec):
     with_flag: bool = False  # MERGE source rows (deletions flagged), or live rows only (a new table)
     manifests: tuple[SnapshotManifest, ...] = ()
     drops: tuple[tuple[tuple[int, str], str], ...] = ()
+    deletions: tuple[KeyedFile, ...] = ()  # the deletion markers' files, read for the task's keys
+    markers_directory: str = ""  # where the task's deletion marker rows are staged
 
 
 @dataclass(frozen=True)
@@ -106,22 +151,120 @@ class ChangesSpec(TableSpec):
     options: FlatteningOptions = FlatteningOptions()
 
 
+# What ``plan_slice`` reads of the raw rows (``BatchWindow.filter`` takes source and batch_seq).
+PLAN_COLUMNS = ["op", "source", "batch_seq", "cluster_time", "event_order"]
+# What ``slice_key_counts`` reads of them.
+KEY_COUNT_COLUMNS = ["key", "op", "after", "updateDescription", "source", "batch_seq"]
+
+
 def plan_slice(location: LakeLocation, raw_slice: RawSlice, window: BatchWindow) -> SlicePlan:
-    """A slice's state events in brief: each document event's key and whether it is an update
-    without ``after``, the drops and renames, its rows in all."""
-    rows = read_slice(location, raw_slice, window.filter())
+    """A slice's state events in brief: the drops and renames, its rows in all."""
+    rows = read_slice(location, raw_slice, window.filter(), PLAN_COLUMNS)
     collection = collection_operations(rows)
     drops = [
         ((row["cluster_time"], row["event_order"]), row["source"]["rs"])
         for row in rows.filter(collection).select(["cluster_time", "event_order", "source"]).to_pylist()
     ]
-    keyed = rows.filter(pc.and_(pc.invert(collection), pc.is_valid(rows.column("op"))))
+    return SlicePlan(drops, rows.num_rows)
+
+
+def slice_key_counts(
+    location: LakeLocation, index: int, raw_slice: RawSlice, window: BatchWindow
+) -> list[tuple[str, KeyCount]]:
+    """Each document key of the slice's events in the window (slice ``index``), with its events there
+    and whether one is an update without ``after``: Spark sums them over the run (``KeyCount.add``)."""
+    rows = read_slice(location, raw_slice, window.filter(), KEY_COUNT_COLUMNS)
+    keyed = rows.filter(pc.and_(pc.invert(collection_operations(rows)), pc.is_valid(rows.column("op"))))
+    if not keyed.num_rows:
+        return []
     keys, _ = event_keys(keyed.column("key"))
     partial = pc.and_(
         pc.and_(pc.equal(keyed.column("op"), "u"), pc.is_null(keyed.column("after"))),
         pc.is_valid(keyed.column("updateDescription")),
     )
-    return SlicePlan(ipc_bytes(pa.table({"__key": keys, "partial": partial})), drops, rows.num_rows)
+    counted = (
+        pa.table({"key": keys, "partial": pc.fill_null(partial, False)})
+        .group_by("key")
+        .aggregate([("partial", "count"), ("partial", "any")])
+    )
+    return [
+        (key, KeyCount(events, bool(any_partial), (index,)))
+        for key, events, any_partial in zip(
+            counted.column("key").to_pylist(),
+            counted.column("partial_count").to_pylist(),
+            counted.column("partial_any").to_pylist(),
+            strict=True,
+        )
+    ]
+
+
+def keyed_rows(
+    location: LakeLocation, files: tuple[KeyedFile, ...], keys: pa.Array, columns: list[str]
+) -> pa.Table | None:
+    """``columns`` of the rows of ``files`` whose ``__key`` is one of ``keys``; None if none is. A
+    file or row group whose key range holds none of them is skipped, and only the ``__key`` column
+    of the rest is read until one matches."""
+    if not len(keys) or not files:
+        return None
+    low, high = (value.as_py() for value in pc.min_max(keys).values())
+    filesystem, base = location.filesystem()
+    parts = []
+    for file in files:
+        if (file.max_key is not None and file.max_key < low) or (
+            file.min_key is not None and high < file.min_key
+        ):
+            continue
+        parquet = pq.ParquetFile(lake_path(base, file.path), filesystem=filesystem)
+        for group in range(parquet.num_row_groups):
+            if not _may_hold(parquet.metadata.row_group(group), low, high):
+                continue
+            found = pc.is_in(plain(parquet.read_row_group(group, ["__key"])).column("__key"), keys)
+            if pc.any(found).as_py():
+                parts.append(plain(parquet.read_row_group(group, columns)).filter(found))
+    return pa.concat_tables(parts) if parts else None
+
+
+def _may_hold(group: pq.RowGroupMetaData, low: str, high: str) -> bool:
+    """Whether a row group's ``__key`` statistics allow a key in [low, high] (no statistics: yes),
+    compared as UTF-8 bytes, as Parquet orders them."""
+    for index in range(group.num_columns):
+        column = group.column(index)
+        statistics = column.statistics
+        if column.path_in_schema == "__key" and statistics is not None and statistics.has_min_max:
+            minimum, maximum = (
+                value.encode() if isinstance(value, str) else value
+                for value in (statistics.min, statistics.max)
+            )
+            return not (maximum < low.encode() or high.encode() < minimum)
+    return True
+
+
+def deletion_markers(
+    location: LakeLocation, files: tuple[KeyedFile, ...], keys: pa.Array
+) -> dict[str, DocumentVersion]:
+    """The deletion markers of ``keys`` (in the markers' ``files``), as versions without a document."""
+    rows = keyed_rows(location, files, keys, list(DELETION_COLUMNS))
+    if rows is None:
+        return {}
+    return {
+        row["__key"]: DocumentVersion(
+            row["__key"], "", None, row["__cluster_time"], row["__event_order"], row["__rs"]
+        )
+        for row in rows.to_pylist()
+    }
+
+
+def stored_versions(
+    location: LakeLocation, files: tuple[KeyedFile, ...], keys: pa.Array
+) -> dict[str, DocumentVersion]:
+    """The stored versions of ``keys`` (in the state table's ``files``)."""
+    rows = keyed_rows(location, files, keys, list(STORED_VERSION_COLUMNS))
+    if rows is None:
+        return {}
+    return {
+        row["__key"]: DocumentVersion(*(row[name] for name in STORED_VERSION_COLUMNS))
+        for row in rows.to_pylist()
+    }
 
 
 def transform_slice(
@@ -130,11 +273,10 @@ def transform_slice(
     state: StateSpec | None,
     changes: ChangesSpec | None,
     folded_keys: frozenset[str],
-    markers: dict[str, DocumentVersion],
 ) -> SliceOutput:
     """One slice's state rows (documents with one event in the window; the others are folded apart,
-    ``folded_keys``), deletion marker rows and change rows, each table's written to files: every
-    document is decoded once for both tables."""
+    ``folded_keys``: those of this slice), deletion marker rows and change rows, each table's written
+    to files: every document is decoded once for both tables."""
     windows = [spec.window.filter() for spec in (state, changes) if spec is not None]
     row_filter = windows[0] if len(windows) == 1 else windows[0] | windows[1]
     before_images = changes is not None and delete_rows_hold_before_images(changes.options)
@@ -165,8 +307,10 @@ def transform_slice(
         decoded = pc.indices_nonzero(pc.and_(selected, pc.is_valid(column)))
         for index, document in zip(decoded.to_pylist(), decode_documents(column.take(decoded)), strict=True):
             documents[index] = document
-    state_output, state_values = StateOutput(None, []), None
+    state_output, state_values = StateOutput(None, None), None
     if state is not None:
+        # an older event landed after a delete does not bring the document back: its marker says so
+        markers = deletion_markers(location, state.deletions, pc.unique(keys.filter(single)))
         versions, version_documents = [], []
         # the latest position (per replica set) a manifest or drop of the run deletes documents before:
         # a snapshot's own rows sit after its manifest's position, so most rows skip both checks
@@ -222,19 +366,19 @@ def write_state(
     documents: list[dict | None],
     markers: dict[str, DocumentVersion],
 ) -> tuple[StateOutput, columns.FieldValues | None]:
-    """Write ``versions`` as state rows (``documents``: theirs, decoded); returns the output with the
-    deletion marker rows (``DELETION_COLUMNS`` and whether it is a deletion) of the deleted versions
-    and of those of documents with a marker, and the documents' field values (for ``write_changes``)."""
-    marker_rows = [
-        (v.key, v.cluster_time, v.event_order, v.rs, v.document is None)
-        for v in versions
-        if v.document is None or v.key in markers
-    ]
+    """Write ``versions`` as state rows (``documents``: theirs, decoded), and as deletion marker rows
+    (``write_markers``) those deleted and those of documents with a marker; returns the output and the
+    documents' field values (for ``write_changes``)."""
+    marker_file = write_markers(
+        location,
+        spec.markers_directory,
+        [v for v in versions if v.document is None or v.key in markers],
+    )
     if not spec.with_flag:
         live = [index for index, version in enumerate(versions) if version.document is not None]
         versions, documents = [versions[i] for i in live], [documents[i] for i in live]
     if not versions:
-        return StateOutput(None, marker_rows), None
+        return StateOutput(None, marker_file), None
     values = columns.FieldValues([document if document is not None else {} for document in documents])
     survey = columns.NO_CHANGES if spec.forced else spec.layout.survey(values)
     layout = spec.layout if spec.forced else spec.layout.evolved(survey)
@@ -256,7 +400,25 @@ def write_state(
         rows = rows.append_column(DELETED_FLAG, pa.array([d is None for d in documents], pa.bool_()))
     # sorted by key, so that the files of a table hold narrow key ranges a MERGE can skip
     file = write_data_file(location, spec.directory, rows.sort_by("__key"), STATE_STATS_COLUMNS)
-    return StateOutput(Output((file,), survey), marker_rows), values
+    return StateOutput(Output((file,), survey), marker_file), values
+
+
+def write_markers(location: LakeLocation, directory: str, versions: list[DocumentVersion]) -> DataFile | None:
+    """Stage ``versions`` as deletion marker rows (``DELETION_COLUMNS`` and ``DELETED_FLAG``: whether it
+    is a deletion, or a document that lives again) under ``directory``, for the driver's MERGE."""
+    if not versions:
+        return None
+    rows = pa.Table.from_arrays(
+        [
+            pa.array([v.key for v in versions], pa.string()),
+            pa.array([v.cluster_time for v in versions], pa.int64()),
+            pa.array([v.event_order for v in versions], pa.string()),
+            pa.array([v.rs for v in versions], pa.string()),
+            pa.array([v.document is None for v in versions], pa.bool_()),
+        ],
+        schema=DELETION_SCHEMA.append(pa.field(DELETED_FLAG, pa.bool_())),
+    )
+    return write_data_file(location, directory, rows.sort_by("__key"), ("__key",))
 
 
 def write_changes(
@@ -315,3 +477,35 @@ def fold_inputs(
     indices = pc.indices_nonzero(pc.fill_null(selected, False))
     events = [event_from_row(row) for row in rows.take(indices).to_pylist()]
     return list(zip(keys.take(indices).to_pylist(), events, strict=True))
+
+
+def fold_documents(
+    location: LakeLocation,
+    spec: StateSpec,
+    state_files: tuple[KeyedFile, ...],
+    documents: Iterable[tuple[str, Iterable[ChangeEvent]]],
+) -> StateOutput:
+    """The versions of ``documents`` (each one's events, grouped by Spark's shuffle) folded with their
+    deletion marker, or their stored version (``state_files``) where an update without ``after``
+    applies to it, reconciled with the run's snapshots and drops, and written."""
+    grouped = [(key, list(events)) for key, events in documents]
+    markers = deletion_markers(location, spec.deletions, pa.array([key for key, _ in grouped], pa.string()))
+    partial = [key for key, events in grouped if any(_without_after(event) for event in events)]
+    previous = {**markers, **stored_versions(location, state_files, pa.array(partial, pa.string()))}
+    versions = []
+    for key, events in grouped:
+        version = fold_events(key, previous.get(key), events)
+        if version is not None:
+            versions.append(
+                drop_with_collection(reconcile_with_snapshots(version, spec.manifests), spec.drops)
+            )
+    decoded = [
+        bson.decode(v.document, extjson.READ_OPTIONS) if v.document is not None else None for v in versions
+    ]
+    state, _ = write_state(location, spec, versions, decoded, markers)
+    return state
+
+
+def _without_after(event: ChangeEvent) -> bool:
+    """An update without the full document: it applies to the stored version."""
+    return event.op == "u" and event.after_bson is None and event.update_description is not None

@@ -125,17 +125,6 @@ def read_slice(
     return pa.concat_tables(parts, promote_options="permissive")
 
 
-def ipc_bytes(rows: pa.Table) -> bytes:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, rows.schema) as writer:
-        writer.write_table(rows)
-    return sink.getvalue().to_pybytes()
-
-
-def from_ipc(data: bytes) -> pa.Table:
-    return pa.ipc.open_stream(data).read_all()
-
-
 def collection_operations(rows: pa.Table) -> pa.ChunkedArray:
     """Which raw rows are a drop or rename of the collection (no document)."""
     return pc.fill_null(pc.is_in(rows.column("op"), pa.array(sorted(lake.COLLECTION_OPERATIONS))), False)

@@ -12,44 +12,47 @@ How a run goes: ``plan`` (which documents are folded apart: more than one new ev
 without ``after``), the tasks' writes (``slice_tasks.transform_slice``), ``fold`` (the documents
 folded apart, grouped by Spark's shuffle), then ``finish`` (layout settled, misfits written again,
 deletion markers, commit). Driver only: imports deltalake and runs Spark jobs.
+
+The driver holds no per-document data of the run, so its memory does not grow with the run: the
+documents folded apart are found by a Spark aggregation of the slices' keys (the driver gets their
+count) and reach each task as its slice's share (``slice_inputs``); each task reads the deletion
+markers and stored versions of its own documents from the tables' files (``slice_tasks.keyed_rows``,
+files skipped by their key range) and stages its deletion marker rows as a file, which the driver's
+MERGE streams like the state rows. The driver handles files, batches and counts only.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-import bson
 import pyarrow as pa
-import pyarrow.compute as pc
 from deltalake import DeltaTable, Schema, write_deltalake
 from deltalake.transaction import create_table_with_add_actions
+from pyspark import RDD, StorageLevel
 
-from mongo_cdc.extjson import DECODE_OPTIONS
 from mongo_cdc.lake.batch_log import BatchWindow
 from mongo_cdc.lake.storage import row_count, table_if_exists
-from mongo_cdc.lake.table_reads import Where, read_rows
 from mongo_cdc.transform import columns
 from mongo_cdc.transform.data_files import DataFile, add_actions, delete_data_files
-from mongo_cdc.transform.document_state import (
-    DocumentVersion,
-    drop_with_collection,
-    fold_events,
-    reconcile_with_snapshots,
-)
 from mongo_cdc.transform.slice_tasks import (
     DELETED_FLAG,
     DELETION_COLUMNS,
+    DELETION_SCHEMA,
+    ChangesSpec,
+    KeyCount,
+    KeyedFile,
     Output,
+    SliceOutput,
     StateOutput,
     StateSpec,
+    fold_documents,
     fold_inputs,
     plan_slice,
+    slice_key_counts,
     transform_slice,
-    write_state,
 )
-from mongo_cdc.transform.slices import SLICE_ROWS, RawSlice, from_ipc
+from mongo_cdc.transform.slices import SLICE_ROWS, RawSlice
 from mongo_cdc.transform.table_commits import (
     creating,
     log,
@@ -96,9 +99,14 @@ class StateRun:
         self.directory = transform.state_path if table is None else f"{transform.staging}/state"
         self.new_events = 0
         self.drops: tuple[tuple[tuple[int, str], str], ...] = ()
-        self.folded_keys: frozenset[str] = frozenset()
-        self.markers: dict[str, DocumentVersion] = {}
-        self.stored: dict[str, DocumentVersion] = {}
+        self.folded_documents = 0
+        # (slice index, the slice's keys of documents folded apart), one partition per slice; the
+        # run's folded documents, found by Spark, stay out of the driver (``plan``)
+        self.folded_by_slice: RDD | None = None
+        self.folded: RDD | None = None
+        # the files the tasks read stored versions and deletion markers from, for their own keys
+        self.state_files = keyed_files(table, transform.state_path)
+        self.deletion_files = keyed_files(self.deletions, transform.deletions_path)
 
     def spec(self, layout: TableLayout | None = None) -> StateSpec:
         return StateSpec(
@@ -109,66 +117,83 @@ class StateRun:
             self.table is not None,
             self.manifests,
             self.drops,
+            self.deletion_files,
+            f"{self.transform.staging}/deletions",
         )
 
     def plan(self, slices: list[RawSlice]) -> None:
-        """Which documents' events are folded apart (more than one event, or an update without
-        ``after``), the run's drops, the deletion markers and stored versions the run needs."""
-        location, window, started = self.transform.location, self.window, time.monotonic()
+        """The run's drops and events; which documents' events are folded apart (more than one event,
+        or an update without ``after``): found by Spark, a shuffle of the slices' keys, of which the
+        driver keeps only the count."""
+        context, location, window, started = (
+            self.transform.context, self.transform.location, self.window, time.monotonic(),
+        )  # fmt: skip
         planned = self.transform.run_slices(slices, lambda raw_slice: plan_slice(location, raw_slice, window))
         self.new_events = sum(plan.rows for plan in planned)
         self.drops = tuple(sorted(drop for plan in planned for drop in plan.drops))
-        events = pa.concat_tables([from_ipc(plan.events) for plan in planned]) if planned else None
-        if events is None or events.num_rows == 0:
+        if not slices:
             return
-        counts = pc.value_counts(events.column("__key"))
-        repeated = pc.filter(counts.field("values"), pc.greater(counts.field("counts"), 1))
-        partial = pc.unique(pc.filter(events.column("__key"), events.column("partial")))
-        self.folded_keys = frozenset(repeated.to_pylist()) | frozenset(partial.to_pylist())
-        # a deleted document's position stops an older event, landed later (by another shard, say),
-        # from bringing it back: its deletion marker is its previous version
-        self.markers = _deletion_markers(self.deletions, counts.field("values"))
-        # an update without the full document applies to the stored version: load just those
-        self.stored = _stored_versions(self.table, partial.to_pylist())
+        folded = (
+            context.parallelize(list(enumerate(slices)), len(slices))
+            .flatMap(lambda item: slice_key_counts(location, item[0], item[1], window))
+            .reduceByKey(KeyCount.add, len(slices))
+            .filter(lambda item: item[1].folded)
+            .persist(StorageLevel.DISK_ONLY)  # read again by each step of the run, never by the driver
+        )
+        self.folded = folded
+        self.folded_documents = folded.count()
+        self.folded_by_slice = (
+            folded.flatMap(lambda item: [(index, item[0]) for index in item[1].slices])
+            .groupByKey(len(slices))
+            .mapValues(frozenset)
+        )
         log.info(
-            "%s: %d new events, %d documents folded apart, %d markers (%.1fs)",
-            self.transform.namespace, self.new_events, len(self.folded_keys), len(self.markers),
-            time.monotonic() - started,
+            "%s: %d new events, %d documents folded apart (%.1fs)",
+            self.transform.namespace, self.new_events, self.folded_documents, time.monotonic() - started,
         )  # fmt: skip
+
+    def slice_inputs(self, slices: list[RawSlice]) -> RDD:
+        """Each slice with its index and its keys of documents folded apart, one partition each."""
+        indexed = self.transform.context.parallelize(list(enumerate(slices)), max(1, len(slices)))
+        if self.folded_by_slice is None:
+            return indexed.map(lambda item: (item[0], item[1], frozenset()))
+        return (
+            indexed.partitionBy(len(slices))
+            .leftOuterJoin(self.folded_by_slice, len(slices))
+            .map(lambda item: (item[0], item[1][0], item[1][1] or frozenset()))
+        )
 
     def fold(self, slices: list[RawSlice], layout: TableLayout | None = None) -> list[StateOutput]:
         """The documents folded apart: their events grouped by document (Spark's shuffle), folded
-        with their stored version or marker, and written."""
-        if not self.folded_keys:
+        with their stored version or marker (each task reads those of its own documents), and written."""
+        if not self.folded_documents:
             return []
-        context, location, window = self.transform.context, self.transform.location, self.window
-        keys = context.broadcast(self.folded_keys)
-        stored = context.broadcast({**self.markers, **self.stored})
-        markers = context.broadcast(self.markers)
-        manifests, drops, spec = self.manifests, self.drops, self.spec(layout)
-
-        def fold(item: tuple[str, Any]) -> DocumentVersion | None:
-            key, document_events = item
-            version = fold_events(key, stored.value.get(key), document_events)
-            if version is None:
-                return None
-            return drop_with_collection(reconcile_with_snapshots(version, manifests), drops)
-
-        partitions = max(1, min(context.defaultParallelism, -(-len(self.folded_keys) // SLICE_ROWS)))
-        events = context.parallelize(slices, len(slices)).flatMap(
-            lambda raw_slice: fold_inputs(location, raw_slice, window, keys.value)
+        location, window, spec, state_files = (
+            self.transform.location, self.window, self.spec(layout), self.state_files,
+        )  # fmt: skip
+        partitions = max(
+            1, min(self.transform.context.defaultParallelism, -(-self.folded_documents // SLICE_ROWS))
         )
-        versions = events.groupByKey(partitions).map(fold).filter(lambda version: version is not None)
+        events = self.slice_inputs(slices).flatMap(
+            lambda item: fold_inputs(location, item[1], window, item[2]) if item[2] else []
+        )
+        return (
+            events.groupByKey(partitions)
+            .mapPartitions(lambda part: [fold_documents(location, spec, state_files, part)])
+            .collect()
+        )
 
-        def write(part: Iterator[DocumentVersion]) -> list[StateOutput]:
-            folded = list(part)
-            documents = [
-                bson.decode(v.document, DECODE_OPTIONS) if v.document is not None else None for v in folded
-            ]
-            state, _ = write_state(location, spec, folded, documents, markers.value)
-            return [state]
-
-        return versions.mapPartitions(write).collect()
+    def transformed(
+        self, slices: list[RawSlice], spec: StateSpec, changes: ChangesSpec | None
+    ) -> list[SliceOutput]:
+        """``transform_slice`` of each slice, with its keys of documents folded apart; in slice order."""
+        location = self.transform.location
+        outputs = (
+            self.slice_inputs(slices)
+            .map(lambda item: (item[0], transform_slice(location, item[1], spec, changes, item[2])))
+            .collect()
+        )
+        return [output for _, output in sorted(outputs, key=lambda pair: pair[0])]
 
     def finish(self, slices: list[RawSlice], outputs: list[StateOutput]) -> dict[str, Any]:
         outputs = outputs + self.fold(slices)
@@ -189,7 +214,9 @@ class StateRun:
             written = [state.output for state in outputs if state.output is not None]
         files = [file for output in written for file in output.files]
         # markers first: applying the same versions again after a crash gives the same markers
-        self.update_deletion_markers([row for state in outputs for row in state.marker_rows])
+        self.update_deletion_markers([state.markers for state in outputs if state.markers is not None])
+        if self.folded is not None:
+            self.folded.unpersist()
         if self.table is None:
             with creating(self.transform.state_uri, self.transform.options):
                 create_table_with_add_actions(
@@ -211,46 +238,43 @@ class StateRun:
         return self.layout.reads_as(output.survey, layout)
 
     def rewritten(self, slices: list[RawSlice], layout: TableLayout) -> list[StateOutput]:
-        """Every state row of the run written again, in ``layout``."""
-        location, spec = self.transform.location, self.spec(layout)
-        folded, markers = self.folded_keys, self.markers
-        outputs = self.transform.run_slices(
-            slices, lambda raw_slice: transform_slice(location, raw_slice, spec, None, folded, markers)
-        )
+        """Every state row of the run written again, in ``layout`` (the first try's marker files stay in
+        the staging directory, deleted with it)."""
+        outputs = self.transformed(slices, self.spec(layout), None)
         return [output.state for output in outputs] + self.fold(slices, layout)
 
-    def update_deletion_markers(self, rows: list[tuple]) -> None:
-        """Record the run's deletions; drop the markers of documents that live again."""
-        if not rows:
+    def update_deletion_markers(self, files: list[DataFile]) -> None:
+        """Record the run's deletions (the marker rows the tasks staged, ``files``); drop the markers
+        of documents that live again."""
+        if not files:
             return
-        source = pa.table(
-            {
-                name: pa.array(values)
-                for name, values in zip(
-                    [*DELETION_COLUMNS, DELETED_FLAG], zip(*rows, strict=True), strict=True
-                )
-            }
-        )
+        schema = DELETION_SCHEMA.append(pa.field(DELETED_FLAG, pa.bool_()))
+        source = staged_rows(self.transform.location, self.spec().markers_directory, files, schema)
         # the markers' app ids make a concurrent run's MERGE of the same markers fail, not insert twice
         properties = self.transform.commit_properties("deletions")
         if self.deletions is None:
-            deletions = source.filter(pc.field(DELETED_FLAG)).drop_columns([DELETED_FLAG])
+            deleted = pa.RecordBatchReader.from_batches(
+                DELETION_SCHEMA,
+                (batch.filter(batch.column(DELETED_FLAG)).select(DELETION_COLUMNS) for batch in source),
+            )
             with creating(self.transform.deletions_uri, self.transform.options):
                 write_deltalake(
                     self.transform.deletions_uri,
-                    deletions,
+                    deleted,
                     mode="error",
                     storage_options=self.transform.options,
                     commit_properties=properties,
                 )
             return
+        in_memory = sum(file.rows for file in files) <= MERGE_IN_MEMORY_ROWS
         newer = position_after("s", "t")
         (
             self.deletions.merge(
-                source,
+                source.read_all() if in_memory else source,
                 predicate="t.__key = s.__key",
                 source_alias="s",
                 target_alias="t",
+                streamed_exec=not in_memory,
                 commit_properties=properties,
             )
             .when_matched_delete(predicate=f"NOT s.{DELETED_FLAG} AND {newer}")
@@ -296,23 +320,20 @@ class StateRun:
         log.info("%s state merge: %s", self.transform.namespace, metrics)
 
 
-def _stored_versions(table: DeltaTable | None, keys: list[str]) -> dict[str, DocumentVersion]:
-    """The stored versions of ``keys`` (documents an update without ``after`` applies to)."""
-    if table is None or not keys:
-        return {}
-    wanted = ["__key", "__id", "__doc_bson", "__cluster_time", "__event_order", "__rs"]
-    rows = read_rows(table, wanted, Where.values_in("__key", pa.array(keys, pa.string())))
-    return {row["__key"]: DocumentVersion(*(row[name] for name in wanted)) for row in rows.to_pylist()}
-
-
-def _deletion_markers(table: DeltaTable | None, keys: pa.Array) -> dict[str, DocumentVersion]:
-    """The deletion markers of ``keys``, as versions without a document."""
-    if table is None or not len(keys):
-        return {}
-    rows = read_rows(table, where=Where.values_in("__key", keys))
-    return {
-        row["__key"]: DocumentVersion(
-            row["__key"], "", None, row["__cluster_time"], row["__event_order"], row["__rs"]
+def keyed_files(table: DeltaTable | None, table_path: str) -> tuple[KeyedFile, ...]:
+    """The data files of a table keyed by ``__key`` (``table_path``: under the lake root), with their
+    keys' range where the statistics hold it."""
+    if table is None:
+        return ()
+    actions = pa.table(table.get_add_actions(flatten=True))
+    names = actions.column_names
+    return tuple(
+        KeyedFile(
+            f"{table_path}/{row['path']}",
+            row["min.__key"] if "min.__key" in names else None,
+            row["max.__key"] if "max.__key" in names else None,
         )
-        for row in rows.to_pylist()
-    }
+        for row in actions.select(
+            [name for name in ("path", "min.__key", "max.__key") if name in names]
+        ).to_pylist()
+    )

@@ -67,6 +67,9 @@ FIRST_BUILD_MIN_EVENTS_S = 100_000
 CHANGES_MAX_SECONDS = 30
 CHANGES_LARGE_VS_SMALL_MAX = 1.5
 TRANSFORM_RSS_MAX_MIB = 2_048
+# issue 25: the driver's memory is bounded by the batch, not the run
+DRIVER_GROWTH = 4  # the larger first build has this many times the events of the smaller one
+DRIVER_RSS_GROWTH_MAX = 1.25
 
 
 # ---------------------------------------------------------------------------------------- memory
@@ -148,8 +151,8 @@ class TreePeakRss:
                 if ticks is not None:
                     self.cpu_ticks[pid] = max(ticks, self.cpu_ticks.get(pid, 0))
                 peak = _peak_kib(pid)
-                if peak is not None and peak > self.peaks.get(pid, (0, ""))[0]:
-                    self.peaks[pid] = (peak, self.peaks.get(pid, (0, ""))[1] or _role(pid))
+                if peak is not None:  # the role as it is now: spark-class's shell execs the JVM
+                    self.peaks[pid] = (max(peak, self.peaks.get(pid, (0, ""))[0]), _role(pid))
             if self._stop.wait(RSS_INTERVAL_S):
                 return
 
@@ -170,6 +173,10 @@ class TreePeakRss:
         kib, role = max(self.peaks.values(), default=(0, "?"))
         return kib / 1024, role
 
+    def peak_of(self, role: str) -> float:
+        """MiB: the highest peak of the tree's processes in ``role`` (``_role``)."""
+        return max((kib for kib, named in self.peaks.values() if named == role), default=0) / 1024
+
 
 # ---------------------------------------------------------------------------------------- runs
 
@@ -181,6 +188,8 @@ class TransformRun:
     summary: dict[str, Any]
     peak_mib: float
     peak_role: str
+    driver_mib: float  # the Python driver's peak (VmHWM): the process running cdc_transform.py
+    jvm_mib: float  # the driver JVM's (in local mode the executors' too: Spark's shuffle and tasks)
 
 
 @dataclass
@@ -277,12 +286,16 @@ def run_transform(lake: str, prefix: str) -> TransformRun:
         raise RuntimeError(f"the transform exited with {code}:\n{stdout[-3000:]}{stderr[-5000:]}")
     peak_mib, role = memory.largest()
     cpu = memory.cpu_seconds()
-    run = TransformRun(seconds, cpu, json.loads(stdout.strip().splitlines()[-1]), peak_mib, role)
+    summary = json.loads(stdout.strip().splitlines()[-1])
+    run = TransformRun(
+        seconds, cpu, summary, peak_mib, role, memory.peak_of("Python driver"), memory.peak_of("driver JVM")
+    )
     for line in (stdout + stderr).splitlines():  # the job's log (spark-submit may pass it to stdout)
         if " cdc_transform " in line:
             print("   ", line.partition(" cdc_transform ")[2][:300], flush=True)
     print(
-        f"  transform: {seconds:.1f}s, {cpu:.1f} CPU-s, largest process {peak_mib:,.0f} MiB ({role})",
+        f"  transform: {seconds:.1f}s, {cpu:.1f} CPU-s, largest process {peak_mib:,.0f} MiB ({role}), "
+        f"Python driver {run.driver_mib:,.0f} MiB, driver JVM {run.jvm_mib:,.0f} MiB",
         flush=True,
     )
     return run
@@ -430,3 +443,52 @@ def _check(run: TransformRun, source: Source, events: int) -> None:
     live = source.collection.estimated_document_count()
     if summary["state_rows"] != live:
         raise AssertionError(f"{source.namespace}: the state holds {summary['state_rows']} rows, not {live}")
+
+
+# ---------------------------------------------------------------------------------------- driver memory
+
+
+def driver_memory(bench: Bench) -> list[Row]:
+    """``make bench``'s driver-memory section: the peak RSS of the transform's driver for first
+    builds of ``--driver-events`` and DRIVER_GROWTH times as many events (each a collection of its
+    own, loaded and snapshotted here): the Python driver (the process running cdc_transform.py,
+    where the job's driver code runs) and the driver JVM (in local mode the executors' memory too:
+    the JVM grows toward its heap limit with Spark's work, whoever asks for it). Budget: the larger
+    build's Python driver at most DRIVER_RSS_GROWTH_MAX times the smaller one's."""
+    events = bench.args.driver_events
+    client = bench.rs.client(datetime_conversion=extjson.DECODE_OPTIONS.datetime_conversion)
+    oplog_log = logging.getLogger("mongo_cdc.capture.oplog_window")
+    level = oplog_log.level
+    oplog_log.setLevel(logging.ERROR)
+    runs = {}
+    try:
+        lake = bench.lake("driver-memory")
+        for size in (events, events * DRIVER_GROWTH):
+            source = Source(f"driver{size}", client, bench.rs.name, lake, size)
+            with _step(f"loading {size:,} documents into {source.namespace}"):
+                load(source.collection, size, small_documents)
+            with _step(f"snapshot of {source.namespace}"):
+                source.snapshot()
+            with _step(f"first build of {source.namespace}"):
+                runs[size] = source.transform()
+            _check(runs[size], source, size)
+            source.collection.drop()  # its lake stays: the next one's load has the memory
+    finally:
+        client.close()
+        oplog_log.setLevel(level)
+    small, large = runs[events], runs[events * DRIVER_GROWTH]
+    section = "transform driver peak RSS"
+    rows = [
+        Row(section, f"first build, {size:,} events, {name}", getattr(run, attribute), "MiB")
+        for size, run in runs.items()
+        for name, attribute in (("Python driver", "driver_mib"), ("driver JVM", "jvm_mib"))
+    ]
+    rows.append(
+        Row(section, f"Python driver, {events * DRIVER_GROWTH:,} events vs {events:,}", None, "",
+            large.driver_mib / small.driver_mib, f"{events:,} events", max_ratio=DRIVER_RSS_GROWTH_MAX)
+    )  # fmt: skip
+    rows.append(
+        Row(section, f"driver JVM, {events * DRIVER_GROWTH:,} events vs {events:,}", None, "",
+            large.jvm_mib / small.jvm_mib, f"{events:,} events")
+    )  # fmt: skip
+    return rows
