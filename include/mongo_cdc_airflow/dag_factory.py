@@ -2,7 +2,7 @@
 ``source_tasks`` and ``shard_sync``, the shard lifecycle in ``mongo_cdc.capture.shard_lifecycle``).
 
 ``mongo_cdc__<source>``: discover -> snapshot_start (per shard) -> snapshot_chunks -> snapshot_copy
-(per slice of chunks) -> per-shard mapped group [snapshot -> pull] -> plan_transform -> Spark
+(per slice of chunks) -> per-shard mapped group [snapshot -> pull -> verify] -> plan_transform -> Spark
 transform -> summary, and stuck_collections (only when the transform failed).
 ``mongo_cdc_topology__<source>``: a sensor that triggers the CDC DAG as soon as shards are added
 to or removed from the cluster.
@@ -104,11 +104,19 @@ def build_cdc_dag(config: SourceConfig) -> DAG:
         # Airflow cannot map a task inside a mapped group: the chunks' fan-out sits between the groups
         copies = snapshot_copy.expand(work=chunk_work)
 
+        # After the pull, before the transform: its repairs are a batch this run's transform applies.
+        @task(task_id=task_ids.VERIFY, map_index_template="{{ shard_id }}")
+        @sole_writer(config)
+        def verify(shard_entry: dict, pulled: dict) -> dict:
+            return ShardSync(config, shard_entry).verify()
+
         @task_group(group_id=task_ids.SHARD_SYNC)
         def shard_sync(shard_entry: dict) -> dict:
             committed = snapshot(shard_entry)
             copies >> committed
-            return pull(shard_entry, committed)
+            pulled = pull(shard_entry, committed)
+            verify(shard_entry, pulled)
+            return pulled
 
         @task(task_id=task_ids.PLAN_TRANSFORM, trigger_rule=TriggerRule.ALL_DONE)
         def plan_transform() -> list[str]:
