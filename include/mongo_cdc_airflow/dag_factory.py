@@ -114,9 +114,8 @@ def build_cdc_dag(config: SourceConfig) -> DAG:
         def shard_sync(shard_entry: dict) -> dict:
             committed = snapshot(shard_entry)
             copies >> committed
-            pulled = pull(shard_entry, committed)
-            verify(shard_entry, pulled)
-            return pulled
+            # the group's last task: plan_transform waits for it (the summary reads the pull by task id)
+            return verify(shard_entry, pull(shard_entry, committed))
 
         @task(task_id=task_ids.PLAN_TRANSFORM, trigger_rule=TriggerRule.ALL_DONE)
         def plan_transform() -> list[str]:

@@ -89,6 +89,7 @@ Hourly; one run at a time.
 | `snapshot_copy` | Copies one chunk of one collection (mapped: one task per chunk) |
 | `shard_sync.snapshot` | Per shard: commits the snapshot once every chunk is copied |
 | `{task_ids.SHARD_PULL}` | Per shard: streams changes into the raw tables until caught up |
+| `{task_ids.SHARD_VERIFY}` | Per shard, on **Verify** or daily: state vs MongoDB, drift healed |
 | `{task_ids.PLAN_TRANSFORM}`, `{task_ids.TRANSFORM}` | Spark updates `state` and `changes` from `raw` |
 | `summary` | Event counts, lag, each replica set's oplog window (XCom and log); Asset events |
 | `stuck_collections` | Runs only when the transform failed: names the collections left behind |

@@ -23,6 +23,7 @@ def test_cdc_dag_is_hourly_with_intervals_one_run_at_a_time_and_backoff_retries(
         "snapshot_copy",
         "shard_sync.snapshot",
         "shard_sync.pull",
+        "shard_sync.verify",
         "plan_transform",
         "transform",
         "summary",
@@ -35,6 +36,9 @@ def test_cdc_dag_is_hourly_with_intervals_one_run_at_a_time_and_backoff_retries(
     assert dag.get_task("shard_sync.snapshot").trigger_rule == "all_done"
     pull = dag.get_task("shard_sync.pull")
     assert pull.retries == 3 and pull.retry_exponential_backoff
+    # the verification follows its shard's pull, and the transform that applies its repairs follows it
+    assert "shard_sync.pull" in dag.get_task("shard_sync.verify").upstream_task_ids
+    assert "shard_sync.verify" in dag.get_task("plan_transform").upstream_task_ids
     assert dag.get_task("transform")._conn_id == "spark_default"
     assert (
         dag.get_task("plan_transform").trigger_rule == "all_done"
