@@ -3,7 +3,8 @@
 
 ``mongo_cdc__<source>``: discover -> snapshot_start (per shard) -> snapshot_chunks -> snapshot_copy
 (per slice of chunks) -> per-shard mapped group [snapshot -> pull -> verify] -> plan_transform -> Spark
-transform -> summary, and stuck_collections (only when the transform failed).
+transform -> summary, and stuck_collections (only when the transform failed); verification_failed
+(only when a shard's verify failed).
 ``mongo_cdc_topology__<source>``: a sensor that triggers the CDC DAG as soon as shards are added
 to or removed from the cluster.
 """
@@ -133,8 +134,16 @@ def build_cdc_dag(config: SourceConfig) -> DAG:
         def stuck_collections() -> None:
             source_tasks.stuck_collections(config)
 
+        # Only when a shard's verification failed (or never ran because its shard failed): a leaf, so
+        # the run fails too (a task that is not one fails no run), alongside the transform that heals.
+        @task(task_id=task_ids.VERIFICATION_FAILED, trigger_rule=TriggerRule.ONE_FAILED, retries=0)
+        def verification_failed() -> None:
+            source_tasks.verification_failed()
+
         spark_args = plan_transform()
-        shard_sync.expand(shard_entry=shards) >> spark_args
+        synced = shard_sync.expand(shard_entry=shards)
+        synced >> spark_args
+        synced >> verification_failed()
         transform = transform_task(config, SPARK_APP, spark_args)
         transform >> summary()
         transform >> stuck_collections()

@@ -93,6 +93,7 @@ Hourly; one run at a time.
 | `{task_ids.PLAN_TRANSFORM}`, `{task_ids.TRANSFORM}` | Spark updates `state` and `changes` from `raw` |
 | `summary` | Event counts, lag, each replica set's oplog window (XCom and log); Asset events |
 | `stuck_collections` | Runs only when the transform failed: names the collections left behind |
+| `{task_ids.VERIFICATION_FAILED}` | Runs only when a shard's sync or verify failed, and fails the run |
 
 ## Re-snapshot
 

@@ -231,6 +231,16 @@ def stuck_collections(config: SourceConfig) -> None:
     )
 
 
+def verification_failed() -> None:
+    """Fails the run when a shard's ``verify`` (or a task before it) failed: that task's log says
+    why; the drift it found was healed by this run's transform unless ``verify.on.drift`` is
+    ``report``."""
+    raise AirflowFailException(
+        "a shard_sync.verify task failed or could not run (see its log, or its shard's pull): "
+        "drift found under verify.on.drift: fail, or a collection that could not be verified"
+    )
+
+
 def summarize(pulls: list[dict], run_end: pendulum.DateTime) -> dict:
     """Events per collection and op across shards, the lag of the newest event at run end, and faults.
 

@@ -8,6 +8,7 @@ PULL = "pull"
 SHARD_PULL = f"{SHARD_SYNC}.{PULL}"  # the pull's id outside its group
 VERIFY = "verify"
 SHARD_VERIFY = f"{SHARD_SYNC}.{VERIFY}"
+VERIFICATION_FAILED = "verification_failed"
 PLAN_TRANSFORM = "plan_transform"
 TRANSFORM = "transform"
 

@@ -1,7 +1,8 @@
 """Verification against MongoDB, end to end (Airflow dag.test, a real mongod, real Spark): writes
 racing a verification are never drift; writes the change stream never shows (``applyOps`` with
 ``fromMigrate``) are found by ``_id`` range, only reported under ``verify.on.drift: report``, and
-healed by the same run's transform under ``fail``, which then fails the verify task.
+healed by the same run's transform under ``fail``, which then fails the verify task. Damaged data
+files met by the verification and by the transform are named with their fix.
 
 One module-wide source and two DAG runs serve every test, in order; the ``report`` verifications
 are the core's call the verify task makes, without a DAG run.
@@ -10,7 +11,9 @@ are the core's call the verify task makes, without a DAG run.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
+import subprocess
 import threading
 
 import pyarrow as pa
@@ -171,3 +174,28 @@ def test_writes_the_stream_never_showed_are_reported_then_healed_and_fail_fails_
     assert [(row["source_count"], row["lake_count"], row["action"]) for row in empty] == [(0, 0, "clean")]
     gone = _last_verification(source, "gone")
     assert [row["action"] for row in gone] == ["skipped"]  # its drop is not applied yet
+
+
+def _data_files(source, zone: str) -> list[str]:
+    """The live data files of a table of ``items``, newest first."""
+    uri = lake.table_uri(LakeLocation(source.lake_root), zone, source.prefix, DB, "items")
+    actions = pa.table(DeltaTable(uri).get_add_actions(flatten=True)).to_pylist()
+    return [f"{uri}/{action['path']}" for action in sorted(actions, key=lambda a: -a["modification_time"])]
+
+
+def test_damaged_data_files_are_named_with_their_fix(scenario, replica_set):
+    _, source, client = scenario
+    state_file = _data_files(source, "state")[0]
+    os.remove(state_file)
+    failed = _verify_here(source, replica_set).failed[f"{DB}.items"]
+    assert state_file in failed and "(missing)" in failed and '"resnapshot": true' in failed
+
+    client[DB].items.insert_one({"_id": "after-damage"})
+    source.run(logical_date=FIRST_RUN + dt.timedelta(hours=2), skip_spark=True)  # lands it in raw
+    raw_file = _data_files(source, "raw")[0]
+    with open(raw_file, "r+b") as damaged:
+        damaged.truncate(100)
+    done = subprocess.run(source.transform_command(), capture_output=True, text=True, check=False)
+    failure = json.loads(done.stdout.strip().splitlines()[-1])["failed"][f"{DB}.items"]["error"]
+    assert failure.startswith("LakeFileError") and raw_file in failure and "truncated: 100 of" in failure
+    assert state_file in done.stdout + done.stderr  # the whole message is logged; the summary has its start

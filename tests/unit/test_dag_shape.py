@@ -28,6 +28,7 @@ def test_cdc_dag_is_hourly_with_intervals_one_run_at_a_time_and_backoff_retries(
         "transform",
         "summary",
         "stuck_collections",
+        "verification_failed",
     }
     # a snapshot's chunks fan out as mapped tasks labelled by shard, collection and chunk numbers;
     # a failed shard (start or copy) leaves the others going
@@ -39,6 +40,8 @@ def test_cdc_dag_is_hourly_with_intervals_one_run_at_a_time_and_backoff_retries(
     # the verification follows its shard's pull, and the transform that applies its repairs follows it
     assert "shard_sync.pull" in dag.get_task("shard_sync.verify").upstream_task_ids
     assert "shard_sync.verify" in dag.get_task("plan_transform").upstream_task_ids
+    assert dag.get_task("verification_failed").upstream_task_ids == {"shard_sync.verify"}
+    assert dag.get_task("verification_failed").trigger_rule == "one_failed"
     assert dag.get_task("transform")._conn_id == "spark_default"
     assert (
         dag.get_task("plan_transform").trigger_rule == "all_done"
