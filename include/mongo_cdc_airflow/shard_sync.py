@@ -245,20 +245,22 @@ class ShardSync:
 
     def verify(self) -> dict:
         """Verify the shard's collections (``mongo_cdc.verify``) when the trigger asks for it or the
-        run is one of every ``verify.interval.hours``; skipped otherwise. Its repairs are a batch the
-        transform of this run applies. Fails after healing when ``verify.on.drift`` is ``fail`` and
-        drift was found, and when a collection could not be verified (the others are)."""
+        run is a scheduled one of every ``verify.interval.hours``; skipped otherwise. Its repairs are
+        a batch the transform of this run applies. Fails after healing when ``verify.on.drift`` is
+        ``fail`` and drift was found, and when a collection could not be verified (the others are)."""
         from mongo_cdc.verify.verification import FAIL, verify_replica_set
 
         context = get_current_context()
         if is_backfill():
             raise AirflowSkipException("a backfill does not verify")
         every = self.config.verify_interval_hours
-        if not verify_requested(context["params"]) and not on_interval_hour(
-            every, context.get("data_interval_start")
-        ):
+        # the schedule is the scheduled runs': a manual run verifies when its trigger asks
+        scheduled = context["dag_run"].run_type == "scheduled"
+        due = scheduled and on_interval_hour(every, context.get("data_interval_start"))
+        if not verify_requested(context["params"]) and not due:
             raise AirflowSkipException(
-                f"not asked (trigger param verify) and not a run of every {every} h (verify.interval.hours)"
+                f"not asked (trigger param verify) and not a scheduled run of every {every} h "
+                "(verify.interval.hours)"
             )
         if not self.shard.via_source:
             raise AirflowSkipException("verification of sharded clusters is not supported yet")

@@ -33,7 +33,6 @@ from mongo_cdc.verify.verification import VerificationResult, verify_replica_set
 from mongo_cdc_dev.testing.lake import MemoryOffsetStore, memory_keeper
 
 DB = "verification"
-# a manual run's data interval is the hour before its logical date: never a multiple of 24 h here
 FIRST_RUN = dt.datetime(2025, 1, 1, 5, tzinfo=dt.timezone.utc)
 MIXED = frozenset({"_id"})  # _ids of several types: Extended JSON text in the state
 SETTINGS = {"snapshot.chunk.size": 40, "lake.optimize.interval.hours": 0}
@@ -87,7 +86,7 @@ def scenario(airflow_db, replica_set, tmp_path_factory):
         client[DB].items.insert_many([{"_id": value, "n": index} for index, value in enumerate(_mixed_ids())])
         client[DB].create_collection("empty")
         client[DB].gone.insert_many([{"_id": n} for n in range(5)])
-        run = source.run(logical_date=FIRST_RUN)  # not a verification run (every 24 h)
+        run = source.run(logical_date=FIRST_RUN)  # manual, not asked: no verification
         assert _task_states(run)["shard_sync.verify"] == "skipped"
         yield tmp, source, client
 

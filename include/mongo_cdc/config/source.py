@@ -110,9 +110,9 @@ class SourceConfig:
         "verify.interval.hours",
         24,
         Integer(0),
-        "Runs whose interval starts on a multiple of this many hours (UTC, since the epoch: daily at "
-        "midnight by default) [verify](semantics.md#verification) the lake against MongoDB; the "
-        "trigger param `verify` asks for it in any run. `0`: only when asked.",
+        "Scheduled runs whose interval starts on a multiple of this many hours (UTC, since the epoch: "
+        "daily at midnight by default) [verify](semantics.md#verification) the lake against MongoDB; "
+        "the trigger param `verify` asks for it in any run. `0`: only when asked.",
     )
     verify_on_drift: str = setting(
         "verify.on.drift",
