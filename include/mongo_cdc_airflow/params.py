@@ -22,14 +22,6 @@ from mongo_cdc_airflow.failures import fail_at_once
 def resnapshot_params() -> dict[str, Param]:
     """The trigger form's on-call re-snapshot and verification. Scheduled runs use the defaults."""
     return {
-        "verify": Param(
-            False,
-            type=["boolean", "null"],
-            title="Verify",
-            description="Compare the state tables with MongoDB by _id ranges and heal what drifted "
-            "(verify.on.drift), as runs on the verify.interval.hours schedule do; the report is in "
-            "raw/<topic.prefix>/_verifications.",
-        ),
         "resnapshot": Param(
             False,
             type=["boolean", "null"],
@@ -52,6 +44,14 @@ def resnapshot_params() -> dict[str, Param]:
             title="Shards to re-snapshot",
             description="Shard ids, one per line (a plain replica set is one shard named like the set). "
             "Empty: every shard.",
+        ),
+        "verify": Param(
+            False,
+            type=["boolean", "null"],
+            title="Verify",
+            description="Compare the state tables with MongoDB by _id ranges and heal what drifted "
+            "(verify.on.drift), as runs on the verify.interval.hours schedule do; the report is in "
+            "raw/<topic.prefix>/_verifications.",
         ),
     }
 

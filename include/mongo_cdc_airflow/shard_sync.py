@@ -12,6 +12,7 @@ import datetime as dt
 import functools
 import logging
 from collections.abc import Callable
+from typing import NoReturn
 
 from airflow.sdk import get_current_context
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
@@ -251,19 +252,25 @@ class ShardSync:
         from mongo_cdc.verify.verification import FAIL, verify_replica_set
 
         context = get_current_context()
+
+        def skip(reason: str) -> NoReturn:
+            # an XCom even so: the summary reads every shard's, and a missing one is an error line
+            context["ti"].xcom_push(key=task_ids.VERIFICATION_KEY, value=None)
+            raise AirflowSkipException(reason)
+
         if is_backfill():
-            raise AirflowSkipException("a backfill does not verify")
+            skip("a backfill does not verify")
         every = self.config.verify_interval_hours
         # the schedule is the scheduled runs': a manual run verifies when its trigger asks
         scheduled = context["dag_run"].run_type == "scheduled"
         due = scheduled and on_interval_hour(every, context.get("data_interval_start"))
         if not verify_requested(context["params"]) and not due:
-            raise AirflowSkipException(
+            skip(
                 f"not asked (trigger param verify) and not a scheduled run of every {every} h "
                 "(verify.interval.hours)"
             )
         if not self.shard.via_source:
-            raise AirflowSkipException("verification of sharded clusters is not supported yet")
+            skip("verification of sharded clusters is not supported yet")
         try:
             with self.client() as client:
                 result = verify_replica_set(self.capture(client), self.config.verify_on_drift)
