@@ -35,12 +35,12 @@ from it, which chunk migrations (invisible to change streams) move between shard
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import logging
 import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from hashlib import blake2b as _blake2b
 
 import bson
 import pyarrow as pa
@@ -80,7 +80,6 @@ REPAIR = "repair"
 FAIL = "fail"
 REPORT = "report"
 BATCH_KIND = "verify"
-_HASH_MODULUS = 1 << 128
 # _ids per query when drifted documents are read again
 _REREAD_IDS = 1000
 # how long the change stream may take to reach the verification's position
@@ -89,22 +88,20 @@ _STREAM_TIMEOUT_S = 120.0
 
 def document_hash(key: str, document: bytes) -> int:
     """A 128-bit hash of one document's normalised key and bytes: summed, it is the range's digest."""
-    digest = hashlib.blake2b(key.encode("utf-8"), digest_size=16)
-    digest.update(b"\x00")
-    digest.update(document)
-    return int.from_bytes(digest.digest(), "little")
+    return int.from_bytes(_blake2b(key.encode() + b"\x00" + document, digest_size=16).digest(), "little")
 
 
 @dataclass
 class RangeDigest:
-    """The documents of one ``_id`` range: how many, and the sum of their hashes (any order)."""
+    """The documents of one ``_id`` range: how many, and the sum of their hashes (any order; a
+    Python int, never reduced: the sum of a billion 128-bit hashes is 158 bits)."""
 
     count: int = 0
     total: int = 0
 
     def add(self, key: str, document: bytes) -> None:
         self.count += 1
-        self.total = (self.total + document_hash(key, document)) % _HASH_MODULUS
+        self.total += document_hash(key, document)
 
 
 @dataclass
