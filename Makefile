@@ -41,7 +41,22 @@ $(STAMP): requirements.txt requirements-dev.txt pyproject.toml
 	fi
 	touch $@
 
-test: $(STAMP)
+# The browser test drives Debian's chromium through Playwright (no browser download exists here):
+# installed with apt when missing (as root, or through sudo), quietly.
+CHROMIUM := /usr/bin/chromium
+CHROMIUM_LOG := .local/chromium-install.log
+
+$(CHROMIUM):
+	@mkdir -p .local
+	@echo "== installing Debian's chromium for the browser test (apt's output: $(CHROMIUM_LOG))"
+	@sudo=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	( $$sudo apt-get update -q && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -q chromium ) \
+		> $(CHROMIUM_LOG) 2>&1 || { \
+		tail -n 20 $(CHROMIUM_LOG); \
+		echo "ERROR: installing chromium failed (the whole log: $(CHROMIUM_LOG)); try: sudo apt-get install chromium" >&2; \
+		exit 1; }
+
+test: $(STAMP) $(CHROMIUM)
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 # The unit tier alone (tests/unit): no mongod, no Java, no Airflow metadata DB; well under 2 minutes.

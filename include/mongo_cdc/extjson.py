@@ -30,6 +30,10 @@ from bson.datetime_ms import DatetimeMS
 # Decode options for every document that goes through ``encode``: dates stay exact
 # milliseconds (DatetimeMS) instead of datetimes, which cannot hold years outside 1-9999.
 DECODE_OPTIONS: CodecOptions = CodecOptions(datetime_conversion=DatetimeConversion.DATETIME_MS)
+# Decode options for reading a document into JSON and typed columns: a string that is not valid
+# UTF-8 (MongoDB stores the bytes a driver sends) reads with U+FFFD for each invalid byte instead of
+# failing the read. Never encode such a decoded document again: its BSON bytes are the document.
+READ_OPTIONS: CodecOptions = DECODE_OPTIONS.with_options(unicode_decode_error_handler="replace")
 
 _OPTIONS = orjson.OPT_PASSTHROUGH_SUBCLASS | orjson.OPT_PASSTHROUGH_DATETIME
 
@@ -125,7 +129,7 @@ def encode_str(value: Any) -> str:
 
 def from_bson(data: bytes) -> str:
     """The Extended JSON of a BSON document's bytes (the raw zone keeps documents as BSON)."""
-    return encode_str(bson.decode(data, DECODE_OPTIONS))
+    return encode_str(bson.decode(data, READ_OPTIONS))
 
 
 def document_key(document_id: Any) -> str:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import quote
 
 from airflow.sdk import Asset, AssetAlias
@@ -42,6 +42,15 @@ OPLOG_FIGURES = (
     "position_age",
     "headroom",
 )
+
+
+class TableEvent(NamedTuple):
+    """An asset event the summary added: the table's zone, its collection, its Asset URI, its rows."""
+
+    zone: str
+    namespace: str
+    uri: str
+    rows: int
 
 
 def source_alias(config: SourceConfig) -> AssetAlias:
@@ -123,9 +132,9 @@ def emit_table_events(
     pending: Iterable[str],
     backlogs: Mapping[str, Backlog],
     zones: tuple[str, ...] = TABLE_ZONES,
-) -> list[str]:
+) -> list[TableEvent]:
     """Add an asset event for each table (of ``zones``) of each collection the run touched, the
-    transform had batches to apply for, or that is behind; their URIs.
+    transform had batches to apply for, or that is behind; the events added.
 
     ``batches``: the committed batches (the batch log); ``run_summary``: the summary task's result
     (``events`` per collection, ``oplog`` per replica set, ``verification`` per verified collection:
@@ -163,5 +172,5 @@ def emit_table_events(
                 extra["verification"] = verified[namespace]
             alias.add(Asset(name=asset_uri, uri=asset_uri), extra=extra)
             log.info("asset event %s: %s", asset_uri, extra)
-            emitted.append(asset_uri)
+            emitted.append(TableEvent(zone, namespace, asset_uri, extra["rows"]))
     return emitted

@@ -5,8 +5,8 @@
 (per slice of chunks) -> per-shard mapped group [snapshot -> pull -> verify] -> plan_transform -> Spark
 transform -> summary, and stuck_collections (only when the transform failed); verification_failed
 (only when a shard's verify failed).
-``mongo_cdc_topology__<source>``: a sensor that triggers the CDC DAG as soon as shards are added
-to or removed from the cluster.
+``mongo_cdc_topology__<source>``: a deferrable sensor that triggers the CDC DAG as soon as shards are
+added to or removed from the cluster (while the CDC DAG is unpaused).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from mongo_cdc_airflow import chunk_copy, source_tasks, task_ids
 from mongo_cdc_airflow.assets import source_alias
 from mongo_cdc_airflow.params import resnapshot_params
 from mongo_cdc_airflow.runbook import cdc_doc, topology_doc
-from mongo_cdc_airflow.sensors import ShardsChangedSensor
+from mongo_cdc_airflow.sensors import ShardsChangedSensor, cdc_dag_id
 from mongo_cdc_airflow.shard_sync import ShardSync, sole_writer
 from mongo_cdc_airflow.spark_submit import transform_task
 
@@ -59,7 +59,7 @@ def build_cdc_dag(config: SourceConfig) -> DAG:
     """The CDC DAG of one source."""
 
     @dag(
-        dag_id=f"mongo_cdc__{config.name}",
+        dag_id=cdc_dag_id(config.name),
         description=f"MongoDB CDC of '{config.name}' into {config.lake_root}",
         schedule=CronDataIntervalTimetable("0 * * * *", timezone="UTC"),
         start_date=START_DATE,
@@ -163,17 +163,15 @@ def build_topology_dag(config: SourceConfig, poke_interval_s: float = 180.0) -> 
         max_active_runs=1,
         tags=["mongo-cdc", config.topic_prefix],
         doc_md=topology_doc(config),
+        # One switch per source, the CDC DAG's: this DAG is live from the start and its sensor skips
+        # while the CDC DAG is paused (sensors.reason_not_to_watch).
+        is_paused_upon_creation=False,
     )
     def topology() -> None:
         ShardsChangedSensor(
-            task_id="shards_changed",
-            config=config,
-            poke_interval=poke_interval_s,
-            timeout=14 * 60,
-            mode="reschedule",
-            soft_fail=True,
+            task_id="shards_changed", config=config, poke_interval=poke_interval_s, timeout=14 * 60
         ) >> TriggerDagRunOperator(
-            task_id="trigger_cdc", trigger_dag_id=f"mongo_cdc__{config.name}", wait_for_completion=False
+            task_id="trigger_cdc", trigger_dag_id=cdc_dag_id(config.name), wait_for_completion=False
         )
 
     return topology()

@@ -77,7 +77,8 @@ def cdc_doc(config: SourceConfig) -> str:
 # MongoDB CDC of `{config.name}`
 
 Source file `{config.path}`; lake `{config.lake_root}` (topic prefix `{config.topic_prefix}`).
-Hourly; one run at a time.
+Hourly; one run at a time. This DAG's pause switch is the source's: its shard watch
+`mongo_cdc_topology__{config.name}` follows it (skipped while this DAG is paused).
 
 ## Tasks
 
@@ -138,13 +139,20 @@ oplog window), docs/reading.md (tables, Assets), docs/deploying.md.
 
 
 def topology_doc(config: SourceConfig) -> str:
+    cdc = f"mongo_cdc__{config.name}"
     return f"""\
 # Shard watch of `{config.name}`
 
-Every 15 minutes its sensor compares the cluster's shard ids with the Variable
-`mongo_cdc.{config.name}.topology` (written by `mongo_cdc__{config.name}`'s `discover`), and triggers
-`mongo_cdc__{config.name}` when a shard was added or removed, so the new shard is snapshotted and a
-removed one drained without waiting for the hourly run. Unpause it together with the CDC DAG (a
-plain replica set's one shard never changes, so it never fires there). A skipped sensor means no
-change within its 15 minutes.
+Every 15 minutes its sensor `shards_changed` compares the cluster's shard ids with the Variable
+`mongo_cdc.{config.name}.topology` (written by `{cdc}`'s `discover`), and `trigger_cdc` triggers
+`{cdc}` when a shard was added or removed, so the new shard is snapshotted and a removed one
+drained without waiting for the hourly run.
+
+**It follows `{cdc}`'s pause switch:** this DAG is unpaused from the start and its sensor is
+skipped while `{cdc}` is paused or has not run yet. Pause and unpause `{cdc}` only.
+
+The sensor is deferrable: it waits in the **triggerer** (state *deferred*, no worker slot held),
+which polls the cluster every 3 minutes; without a running triggerer it stays deferred. A skipped
+sensor means nothing to do: no change within its 14 minutes, or `{cdc}` paused (its log says
+which). A plain replica set's one shard never changes, so it never fires there.
 """

@@ -189,6 +189,7 @@ class ShardSync:
         """Commit the snapshot ``snapshot_start`` began once every chunk is copied; the result carries
         the plan to the pull."""
         from mongo_cdc.capture.snapshot import SnapshotIncompleteError, commit_snapshot
+        from mongo_cdc_airflow.lineage import report_landed
 
         if is_backfill():
             return {"documents": {}, "seconds": 0}
@@ -212,10 +213,12 @@ class ShardSync:
             copied = commit_snapshot(self.keeper, plan)
         except SnapshotIncompleteError as exc:  # retrying this task copies nothing: fail at once
             raise AirflowFailException(str(exc)) from None
+        report_landed(self, self.shard.hosts, self.keeper.lake, copied.documents)
         # the snapshot's rows are the source as of its position: the run's lag counts from there
         result.update(
             documents=copied.documents,
             seconds=round(copied.seconds, 3),
+            chunks=len(plan.chunks),
             newest_source_ts_ms=(copied.cluster_time >> 32) * 1000,
         )
         return result
@@ -223,6 +226,7 @@ class ShardSync:
     def pull(self, snapshot_result: dict) -> dict:
         """Stream until caught up (the plan permitting), then retire the offset of a shard that left."""
         from mongo_cdc.capture.streaming import pull_changes
+        from mongo_cdc_airflow.lineage import report_landed
 
         if is_backfill():
             return self.backfill()
@@ -233,6 +237,7 @@ class ShardSync:
             # hosts when it gives up
             with self.client() as client:
                 result = pull_changes(self.capture(client), interval_s=schedule_interval_s()).to_dict()
+            report_landed(self, self.shard.hosts, self.keeper.lake, result["events"])
         else:
             log.info("snapshot.mode is initial_only: no streaming")
         if plan.retire:
@@ -240,7 +245,7 @@ class ShardSync:
             self.keeper.commit(self.keeper.load() or Offset(), retired_at=retired_at)
             log.info("shard %s left the cluster: its stream is drained and its offset retired", self.shard.id)
         result["snapshot"] = {
-            key: snapshot_result.get(key) for key in ("documents", "seconds", "newest_source_ts_ms")
+            key: snapshot_result.get(key) for key in ("documents", "seconds", "chunks", "newest_source_ts_ms")
         }
         return result
 

@@ -147,6 +147,9 @@ def summary(config: SourceConfig) -> dict:
     date or left behind (``assets``: their URIs). Runs even when the transform failed, to report
     what it left behind (``stuck_collections`` fails the run then). A run with a failed shard fails
     here, and a failed task's asset events are dropped."""
+    # when the task runs, not when the DAG is parsed: metrics may be off
+    from mongo_cdc_airflow.metrics import emit_run_metrics, emit_state_rows
+
     context = get_current_context()
     ti = context["ti"]
     shards = ti.xcom_pull(task_ids=task_ids.DISCOVER)
@@ -155,7 +158,9 @@ def summary(config: SourceConfig) -> dict:
     # Explicit map indexes: how a mapped group's output resolves outside the group depends on
     # its size (one shard gives a bare dict), and the summary must see every shard.
     pulls = [ti.xcom_pull(task_ids=task_ids.SHARD_PULL, map_indexes=i) for i in range(len(shards))]
-    result = summarize([p for p in pulls if p is not None], pendulum.now("UTC"))
+    run_end = pendulum.now("UTC")
+    run_end_ms = int(run_end.timestamp() * 1000)
+    result = summarize([p for p in pulls if p is not None], run_end)
     verifications = [
         ti.xcom_pull(task_ids=task_ids.SHARD_VERIFY, key=task_ids.VERIFICATION_KEY, map_indexes=i)
         for i in range(len(shards))
@@ -165,6 +170,7 @@ def summary(config: SourceConfig) -> dict:
     batches = lake.batches()
     backlogs = source_backlogs(lake, batches)
     result["batches_behind"] = report_backlogs(backlogs)
+    emit_run_metrics(config.name, [p for p in pulls if p is not None], run_end_ms)
     failed = [shard["id"] for shard, p in zip(shards, pulls, strict=True) if p is None]
     if failed:  # a retry reads the same pull results: fail at once
         fail_at_once(
@@ -175,9 +181,11 @@ def summary(config: SourceConfig) -> dict:
     # a backfill rewrites changes rows only: the state never reads history events
     zones = ("changes",) if is_backfill() else TABLE_ZONES
     pending = ti.xcom_pull(task_ids=task_ids.PLAN_TRANSFORM, key=task_ids.PENDING_KEY) or []
-    result["assets"] = emit_table_events(
+    tables = emit_table_events(
         context["outlet_events"], config, lake, batches, result, committed_before, pending, backlogs, zones
     )
+    result["assets"] = [table.uri for table in tables]
+    emit_state_rows(config.name, {table.namespace: table.rows for table in tables if table.zone == "state"})
     return result
 
 

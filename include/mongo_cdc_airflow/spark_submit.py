@@ -21,6 +21,7 @@ import logging
 import os
 import sys
 import tempfile
+import time
 import zipfile
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -32,7 +33,7 @@ import mongo_cdc
 from mongo_cdc.config import SourceConfig
 from mongo_cdc.lake.storage import STORAGE_OPTIONS_ENV
 from mongo_cdc_airflow import task_ids
-from mongo_cdc_airflow.lake_storage import lake_location
+from mongo_cdc_airflow.lake_storage import lake_location, source_lake
 
 log = logging.getLogger(__name__)
 
@@ -128,21 +129,38 @@ class CdcTransformOperator(SparkSubmitOperator):
     Python paths are the worker's, not the DAG processor's.
     """
 
-    def __init__(self, *, lake_root: str, lake_conn_id: str | None, **kwargs: Any) -> None:
+    def __init__(self, *, config: SourceConfig, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.lake_root = lake_root
-        self.lake_conn_id = lake_conn_id
+        self.config = config
+        self.lineage: Any = None  # the OpenLineage provider's OperatorLineage, when it is configured
 
     def execute(self, context: Any) -> None:
+        # when it runs, not when the DAG is parsed: metrics and lineage may be off
+        from mongo_cdc_airflow.lineage import openlineage_enabled, transform_lineage
+        from mongo_cdc_airflow.metrics import SourceMetrics
+
         extra = Connection.get(self._conn_id).extra_dejson
         self.conf, self.py_files = submit_settings(self._conn_id, extra, self.conf, self.py_files)
-        location = lake_location(self.lake_root, self.lake_conn_id)
+        location = lake_location(self.config.lake_root, self.config.lake_conn_id)
         if location.storage_options and (self._deploy_mode or extra.get("deploy-mode")) == "cluster":
-            raise ValueError(cluster_mode_credentials_error(self.lake_conn_id, self._conn_id))
+            raise ValueError(cluster_mode_credentials_error(self.config.lake_conn_id, self._conn_id))
         log.info("shipping %s to the executors; Spark properties: %s", self.py_files, sorted(self.conf))
         # Not env_vars: on YARN and Kubernetes the hook turns those into --conf arguments.
+        started = time.monotonic()
         with environment(location.to_env()):
             super().execute(context)
+        SourceMetrics(self.config.name).seconds("transform", time.monotonic() - started)
+        if openlineage_enabled():
+            # here, not in the provider's call after the task: that runs in a forked process, where
+            # neither XCom (the supervisor's channel) nor delta-rs (its runtime's threads) can be used
+            pending = context["ti"].xcom_pull(task_ids=task_ids.PLAN_TRANSFORM, key=task_ids.PENDING_KEY)
+            self.lineage = transform_lineage(source_lake(self.config), pending or ())
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """The OpenLineage provider's question once the task succeeded (asked only when it is
+        installed): the raw tables of the collections this run had to bring up to date in, their
+        changes and state tables out (``lineage``, made by ``execute``)."""
+        return self.lineage
 
 
 @contextlib.contextmanager
@@ -197,6 +215,5 @@ def transform_task(config: SourceConfig, application: str, application_args: Any
         conn_id=config.spark_conn_id,
         application_args=application_args,
         name=f"mongo_cdc__{config.name}",
-        lake_root=config.lake_root,
-        lake_conn_id=config.lake_conn_id,
+        config=config,
     )

@@ -10,10 +10,13 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
+import bson
+from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 from cdc_support import assert_state_equals_collection
 from pymongo.errors import OperationFailure
 
+from mongo_cdc.capture import streaming
 from mongo_cdc.capture.offsets import Offset
 from mongo_cdc.capture.replica_set import ReplicaSetCapture
 from mongo_cdc.capture.streaming import pull_changes
@@ -115,11 +118,11 @@ class _FakeStream:
     def __exit__(self, *exc: object) -> None:
         return None
 
-    def try_next(self) -> dict | None:
+    def try_next(self) -> RawBSONDocument | None:
         if self.events:
             event = self.events.pop(0)
             self.resume_token = event["_id"]
-            return event
+            return RawBSONDocument(bson.encode(event))  # as a pull reads its stream
         self.resume_token = self.end_token  # the post-batch resume token of an empty getMore
         return None
 
@@ -152,8 +155,11 @@ class _FakeClient:
         return _FakeStream([_insert(125, 2)], _token(131, "04"))
 
 
-def test_an_invalidated_stream_is_reopened_after_the_invalidate_with_nothing_lost(tmp_path: Path):
+def test_an_invalidated_stream_is_reopened_after_the_invalidate_with_nothing_lost(
+    tmp_path: Path, monkeypatch
+):
     """A fake client: a real server never invalidates a deployment-wide stream."""
+    monkeypatch.setattr(streaming, "open_change_stream", lambda client, **options: client.watch(**options))
     config = database_source("inv", tmp_path / "lake", "shop")
     keeper = memory_keeper(config, "rs0")
     start = Batch("rs0", 1, "start", _token(100, "00"), pack_cluster_time(100, 1))

@@ -93,6 +93,14 @@ def assert_every_event_once(source: CdcSource, collection: str = "items") -> Non
     assert changes == events
 
 
+def assert_converged(source: CdcSource, client, lost_races: list[str]) -> None:
+    """After one interleaved race: the state equals MongoDB, every event is in the changes table
+    once, and the run under test lost exactly one commit race (and made its work again)."""
+    assert_state_equals_collection(source, client, "items")
+    assert_every_event_once(source)
+    assert len(lost_races) == 1, lost_races
+
+
 @pytest.fixture
 def lost_races() -> Iterator[list[str]]:
     """The job's "lost a commit race" log lines during the test (Airflow's logging config leaves
@@ -116,10 +124,13 @@ def this_hour_on(began: dt.datetime) -> tuple[str, ...]:
     return tuple(hour_partitions(began, dt.datetime.now(dt.timezone.utc)))
 
 
-def started(source: CdcSource, items, documents: int = 30) -> None:
-    """``documents`` documents inserted and snapshotted by a DAG run (its transform left out)."""
+def started(source: CdcSource, items, documents: int = 30, transformed_by=None) -> None:
+    """``documents`` documents inserted and snapshotted by a DAG run (its transform left out), then
+    transformed in this process when given the SparkContext ``transformed_by``."""
     items.insert_many([{"_id": i, "v": 0, "name": f"n{i}"} for i in range(documents)])
     source.run(skip_spark=True)
+    if transformed_by is not None:
+        transform(transformed_by, source)
 
 
 def test_a_state_commit_lost_after_the_deletion_markers_commit_deletes_on_the_next_try(
@@ -132,8 +143,7 @@ def test_a_state_commit_lost_after_the_deletion_markers_commit_deletes_on_the_ne
     with replica_set.client() as client:
         items = client[db_name].items
         began = dt.datetime.now(dt.timezone.utc)
-        started(source, items)
-        transform(spark_context, source)
+        started(source, items, transformed_by=spark_context)
         for i in range(5):
             items.update_one({"_id": i}, {"$set": {"v": 1}})
         items.insert_many([{"_id": i, "v": 1} for i in range(30, 35)])
@@ -144,16 +154,11 @@ def test_a_state_commit_lost_after_the_deletion_markers_commit_deletes_on_the_ne
         source.run(skip_spark=True)
 
         just_before_the_first(
-            monkeypatch,
-            StateRun,
-            "merge",
-            lambda: transform(spark_context, source, live_log),
+            monkeypatch, StateRun, "merge", lambda: transform(spark_context, source, live_log)
         )
         transform(spark_context, source, rebuild_hours=this_hour_on(began))
 
-        assert_state_equals_collection(source, client, "items")
-        assert_every_event_once(source)
-        assert len(lost_races) == 1, lost_races
+        assert_converged(source, client, lost_races)
 
 
 def test_two_runs_deleting_the_same_documents_record_each_deletion_marker_once(
@@ -165,17 +170,13 @@ def test_two_runs_deleting_the_same_documents_record_each_deletion_marker_once(
     source = cdc_source(db_name)
     with replica_set.client() as client:
         items = client[db_name].items
-        started(source, items)
-        transform(spark_context, source)
+        started(source, items, transformed_by=spark_context)
         items.delete_many({"_id": {"$in": [1, 2, 3]}})
         items.update_one({"_id": 4}, {"$set": {"v": 4}})
         source.run(skip_spark=True)
 
         just_before_the_first(
-            monkeypatch,
-            StateRun,
-            "update_deletion_markers",
-            lambda: transform(spark_context, source),
+            monkeypatch, StateRun, "update_deletion_markers", lambda: transform(spark_context, source)
         )
         transform(spark_context, source)
 
@@ -184,9 +185,7 @@ def test_two_runs_deleting_the_same_documents_record_each_deletion_marker_once(
         ).to_pyarrow_table()
         keys = markers.column("__key").to_pylist()
         assert len(keys) == len(set(keys)) == 3, keys  # documents 1, 2 and 3, each once
-        assert_state_equals_collection(source, client, "items")
-        assert_every_event_once(source)
-        assert len(lost_races) == 1, lost_races
+        assert_converged(source, client, lost_races)
 
 
 def test_a_new_column_commit_made_from_an_earlier_read_fails_instead_of_doubling_change_rows(
@@ -203,8 +202,7 @@ def test_a_new_column_commit_made_from_an_earlier_read_fails_instead_of_doubling
     source = cdc_source(db_name)
     with replica_set.client() as client:
         items = client[db_name].items
-        started(source, items)
-        transform(spark_context, source)
+        started(source, items, transformed_by=spark_context)
         items.update_many({"_id": {"$in": [6, 7, 8]}}, {"$set": {"v": 3}})
         source.run(skip_spark=True)
         older_log = source.lake.batches()
@@ -217,16 +215,11 @@ def test_a_new_column_commit_made_from_an_earlier_read_fails_instead_of_doubling
         source.run(skip_spark=True)
 
         just_before_the_first(
-            monkeypatch,
-            StateRun,
-            "merge",
-            lambda: transform(spark_context, source, older_log),
+            monkeypatch, StateRun, "merge", lambda: transform(spark_context, source, older_log)
         )
         transform(spark_context, source)
 
-        assert_state_equals_collection(source, client, "items")
-        assert_every_event_once(source)
-        assert len(lost_races) == 1, lost_races
+        assert_converged(source, client, lost_races)
         assert {row["_id"]: row["colour"] for row in source.change_rows("items") if row["colour"]} == {
             i: f"c{i}" for i in range(5)
         }
@@ -243,8 +236,7 @@ def test_a_run_with_an_older_batch_log_than_the_tables_starts_again_from_the_new
     with replica_set.client() as client:
         items = client[db_name].items
         began = dt.datetime.now(dt.timezone.utc)
-        started(source, items)
-        transform(spark_context, source)
+        started(source, items, transformed_by=spark_context)
         items.update_many({"_id": {"$lt": 10}}, {"$inc": {"v": 1}})
         source.run(skip_spark=True)
         backfill_log = source.lake.batches()
@@ -256,9 +248,8 @@ def test_a_run_with_an_older_batch_log_than_the_tables_starts_again_from_the_new
         transform(spark_context, source, backfill_log, rebuild_hours=the_hour_before)
         transform(spark_context, source)  # the next live run: nothing new
 
-        assert_every_event_once(source)
-        assert_state_equals_collection(source, client, "items")
-        assert len(lost_races) == 1 and "past this run's batch log" in lost_races[0], lost_races
+        assert_converged(source, client, lost_races)
+        assert "past this run's batch log" in lost_races[0], lost_races
 
 
 def test_a_backfill_rebuild_after_a_live_pull_and_transform_landed_keeps_their_change_rows(
@@ -271,8 +262,7 @@ def test_a_backfill_rebuild_after_a_live_pull_and_transform_landed_keeps_their_c
     with replica_set.client() as client:
         items = client[db_name].items
         began = dt.datetime.now(dt.timezone.utc)
-        started(source, items)
-        transform(spark_context, source)
+        started(source, items, transformed_by=spark_context)
         items.update_many({"_id": {"$lt": 10}}, {"$inc": {"v": 1}})
         source.run(skip_spark=True)
 
@@ -285,9 +275,7 @@ def test_a_backfill_rebuild_after_a_live_pull_and_transform_landed_keeps_their_c
         just_before_the_first(monkeypatch, ChangesRun, "rebuild", live_run)
         transform(spark_context, source, rebuild_hours=this_hour_on(began))
 
-        assert_state_equals_collection(source, client, "items")
-        assert_every_event_once(source)
-        assert len(lost_races) == 1, lost_races
+        assert_converged(source, client, lost_races)
 
 
 @pytest.mark.slow

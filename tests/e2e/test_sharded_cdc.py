@@ -169,15 +169,37 @@ def test_added_shard_triggers_a_run_and_is_snapshotted_then_streamed(cluster):
     import os
 
     from airflow.dag_processing.dagbag import DagBag
+    from airflow.models.dag import DagModel
+    from airflow.utils.session import create_session
 
     topology = DagBag(dag_folder=os.environ["AIRFLOW__CORE__DAGS_FOLDER"]).get_dag(
         f"mongo_cdc_topology__{DB}"
     )
+
+    def pause_cdc_dag(paused: bool) -> None:
+        with create_session() as session:
+            session.get(DagModel, source.dag_id).is_paused = paused
+
+    # the shard watch follows the CDC DAG's pause switch: paused, it triggers nothing
+    pause_cdc_dag(True)
+    run = topology.test()
+    assert {ti.task_id: ti.state for ti in run.get_task_instances()} == {
+        "shards_changed": "skipped",
+        "trigger_cdc": "skipped",
+    }
+    assert not DagRun.find(dag_id=source.dag_id, run_type="operator_triggered")
+    # unpaused, the sensor defers and its trigger (run in line by dag.test) sees shard03
+    pause_cdc_dag(False)
     run = topology.test()
     assert {ti.task_id: ti.state for ti in run.get_task_instances()} == {
         "shards_changed": "success",
         "trigger_cdc": "success",
     }
+    assert run.get_task_instance("shards_changed").xcom_pull(task_ids="shards_changed") == [
+        "shard01",
+        "shard02",
+        "shard03",
+    ]
     assert DagRun.find(dag_id=source.dag_id, run_type="operator_triggered", state="queued")
 
     cluster.insert_user(3100, name="in shard03 before its snapshot")

@@ -44,6 +44,11 @@ def test_smoke_run_prints_every_row_of_the_table() -> None:
         r"mongo-cdc run_snapshot -> Delta\s+[\d,.]+ MB/s\s+[\d.]+x\s+bare\s+>= 0.50x",
         r"pull [\d,.]+-event backlog\s+bare change stream, RawBSONDocument\s+[\d,.]+ events/s",
         r"mongo-cdc pull_changes -> Delta\s+[\d,.]+ events/s\s+[\d.]+x\s+bare\s+>= 0.80x",
+        r"bare change stream, mongod on core 0, reader on core 1\s+[\d,.]+ events/s",
+        r"mongo-cdc pull_changes, mongod on core 0, reader on core 1\s+[\d,.]+ events/s\s+[\d.]+x\s+"
+        r"bare pinned\s+>= 0.90x",
+        r"bare change stream, client CPU\s+[\d,.]+ CPU s/100k events",
+        r"mongo-cdc pull_changes, client CPU\s+[\d,.]+ CPU s/100k events\s+[\d.]+x\s+bare\s+<= 2.50x",
         r"peak RSS of the process\s+run_snapshot, small documents .*MiB\s+< 500 MiB",
         r"run_snapshot, nested documents .*MiB\s+< 500 MiB",
         r"pull_changes .*MiB\s+< 500 MiB",

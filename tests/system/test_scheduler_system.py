@@ -1,10 +1,11 @@
 """System test: the CDC DAG under Airflow's real scheduler, DAG processor and API server.
 
 Everything else runs DAGs with ``dag.test()``; here the DAG goes the production way: the DAG
-processor parses ``dags/`` into the metadata DB, a REST call unpauses and triggers it, the scheduler
-queues its tasks and the LocalExecutor runs them in task processes that talk to the API server's
-execution API. SQLite is the metadata DB: Airflow 3.3 accepts LocalExecutor on SQLite (one writer
-at a time, so it is slow, which is fine here).
+processor parses ``dags/`` into the metadata DB, a REST call unpauses it, the scheduler queues its
+tasks and the LocalExecutor runs them in task processes that talk to the API server's execution API.
+SQLite is the metadata DB: Airflow 3.3 accepts LocalExecutor on SQLite (one writer at a time, so it
+is slow, which is fine here). The runs after the scheduled snapshot are triggered as an on-call
+engineer does, from the UI in a real browser (headless Chromium), or through the REST API.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import datetime as dt
 import glob
 import json
 import os
+import re
 import secrets
 import signal
 import socket
@@ -27,9 +29,13 @@ from typing import Any
 import httpx
 import psutil
 import pytest
+from browser import chromium_page
+from bson import Int64
 from cdc_support import CdcSource, assert_state_equals_collection, documented_downstream_dag
 from conftest import make_source
+from playwright.sync_api import Page
 
+from mongo_cdc.capture.offsets import offset_key
 from mongo_cdc_airflow import local_env
 from mongo_cdc_airflow.assets import table_asset_uri
 from mongo_cdc_airflow.demo import inventory_documents, load_inventory
@@ -44,6 +50,8 @@ COMPONENTS = {
     # (its fixed port 8793 would collide with other Airflows on the machine).
     "scheduler": ["scheduler", "--skip-serve-logs"],
     "dag-processor": ["dag-processor"],
+    # the topology DAG's deferred sensor waits here; without it the home page shows the Triggerer red
+    "triggerer": ["triggerer", "--skip-serve-logs"],
 }
 STARTUP_TIMEOUT_S = 240
 # One run (Spark included) on a shared 2-core machine takes 2-3 minutes.
@@ -148,12 +156,17 @@ class Airflow:
             )
             time.sleep(2)
 
+    @property
+    def admin_password(self) -> str:
+        """The simple auth manager's generated password of user ``admin``."""
+        passwords = json.loads((self.home / "simple_auth_manager_passwords.json.generated").read_text())
+        return passwords["admin"]
+
     def log_in(self) -> None:
         """A JWT from the simple auth manager: POST /auth/token with the password it generated."""
-        passwords = json.loads((self.home / "simple_auth_manager_passwords.json.generated").read_text())
         response = httpx.post(
             f"{self.base_url}/auth/token",
-            json={"username": "admin", "password": passwords["admin"]},
+            json={"username": "admin", "password": self.admin_password},
             timeout=30,
         )
         assert response.status_code == 201, response.text
@@ -210,6 +223,20 @@ class Airflow:
             time.sleep(2)
         return self.wait_for_run(dag_id, runs[0]["dag_run_id"])
 
+    def run_ids(self, dag_id: str) -> set[str]:
+        return {run["dag_run_id"] for run in self.api("GET", f"/dags/{dag_id}/dagRuns")["dag_runs"]}
+
+    def snapshot_documents(self, dag_id: str, run_id: str) -> dict[str, int]:
+        """The documents the run's snapshot copied, per collection (the first shard's snapshot XCom)."""
+        snapshot = self.api(
+            "GET",
+            f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/shard_sync.snapshot/xcomEntries/return_value",
+            params={"map_index": 0},
+        )["value"]
+        if isinstance(snapshot, str):  # the API returns XCom values as stored: JSON text or a JSON value
+            snapshot = json.loads(snapshot)
+        return snapshot["documents"]
+
     def task_instances(self, dag_id: str, run_id: str) -> list[dict]:
         return self.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances")["task_instances"]
 
@@ -261,6 +288,9 @@ def airflow(
         "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_urlsafe(32),
         "AIRFLOW__API__SECRET_KEY": secrets.token_urlsafe(32),
         "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
+        # A task process's calls to the execution API wait on SQLite's one writer: on this shared
+        # 2-core machine the default 5 s timed out and failed a task before it started.
+        "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": "60",
         # Retries stay on (unlike the dag.test() suites) so the bad trigger shows whether it is retried.
         "MONGO_CDC_TASK_RETRIES": "1",
     }
@@ -282,31 +312,113 @@ def airflow(
             client.drop_database(DATABASE)
 
 
-def test_rest_triggered_resnapshot_run_succeeds(
+HEALTH = ("MetaDatabase", "Scheduler", "Triggerer", "Dag Processor")
+PARAM_TITLES = ["Re-snapshot", "Collections to re-snapshot", "Shards to re-snapshot"]
+BROWSER_FAILURES = Path(local_env.REPO_ROOT) / ".local" / "browser-test"
+
+
+def log_in_with_the_form(page: Page, stack: Airflow) -> None:
+    page.goto(f"{stack.base_url}/")
+    page.fill('input[name="username"]', "admin")
+    page.fill('input[name="password"]', stack.admin_password)
+    page.click('button[type="submit"]')
+    page.wait_for_url(f"{stack.base_url}/")
+
+
+def unhealthy_components(page: Page, stack: Airflow) -> list[str]:
+    """The home page's health badges that are not green (a reload until they are, for a minute:
+    a component's heartbeat may be late on a loaded machine)."""
+    deadline = time.monotonic() + 60
+    while True:
+        page.goto(f"{stack.base_url}/")
+        colors = {}
+        for name in HEALTH:
+            badge = page.locator('[data-testid="state-badge"]', has_text=name)
+            rgb = badge.evaluate("badge => getComputedStyle(badge).backgroundColor")
+            colors[name] = [int(c) for c in re.findall(r"\d+", rgb)[:3]]
+        red = [f"{name} (rgb {r}, {g}, {b})" for name, (r, g, b) in colors.items() if not g > r]
+        if not red or time.monotonic() > deadline:
+            return red
+        time.sleep(5)
+
+
+def trigger_from_the_dag_page(page: Page, stack: Airflow, dag_id: str, collection: str | None) -> str:
+    """Trigger the DAG with its page's Trigger form (``collection``: re-snapshot that one); the run id."""
+    before = stack.run_ids(dag_id)
+    page.goto(f"{stack.base_url}/dags/{dag_id}")
+    page.get_by_role("button", name="Trigger").click()
+    dialog = page.get_by_role("dialog")
+    # the accordion's content (its aria-labelledby holds a space, so it has no accessible name)
+    params = dialog.locator('[data-part="item-content"][id$=":content:Run Parameters"]')
+    # the three params, none marked required (a required field's label has data-required and a "*")
+    labels = params.locator('[data-part="label"]')
+    labels.filter(has_text=PARAM_TITLES[-1]).wait_for()  # the form is drawn after the DAG's params load
+    assert [text.strip() for text in labels.all_inner_texts()] == PARAM_TITLES
+    assert params.locator("[data-required]").count() == 0
+    if collection is not None:
+        params.locator('[id="switch:element_resnapshot:control"]').click()
+        assert params.locator('input[name="element_resnapshot"]').is_checked()
+        params.locator('textarea[name="element_collections"]').fill(collection)
+    dialog.get_by_role("button", name="Trigger").click()
+    deadline = time.monotonic() + 60
+    while not (new := stack.run_ids(dag_id) - before):
+        assert time.monotonic() < deadline, "the Trigger form made no run"
+        time.sleep(1)
+    [run_id] = new
+    return run_id
+
+
+def save_unchanged_in_the_variables_page(page: Page, stack: Airflow, key: str) -> None:
+    page.goto(f"{stack.base_url}/variables")
+    row = page.get_by_role("row").filter(has_text=key)
+    # the description says what the Variable is and how to move it
+    assert "mongo-cdc offset" in row.locator('[data-testid="table-cell-description"]').inner_text()
+    row.get_by_role("button", name="Edit Variable").click()
+    dialog = page.get_by_role("dialog")
+    assert "***" not in dialog.locator('textarea[name="value"]').input_value()
+    dialog.get_by_role("button", name="Save").click()
+    dialog.wait_for(state="hidden")
+
+
+def test_an_on_call_round_trip_in_a_real_browser(
     airflow: tuple[Airflow, CdcSource], replica_set: ReplicaSet
 ) -> None:
+    """Log in, check the home page and the trigger form, re-snapshot one collection from the form,
+    open the offset Variable in the Variables page and save it unchanged: the next run succeeds.
+
+    The trigger form posts to the REST API, so its re-snapshot run is also the test of a triggered
+    run's conf reaching its tasks."""
     stack, source = airflow
-    # Unpausing made the scheduler create a run for the last hourly interval: the initial snapshot.
-    # Wait for it, so the re-snapshot below is what copies the collections again.
-    scheduled = stack.wait_for_scheduled_run(source.dag_id)
+    scheduled = stack.wait_for_scheduled_run(source.dag_id)  # it stores the offset
     assert scheduled["state"] == "success", stack.describe(source.dag_id, scheduled["dag_run_id"])
-    run_id = stack.trigger(source.dag_id, {"resnapshot": True})
-    run = stack.wait_for_run(source.dag_id, run_id)
-    assert run["state"] == "success", stack.describe(source.dag_id, run_id)
-    assert run["conf"] == {"resnapshot": True}
-    snapshot = stack.api(
-        "GET",
-        f"/dags/{source.dag_id}/dagRuns/{run_id}/taskInstances/shard_sync.snapshot/xcomEntries/return_value",
-        params={"map_index": 0},
-    )["value"]
-    if isinstance(snapshot, str):  # the API returns XCom values as stored: JSON text or a JSON value
-        snapshot = json.loads(snapshot)
+    key = offset_key(source.name, replica_set.name)
+    collection = f"{DATABASE}.{DOWNSTREAM_COLLECTION}"
+    with chromium_page(BROWSER_FAILURES) as page:
+        log_in_with_the_form(page, stack)
+        assert unhealthy_components(page, stack) == []
+
+        run_id = trigger_from_the_dag_page(page, stack, source.dag_id, collection)
+        run = stack.wait_for_run(source.dag_id, run_id)
+        assert run["state"] == "success", stack.describe(source.dag_id, run_id)
+        # the form's params reached the run: it copied that one collection again
+        assert run["conf"]["resnapshot"] is True and run["conf"]["collections"] == [collection], run["conf"]
+        with replica_set.client() as client:
+            expected = {collection: client[DATABASE][DOWNSTREAM_COLLECTION].count_documents({})}
+        assert stack.snapshot_documents(source.dag_id, run_id) == expected
+
+        offset = stack.api("GET", f"/variables/{key}")["value"]
+        save_unchanged_in_the_variables_page(page, stack, key)
+        saved = stack.api("GET", f"/variables/{key}")["value"]
+        assert json.loads(saved) == json.loads(offset)
+
+        with replica_set.client() as client:  # streamed by the next run from the saved offset
+            client[DATABASE].customers.insert_one(
+                {"_id": Int64(1901), "first_name": "Saved", "last_name": "Offset"}
+            )
+        run_id = trigger_from_the_dag_page(page, stack, source.dag_id, None)
+        run = stack.wait_for_run(source.dag_id, run_id)
+        assert run["state"] == "success", stack.describe(source.dag_id, run_id)
     with replica_set.client() as client:
-        expected = {
-            f"{DATABASE}.{name}": client[DATABASE][name].count_documents({}) for name in inventory_documents()
-        }
-        # the trigger's conf reached the task: this run copied every collection again
-        assert snapshot["documents"] == expected
         for name in inventory_documents():
             assert_state_equals_collection(source, client, name)
 

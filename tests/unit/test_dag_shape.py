@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import importlib
+
 from airflow.sdk import CronDataIntervalTimetable
 
+from mongo_cdc.capture.topology import Shard
 from mongo_cdc.config import load_source
 from mongo_cdc_airflow.dag_factory import build_cdc_dag, build_topology_dag
+from mongo_cdc_airflow.sensors import reason_not_to_watch
 
 
 def test_cdc_dag_is_hourly_with_intervals_one_run_at_a_time_and_backoff_retries(tmp_path, monkeypatch):
@@ -55,9 +59,29 @@ def test_cdc_dag_is_hourly_with_intervals_one_run_at_a_time_and_backoff_retries(
     assert dag.get_task("stuck_collections").upstream_task_ids == {"transform"}
 
     topology = build_topology_dag(config)
-    sensor = topology.get_task("shards_changed")
-    assert sensor.mode == "reschedule" and sensor.poke_interval <= 300
     assert topology.get_task("trigger_cdc").trigger_dag_id == "mongo_cdc__shop"
+
+
+def test_the_topology_dag_is_live_from_the_start_and_its_sensor_waits_in_the_triggerer(tmp_path):
+    """One pause switch per source, the CDC DAG's (the sensor follows it), and no worker slot held
+    while the sensor waits."""
+    (tmp_path / "shop.yaml").write_text("topic.prefix: shop\n")
+    topology = build_topology_dag(load_source(str(tmp_path / "shop.yaml")))
+    assert topology.is_paused_upon_creation is False
+    sensor = topology.get_task("shards_changed")
+    assert sensor.poke_interval <= 300 and sensor.timeout < 15 * 60  # one wait per 15-minute run
+    classpath, kwargs = sensor.trigger().serialize()
+    # the triggerer rebuilds it from its class path and kwargs
+    module, _, name = classpath.rpartition(".")
+    assert getattr(importlib.import_module(module), name)(**kwargs).serialize() == (classpath, kwargs)
+    assert kwargs["source"] == "shop" and kwargs["mongo_conn_id"] == "mongo_default"
+
+
+def test_the_shard_watch_skips_while_the_cdc_dag_is_paused_or_has_not_run():
+    stored = [Shard(id="rs0", rs="rs0", hosts=("h:1",))]
+    assert "mongo_cdc__shop is paused" in reason_not_to_watch("shop", True, stored)
+    assert "has not stored its shards yet" in reason_not_to_watch("shop", False, [])
+    assert reason_not_to_watch("shop", False, stored) is None
 
 
 def test_one_transform_runs_at_a_time_across_live_and_backfill_runs(tmp_path):

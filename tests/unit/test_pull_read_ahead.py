@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import threading
 
+import bson
 import pytest
+from bson.raw_bson import RawBSONDocument
 from pymongo.errors import ConnectionFailure
 
 from mongo_cdc.capture.read_ahead import ReadAhead
@@ -19,7 +21,7 @@ def _token(seconds: int) -> dict:
 
 
 class _ScriptedStream:
-    """Events in getMores of ``limit``, then empty reads whose post-batch token is at ``idle_at``."""
+    """Raw events in getMores of ``limit``, then empty reads whose post-batch token is at ``idle_at``."""
 
     def __init__(self, events: int, idle_at: int, fail_after: int | None = None) -> None:
         self.left = events
@@ -29,7 +31,7 @@ class _ScriptedStream:
         self.reader_threads: set[str] = set()
         self.resume_token: dict | None = None
 
-    def try_next(self) -> dict | None:
+    def try_next(self) -> RawBSONDocument | None:
         self.calls += 1
         self.reader_threads.add(threading.current_thread().name)
         if self.fail_after is not None and self.calls > self.fail_after:
@@ -37,7 +39,7 @@ class _ScriptedStream:
         if self.left:
             self.left -= 1
             self.resume_token = _token(100)
-            return {"_id": self.resume_token}
+            return RawBSONDocument(bson.encode({"_id": self.resume_token}))  # as a pull's stream reads it
         self.resume_token = _token(self.idle_at)
         return None
 

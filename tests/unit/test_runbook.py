@@ -34,3 +34,5 @@ def test_every_failure_the_page_explains_is_a_message_the_code_raises():
 def test_the_topology_dag_page_says_what_it_watches_and_triggers(tmp_path):
     page = build_topology_dag(_config(tmp_path)).doc_md
     assert "mongo_cdc.shop.topology" in page and "triggers\n`mongo_cdc__shop`" in page
+    # one pause switch per source, and where the sensor waits
+    assert "Pause and unpause `mongo_cdc__shop` only" in page and "**triggerer**" in page

@@ -10,6 +10,7 @@ import zipfile
 import pytest
 
 import mongo_cdc
+from mongo_cdc.config import load_source
 from mongo_cdc.lake.storage import STORAGE_OPTIONS_ENV
 from mongo_cdc_airflow.spark_submit import (
     CdcTransformOperator,
@@ -95,18 +96,17 @@ def test_the_environment_holds_the_variables_only_inside_the_block(monkeypatch):
     assert "MONGO_CDC_TEST_NEW" not in os.environ
 
 
-def test_a_cluster_mode_driver_is_refused_the_lake_connection_and_told_the_fixes(monkeypatch):
+def test_a_cluster_mode_driver_is_refused_the_lake_connection_and_told_the_fixes(monkeypatch, tmp_path):
     secret = "s3cr3t-of-the-lake"
     lake = {"conn_type": "aws", "login": "key-id", "password": secret, "extra": {"region_name": "us-east-1"}}
     spark = {"conn_type": "spark", "host": "yarn", "extra": {"deploy-mode": "cluster"}}
     monkeypatch.setenv("AIRFLOW_CONN_LAKE_UNIT", json.dumps(lake))
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_UNIT", json.dumps(spark))
+    source = tmp_path / "unit.yaml"
+    source.write_text("topic.prefix: unit\nlake.root: s3://b/lake\nlake.connection.id: lake_unit\n")
+    config = load_source(str(source))
     operator = CdcTransformOperator(
-        task_id="transform",
-        application="job.py",
-        conn_id="spark_unit",
-        lake_root="s3://b/lake",
-        lake_conn_id="lake_unit",
+        task_id="transform", application="job.py", conn_id="spark_unit", config=config
     )
     with pytest.raises(ValueError, match="cluster deploy mode") as error:
         operator.execute({})

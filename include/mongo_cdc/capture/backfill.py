@@ -26,7 +26,14 @@ from typing import Any
 from bson.timestamp import Timestamp
 from pymongo import MongoClient
 
-from mongo_cdc.capture.events import SourceInfo, rows_to_table, token_cluster_time
+from mongo_cdc.capture.events import (
+    SourceInfo,
+    event_fields,
+    open_change_stream,
+    plain_token,
+    rows_to_table,
+    token_cluster_time,
+)
 from mongo_cdc.capture.offsets import Offset
 from mongo_cdc.capture.replica_set import ReplicaSetCapture
 from mongo_cdc.capture.streaming import MicroBatch, collect_change, stream_options
@@ -168,10 +175,13 @@ def _pull_history(
     # history files carry no transaction metadata: BEGIN/END records belong to the live batches
     no_transactions = TransactionTracker(False, rs, None)
     hour = hour_partition(history_from)
-    with client.watch(**options) as stream:
+    with open_change_stream(client, **options) as stream:
         while True:
-            change = stream.try_next()
-            position = token_cluster_time(change["_id"] if change is not None else stream.resume_token)
+            raw_change = stream.try_next()
+            change = event_fields(raw_change) if raw_change is not None else None
+            position = token_cluster_time(
+                change["_id"] if change is not None else plain_token(stream.resume_token)
+            )
             if position >= history_to:
                 break
             if change is None:

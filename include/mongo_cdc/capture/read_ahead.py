@@ -6,12 +6,13 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from mongo_cdc.capture.events import token_cluster_time
+from mongo_cdc.capture.events import event_fields, plain_token, token_cluster_time
 
 
 def read_events(stream: Any, limit: int) -> tuple[list[dict], dict | None]:
-    """The next events of ``stream``, up to ``limit`` (a getMore's worth: the stream's batch size),
-    and, when the stream ran out of events, its resume token then (its post-batch token).
+    """The next events of ``stream`` (read raw: ``events.open_change_stream``) as
+    ``events.event_fields``, up to ``limit`` (a getMore's worth: the stream's batch size), and, when
+    the stream ran out of events, its resume token then (its post-batch token).
 
     The pull's per-read work (progress, the primary check) is done once per call, not per event.
     """
@@ -19,8 +20,8 @@ def read_events(stream: Any, limit: int) -> tuple[list[dict], dict | None]:
     while len(events) < limit:
         change = stream.try_next()
         if change is None:
-            return events, stream.resume_token
-        events.append(change)
+            return events, plain_token(stream.resume_token)
+        events.append(event_fields(change))
         if not _has_buffered(stream):  # the getMore's events are all here: the next read asks again
             break
     return events, None

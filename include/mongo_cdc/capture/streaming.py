@@ -42,6 +42,7 @@ from mongo_cdc.capture.events import (
     DATA_OPERATIONS,
     SourceInfo,
     change_rows,
+    open_change_stream,
     rows_to_table,
     token_cluster_time,
 )
@@ -323,7 +324,7 @@ class _ChangeReader:
             del options["resume_after"]
             options["start_after"] = self.start_after
         with (
-            self.client.watch(**options) as stream,
+            open_change_stream(self.client, **options) as stream,
             ReadAhead(stream, self.config.max_batch_size, self.target) as reads,
             _Landing(self._landed) as self.landing,
         ):
@@ -339,28 +340,29 @@ class _ChangeReader:
                     change = fragments.add(change)
                     if change is None:
                         continue
+                    change_token = change["_id"]
                     if change["operationType"] == "invalidate":
                         log.warning("replica set %s: change stream invalidated; reopening after it", self.rs)
                         self._land_read(batch)
-                        self.start_after = change["_id"]
+                        self.start_after = change_token
                         return False
                     if change["operationType"] == RENAME:
                         self._land_read(batch)
                         batch = self._rename_batch(change)
                     else:
                         collect_change(change, self.config, self.source, batch, self.transactions)
-                    batch.last_token = change["_id"]
+                    batch.last_token = change_token
                     # strictly past the target: more events of one transaction share its cluster
                     # time (and an open transaction's END has to land with it)
                     caught_up = (
-                        token_cluster_time(change["_id"]) > self.target
+                        token_cluster_time(change_token) > self.target
                         and not self.transactions.in_transaction
                     )
                     if self._full(batch) or (caught_up and self._has_news(batch)):
-                        self._land(batch, change["_id"])
+                        self._land(batch, change_token)
                         batch = MicroBatch()
                     if caught_up:
-                        token = change["_id"]
+                        token = change_token
                         break
                 if token is None or fragments.pending:  # more to read, or the rest of a split event
                     continue

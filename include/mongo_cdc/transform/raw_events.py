@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from bson import json_util
 
-from mongo_cdc.extjson import DECODE_OPTIONS
+from mongo_cdc.extjson import READ_OPTIONS
 from mongo_cdc.transform.keys import document_key
 
 if TYPE_CHECKING:
@@ -41,7 +41,7 @@ _KEY_OPTIONS = json_util.JSONOptions(datetime_conversion=bson.DatetimeConversion
 
 
 class ChangeEvent(NamedTuple):
-    document_id: Any  # the _id value, decoded (``extjson.DECODE_OPTIONS`` types)
+    document_id: Any  # the _id value, decoded (``extjson.READ_OPTIONS`` types)
     document_id_json: str  # the Extended JSON of _id, as in the key: {"id": "<EJSON of _id>"}
     op: str | None  # r, c, u, d, drop, rename; None for a tombstone
     ts_ms: int | None  # when mongo-cdc processed the event
@@ -57,12 +57,12 @@ class ChangeEvent(NamedTuple):
 
     @property
     def after(self) -> dict | None:
-        """The document, decoded (``extjson.DECODE_OPTIONS``)."""
+        """The document, decoded (``extjson.READ_OPTIONS``)."""
         return _decoded(self.after_bson)
 
     @property
     def before(self) -> dict | None:
-        """The pre-image, decoded (``extjson.DECODE_OPTIONS``)."""
+        """The pre-image, decoded (``extjson.READ_OPTIONS``)."""
         return _decoded(self.before_bson)
 
     @property
@@ -124,7 +124,7 @@ def event_keys(raw_keys: pa.Array | pa.ChunkedArray) -> tuple[pa.Array, pa.Array
 
 
 def decode_documents(data: pa.BinaryArray) -> list[dict]:
-    """The BSON documents of ``data`` (no nulls), decoded (``DECODE_OPTIONS``) in one call: its
+    """The BSON documents of ``data`` (no nulls), decoded (``READ_OPTIONS``) in one call: its
     values lie end to end in one buffer, which is a BSON stream."""
     if not len(data):
         return []
@@ -134,7 +134,7 @@ def decode_documents(data: pa.BinaryArray) -> list[dict]:
         int.from_bytes(offsets[(data.offset + at) * width : (data.offset + at + 1) * width], "little")
         for at in (0, len(data))
     )
-    return bson.decode_all(memoryview(values)[first:last], DECODE_OPTIONS)
+    return bson.decode_all(memoryview(values)[first:last], READ_OPTIONS)
 
 
 def _document_id(id_json: str | None) -> Any:
@@ -142,7 +142,7 @@ def _document_id(id_json: str | None) -> Any:
 
 
 def _decoded(data: bytes | None) -> dict | None:
-    return bson.decode(data, DECODE_OPTIONS) if data is not None else None
+    return bson.decode(data, READ_OPTIONS) if data is not None else None
 
 
 def applied_app_id(table: str, rs: str) -> str:

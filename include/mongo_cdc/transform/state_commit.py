@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable, Schema, write_deltalake
 from deltalake.transaction import create_table_with_add_actions
 
-from mongo_cdc.extjson import DECODE_OPTIONS
+from mongo_cdc.extjson import READ_OPTIONS
 from mongo_cdc.lake.batch_log import BatchWindow
 from mongo_cdc.lake.storage import row_count, table_if_exists
 from mongo_cdc.lake.table_reads import Where, read_rows
@@ -163,7 +163,7 @@ class StateRun:
         def write(part: Iterator[DocumentVersion]) -> list[StateOutput]:
             folded = list(part)
             documents = [
-                bson.decode(v.document, DECODE_OPTIONS) if v.document is not None else None for v in folded
+                bson.decode(v.document, READ_OPTIONS) if v.document is not None else None for v in folded
             ]
             state, _ = write_state(location, spec, folded, documents, markers.value)
             return [state]

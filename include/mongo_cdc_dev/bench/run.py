@@ -7,7 +7,9 @@ Starts its own single-member replica set in a temporary directory and, section b
   temporary lake (its rows checked byte for byte against the documents), and dlt's MongoDB
   pipeline with arrow items into Parquet (``peers``);
 * pull of a ``--events`` backlog (inserts, updates with ``updateLookup``, deletes): the same
-  change stream iterated bare as ``RawBSONDocument``s, and ``pull_changes`` landing it;
+  change stream iterated bare as ``RawBSONDocument``s, and ``pull_changes`` landing it; then both
+  again with mongod pinned to one core and the reader to another (``taskset``), as a deployment has
+  mongod on a machine of its own; and the client CPU time each spends per 100 k events;
 * a backlog of ``--large`` ~64 KB inserts pulled, and the collection snapshotted: their MB/s and
   peak RSS;
 * the ``--small`` collection snapshotted in one piece, then in ``CHUNKS`` chunks by one thread and
@@ -22,6 +24,7 @@ only rates from one run are compared; the load average is printed with the table
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -29,7 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,6 +58,10 @@ SNAPSHOT_SMALL_MIN = 0.7
 SNAPSHOT_NESTED_MIN = 0.5
 SNAPSHOT_VS_DLT_MIN = 3.0
 PULL_MIN = 0.8
+PULL_PINNED_MIN = 0.9  # issue 19
+PULL_CPU_MAX = 2.5  # the pull's client CPU per event against the bare iteration's (issue 19)
+# cores of the pinned runs: mongod's and the measured process's
+MONGOD_CORE, READER_CORE = 0, 1
 CHUNKED_MIN = 0.9  # chunking overhead < 10%
 PEAK_RSS_MAX_MIB = 500.0
 LARGE_INSERT_BATCH = 200  # documents of ~64 KB per insert: 13 MB, under a message's 48 MB
@@ -87,9 +94,14 @@ class Measured:
     seconds: float
     peak_mib: float = 0.0
     base_mib: float = 0.0
+    cpu_seconds: float = 0.0
 
     def rate(self, amount: float | None = None) -> float:
         return (self.count if amount is None else amount) / max(self.seconds, 1e-9)
+
+    def cpu_per_100k(self) -> float:
+        """Client CPU-seconds per 100 k items."""
+        return self.cpu_seconds * 100_000 / max(self.count, 1)
 
 
 @dataclass
@@ -102,16 +114,17 @@ class Bench:
     tmp: str
     peak_rows: list[Row]
 
-    def worker(self, path: str, collection: str, **task: Any) -> Measured:
-        """Run one measured path in a fresh process (``worker``)."""
+    def worker(self, path: str, collection: str, core: int | None = None, **task: Any) -> Measured:
+        """Run one measured path in a fresh process (``worker``), on one CPU core if ``core`` is given."""
         task = {"path": path, "uri": self.rs.uri, "rs": RS, "db": DB, "collection": collection, **task}
         package_root = str(Path(mongo_cdc.__file__).parent.parent)
         env = {
             **os.environ,
             "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])),
         }
+        pinned = ["taskset", "-c", str(core)] if core is not None else []
         done = subprocess.run(
-            [sys.executable, "-m", "mongo_cdc_dev.bench.worker", json.dumps(task)],
+            [*pinned, sys.executable, "-m", "mongo_cdc_dev.bench.worker", json.dumps(task)],
             capture_output=True,
             text=True,
             env=env,
@@ -119,7 +132,9 @@ class Bench:
         if done.returncode != 0:
             raise RuntimeError(f"bench worker {path} on {collection} failed:\n{done.stderr[-3000:]}")
         result = json.loads(done.stdout.strip().splitlines()[-1])
-        return Measured(result["count"], result["seconds"], result["peak_mib"], result["base_mib"])
+        return Measured(
+            result["count"], result["seconds"], result["peak_mib"], result["base_mib"], result["cpu_seconds"]
+        )
 
     def lake(self, name: str) -> str:
         return os.path.join(self.tmp, "lakes", name)
@@ -213,7 +228,8 @@ def snapshot_nested(bench: Bench) -> list[Row]:
 
 def pull(bench: Bench) -> list[Row]:
     """A bare change stream and ``pull_changes`` over the same backlog, from the same position: each
-    twice, alternating, the faster run counting (runs over one backlog vary by about a fifth)."""
+    twice, alternating, the faster run counting (runs over one backlog vary by about a fifth); then
+    the same with mongod on one core and the reader on another; and each one's client CPU per event."""
     collection = "events"
     lake = bench.lake(collection)
     config = bench_config({"db": DB, "collection": collection, "lake": lake})
@@ -222,34 +238,59 @@ def pull(bench: Bench) -> list[Row]:
     written = data.change_backlog(bench.client[DB][collection], bench.args.events)
     print(f"wrote a backlog of {written:,} change events", flush=True)
     token = offset.resume_token
-    # the second pull starts from the same lake and offset: a copy of both as they are now
-    again = bench.lake(f"{collection}-again")
-    shutil.copytree(lake, again)
     offsets = keeper.store.values  # type: ignore[attr-defined]
-    first = bench.worker("bare_stream", collection, lake=lake, resume_token=token)
-    first_ours = bench.worker("pull", collection, lake=lake, offsets=offsets)
-    bare = _best(first, bench.worker("bare_stream", collection, lake=lake, resume_token=token))
-    ours = _best(first_ours, bench.worker("pull", collection, lake=again, offsets=offsets))
-    counts = {first.count, bare.count, first_ours.count, ours.count}
-    if len(counts) != 1 or ours.count < written:
-        raise AssertionError(
-            f"events read: bare {first.count}/{bare.count}, pull {first_ours.count}/{ours.count}; "
-            f"written {written}"
-        )
+    # every pull starts from the same lake and offset: a copy of both as they are now
+    lakes = [lake]
+    for again in range(1, 4):
+        lakes.append(bench.lake(f"{collection}-{again}"))
+        shutil.copytree(lake, lakes[-1])
+
+    def both(lakes: list[str], core: int | None) -> tuple[Measured, Measured, Measured]:
+        """(the faster bare run, the faster pull, the pull with the higher peak RSS)."""
+        bare = [bench.worker("bare_stream", collection, core, lake=lake, resume_token=token)]
+        ours = [bench.worker("pull", collection, core, lake=lakes[0], offsets=offsets)]
+        bare.append(bench.worker("bare_stream", collection, core, lake=lake, resume_token=token))
+        ours.append(bench.worker("pull", collection, core, lake=lakes[1], offsets=offsets))
+        counts = {run.count for run in bare + ours}
+        if len(counts) != 1 or ours[0].count < written:
+            read = f"bare {[run.count for run in bare]}, pull {[run.count for run in ours]}"
+            raise AssertionError(f"events read: {read}; written {written}")
+        return _best(*bare), _best(*ours), max(ours, key=lambda run: run.peak_mib)
+
+    bare, ours, peak = both(lakes[:2], None)
+    bench.peak_rows.append(_peak_row("pull_changes", peak))
+    with _pinned(bench.rs, MONGOD_CORE):
+        pinned_bare, pinned_ours, _ = both(lakes[2:], READER_CORE)
     section = f"pull {written:,}-event backlog"
-    bench.peak_rows.append(_peak_row("pull_changes", max(first_ours, ours, key=lambda run: run.peak_mib)))
+    pinned = f"mongod on core {MONGOD_CORE}, reader on core {READER_CORE}"
+    cpu_bare = min(run.cpu_per_100k() for run in (bare, pinned_bare))
+    cpu_ours = min(run.cpu_per_100k() for run in (ours, pinned_ours))
     return [
         Row(section, "bare change stream, RawBSONDocument", bare.rate(), "events/s"),
-        Row(
-            section,
-            "mongo-cdc pull_changes -> Delta",
-            ours.rate(),
-            "events/s",
-            ours.rate() / bare.rate(),
-            "bare",
-            PULL_MIN,
-        ),
-    ]
+        Row(section, "mongo-cdc pull_changes -> Delta", ours.rate(), "events/s", ours.rate() / bare.rate(),
+            "bare", PULL_MIN),
+        Row(section, f"bare change stream, {pinned}", pinned_bare.rate(), "events/s"),
+        Row(section, f"mongo-cdc pull_changes, {pinned}", pinned_ours.rate(), "events/s",
+            pinned_ours.rate() / pinned_bare.rate(), "bare pinned", PULL_PINNED_MIN),
+        Row(section, "bare change stream, client CPU", cpu_bare, "CPU s/100k events"),
+        Row(section, "mongo-cdc pull_changes, client CPU", cpu_ours, "CPU s/100k events", cpu_ours / cpu_bare,
+            "bare", max_ratio=PULL_CPU_MAX),
+    ]  # fmt: skip
+
+
+@contextlib.contextmanager
+def _pinned(rs: ReplicaSet, core: int) -> Iterator[None]:
+    """Every thread of the replica set's mongod processes on ``core`` (``taskset``), then on every
+    core again."""
+    pids = [str(pid) for pid in rs.pids if pid is not None]
+    for pid in pids:
+        subprocess.run(["taskset", "-a", "-p", "-c", str(core), pid], check=True, capture_output=True)
+    try:
+        yield
+    finally:
+        every_core = f"0-{(os.cpu_count() or 1) - 1}"
+        for pid in pids:
+            subprocess.run(["taskset", "-a", "-p", "-c", every_core, pid], check=True, capture_output=True)
 
 
 def large_documents(bench: Bench) -> list[Row]:
