@@ -366,6 +366,19 @@ def document_keys(documents: pa.BinaryArray) -> pa.StringArray:
     return pc.binary_join_element_wise(head, hex_ids.cast(pa.binary()), tail, b"").cast(pa.string())
 
 
+def keys_and_documents(
+    documents: pa.BinaryArray, fields: CollectionFieldRules | None = None
+) -> tuple[pa.Array, pa.Array]:
+    """The raw ``key`` and ``after`` columns of documents read from a collection: their own bytes,
+    or rewritten by the collection's field rules (``field.exclude.list``, ``field.renames``)."""
+    if fields is None:
+        return document_keys(documents), documents
+    # per-document work only when the collection has rules
+    decoded = [bson.decode(document, DECODE_OPTIONS) for document in documents.to_pylist()]
+    keys = pa.array([extjson.document_key(document["_id"]) for document in decoded], pa.string())
+    return keys, pa.array([bson_bytes(fields.document(document)) for document in decoded], pa.binary())
+
+
 class SnapshotColumns:
     """Snapshot reads of one collection as Arrow record batches: the hot path of a snapshot.
 
@@ -414,14 +427,7 @@ class SnapshotColumns:
 
     def _rows(self, documents: pa.BinaryArray) -> pa.RecordBatch:
         count = len(documents)
-        if self._fields is None:
-            keys, afters = document_keys(documents), documents
-        else:  # per-document work only when this collection has rules
-            decoded = [bson.decode(document, DECODE_OPTIONS) for document in documents.to_pylist()]
-            keys = pa.array([extjson.document_key(document["_id"]) for document in decoded], pa.string())
-            afters = pa.array(
-                [bson_bytes(self._fields.document(document)) for document in decoded], pa.binary()
-            )
+        keys, afters = keys_and_documents(documents, self._fields)
         columns = self._constant.slice(0, count).columns
         columns[RAW_SCHEMA.get_field_index("key")] = keys
         columns[RAW_SCHEMA.get_field_index("after")] = afters
