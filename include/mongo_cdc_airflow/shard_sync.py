@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import logging
+import time
 from collections.abc import Callable
 from typing import NoReturn
 
@@ -276,12 +277,13 @@ class ShardSync:
             )
         if not self.shard.via_source:
             skip("verification of sharded clusters is not supported yet")
+        started = time.monotonic()
         try:
             with self.client() as client:
                 result = verify_replica_set(self.capture(client), self.config.verify_on_drift)
         except ConnectionFailure as exc:
             raise unreachable(self.shard, exc) from None
-        found = result.to_dict()
+        found = {**result.to_dict(), "seconds": round(time.monotonic() - started, 3)}
         context["ti"].xcom_push(key=task_ids.VERIFICATION_KEY, value=found)
         if result.failed:
             raise RuntimeError(

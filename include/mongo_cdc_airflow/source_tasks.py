@@ -148,7 +148,7 @@ def summary(config: SourceConfig) -> dict:
     what it left behind (``stuck_collections`` fails the run then). A run with a failed shard fails
     here, and a failed task's asset events are dropped."""
     # when the task runs, not when the DAG is parsed: metrics may be off
-    from mongo_cdc_airflow.metrics import emit_run_metrics, emit_state_rows
+    from mongo_cdc_airflow.metrics import emit_run_metrics, emit_state_rows, emit_verification_metrics
 
     context = get_current_context()
     ti = context["ti"]
@@ -166,6 +166,7 @@ def summary(config: SourceConfig) -> dict:
         for i in range(len(shards))
     ]
     result["verification"] = verified_collections([v for v in verifications if v is not None])
+    emit_verification_metrics(config.name, [v for v in verifications if v is not None])
     lake = source_lake(config)
     batches = lake.batches()
     backlogs = source_backlogs(lake, batches)

@@ -23,6 +23,7 @@ from bson import DatetimeConversion, Decimal128, Int64, MaxKey, MinKey, ObjectId
 from cdc_support import assert_state_equals_collection
 from conftest import make_source
 from deltalake import DeltaTable
+from statsd_support import airflow_statsd
 
 from mongo_cdc import lake
 from mongo_cdc.capture.offsets import offset_key
@@ -135,7 +136,9 @@ def test_writes_racing_a_verification_are_not_drift(scenario, replica_set):
     assert _drift(_last_verification(source, "items")) == {"missing": 0, "extra": 0, "different": 0}
 
 
-def test_writes_the_stream_never_showed_are_reported_then_healed_and_fail_fails_after(scenario, replica_set):
+def test_writes_the_stream_never_showed_are_reported_then_healed_and_fail_fails_after(
+    scenario, replica_set, monkeypatch
+):
     tmp, source, client = scenario
     _migrate(
         client,
@@ -155,7 +158,16 @@ def test_writes_the_stream_never_showed_are_reported_then_healed_and_fail_fails_
     assert {row["action"] for row in rows if row["example_keys"]} == {"reported"}
 
     failing = _source(tmp, replica_set, **{"verify.on.drift": "fail"})
-    run = failing.run(logical_date=FIRST_RUN + dt.timedelta(hours=1), conf={"verify": True}, expect="failed")
+    second_run = FIRST_RUN + dt.timedelta(hours=1)
+    with airflow_statsd(monkeypatch) as statsd:
+        run = failing.run(logical_date=second_run, conf={"verify": True}, expect="failed")
+        received = statsd.drain()
+    # the drift reaches the team's monitoring (docs/monitoring.md): a gauge per kind, the repairs
+    items = f"airflow.mongo_cdc.%s.{failing.name}.{replica_set.name}.{DB}__items"
+    for kind in ("missing", "extra", "different"):
+        assert statsd.last(items % f"drift_{kind}") == 1
+    assert statsd.total(items % "repaired_documents") == 3
+    assert received[f"airflow.mongo_cdc.verify.{failing.name}.{replica_set.name}"][-1][1] == "ms"
 
     states = _task_states(run)
     assert states["shard_sync.verify"] == "failed" and states["transform"] == "success"
