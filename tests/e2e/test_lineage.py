@@ -1,7 +1,7 @@
-"""With the OpenLineage provider installed and configured (a file transport here), a DAG run's events, on a
-local lake and on S3,
-name the MongoDB collections as the pull's and snapshot's inputs, the raw Delta tables as their
-outputs, and the transform's raw inputs and changes and state outputs, the state with its columns.
+"""With the OpenLineage provider installed and configured (a file transport here), a DAG run's
+events, on a local lake and on S3, name the MongoDB collections as the pull's and snapshot's inputs,
+the raw Delta tables as their outputs, and the transform's raw inputs and changes and state outputs,
+the state with its columns.
 
 The run is ``airflow dags test`` in its own process: the provider's listener is set up when Airflow
 loads its plugins, from the configuration of that moment."""
