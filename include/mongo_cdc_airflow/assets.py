@@ -137,7 +137,8 @@ def emit_table_events(
     transform had batches to apply for, or that is behind; the events added.
 
     ``batches``: the committed batches (the batch log); ``run_summary``: the summary task's result
-    (``events`` per collection, ``oplog`` per replica set); ``committed_before``: the last batch per
+    (``events`` per collection, ``oplog`` per replica set, ``verification`` per verified collection:
+    a state table's event carries it); ``committed_before``: the last batch per
     replica set that ``discover`` saw; ``pending``: the collections with a backlog when the
     transform started; ``backlogs``: each collection's now (``backlog.source_backlogs``).
     """
@@ -145,7 +146,8 @@ def emit_table_events(
     alias = outlet_events[source_alias(config)]
     emitted = []
     touched = touched_namespaces(run_summary["events"], batches, committed_before)
-    for namespace in sorted({*touched, *pending, *collections_behind(backlogs)}):
+    verified = run_summary.get("verification") or {}
+    for namespace in sorted({*touched, *pending, *collections_behind(backlogs), *verified}):
         db, _, collection = namespace.partition(".")
         new_events = sum(run_summary["events"].get(namespace, {}).values())
         backlog = backlogs.get(namespace, Backlog())
@@ -166,6 +168,8 @@ def emit_table_events(
                 backlog.of_table(zone),
                 run_summary["oplog"],
             )
+            if zone == "state" and namespace in verified:
+                extra["verification"] = verified[namespace]
             alias.add(Asset(name=asset_uri, uri=asset_uri), extra=extra)
             log.info("asset event %s: %s", asset_uri, extra)
             emitted.append(TableEvent(zone, namespace, asset_uri, extra["rows"]))

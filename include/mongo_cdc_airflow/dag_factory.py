@@ -2,8 +2,9 @@
 ``source_tasks`` and ``shard_sync``, the shard lifecycle in ``mongo_cdc.capture.shard_lifecycle``).
 
 ``mongo_cdc__<source>``: discover -> snapshot_start (per shard) -> snapshot_chunks -> snapshot_copy
-(per slice of chunks) -> per-shard mapped group [snapshot -> pull] -> plan_transform -> Spark
-transform -> summary, and stuck_collections (only when the transform failed).
+(per slice of chunks) -> per-shard mapped group [snapshot -> pull -> verify] -> plan_transform -> Spark
+transform -> summary, and stuck_collections (only when the transform failed); verification_failed
+(only when a shard's verify failed).
 ``mongo_cdc_topology__<source>``: a deferrable sensor that triggers the CDC DAG as soon as shards are
 added to or removed from the cluster (while the CDC DAG is unpaused).
 """
@@ -104,11 +105,18 @@ def build_cdc_dag(config: SourceConfig) -> DAG:
         # Airflow cannot map a task inside a mapped group: the chunks' fan-out sits between the groups
         copies = snapshot_copy.expand(work=chunk_work)
 
+        # After the pull, before the transform: its repairs are a batch this run's transform applies.
+        @task(task_id=task_ids.VERIFY, map_index_template="{{ shard_id }}")
+        @sole_writer(config)
+        def verify(shard_entry: dict, pulled: dict) -> dict:
+            return ShardSync(config, shard_entry).verify()
+
         @task_group(group_id=task_ids.SHARD_SYNC)
         def shard_sync(shard_entry: dict) -> dict:
             committed = snapshot(shard_entry)
             copies >> committed
-            return pull(shard_entry, committed)
+            # the group's last task: plan_transform waits for it (the summary reads the pull by task id)
+            return verify(shard_entry, pull(shard_entry, committed))
 
         @task(task_id=task_ids.PLAN_TRANSFORM, trigger_rule=TriggerRule.ALL_DONE)
         def plan_transform() -> list[str]:
@@ -126,8 +134,16 @@ def build_cdc_dag(config: SourceConfig) -> DAG:
         def stuck_collections() -> None:
             source_tasks.stuck_collections(config)
 
+        # Only when a shard's verification failed (or never ran because its shard failed): a leaf, so
+        # the run fails too (a task that is not one fails no run), alongside the transform that heals.
+        @task(task_id=task_ids.VERIFICATION_FAILED, trigger_rule=TriggerRule.ONE_FAILED, retries=0)
+        def verification_failed() -> None:
+            source_tasks.verification_failed()
+
         spark_args = plan_transform()
-        shard_sync.expand(shard_entry=shards) >> spark_args
+        synced = shard_sync.expand(shard_entry=shards)
+        synced >> spark_args
+        synced >> verification_failed()
         transform = transform_task(config, SPARK_APP, spark_args)
         transform >> summary()
         transform >> stuck_collections()

@@ -113,3 +113,21 @@ def emit_state_rows(source: str, state_rows: Mapping[str, int]) -> None:
     metrics = SourceMetrics(source)
     for namespace, rows in sorted(state_rows.items()):
         metrics.gauge("state_rows", rows, collection=namespace)
+
+
+def emit_verification_metrics(source: str, verifications: Iterable[Mapping[str, Any]]) -> None:
+    """Each replica set's verification (``ShardSync.verify``'s result): per collection the drift it
+    found, gauges ``drift_missing``, ``drift_extra``, ``drift_different`` (0 when it matched), and
+    the counter ``repaired_documents`` when a repair batch was landed; the timer ``verify``."""
+    metrics = SourceMetrics(source)
+    for verification in verifications:
+        rs = verification["rs"]
+        repaired = verification.get("repair_batch_seq") is not None
+        for namespace, found in sorted(verification.get("collections", {}).items()):
+            for kind in ("missing", "extra", "different"):
+                metrics.gauge(f"drift_{kind}", found[kind], rs=rs, collection=namespace)
+            if repaired:
+                drifted = found["missing"] + found["extra"] + found["different"]
+                metrics.count("repaired_documents", drifted, rs=rs, collection=namespace)
+        if verification.get("seconds") is not None:
+            metrics.seconds("verify", verification["seconds"], rs=rs)

@@ -20,7 +20,7 @@ from mongo_cdc_airflow.failures import fail_at_once
 
 
 def resnapshot_params() -> dict[str, Param]:
-    """The trigger form's on-call re-snapshot. Scheduled runs use the defaults."""
+    """The trigger form's on-call re-snapshot and verification. Scheduled runs use the defaults."""
     return {
         "resnapshot": Param(
             False,
@@ -45,6 +45,14 @@ def resnapshot_params() -> dict[str, Param]:
             description="Shard ids, one per line (a plain replica set is one shard named like the set). "
             "Empty: every shard.",
         ),
+        "verify": Param(
+            False,
+            type=["boolean", "null"],
+            title="Verify",
+            description="Compare the state tables with MongoDB by _id ranges and heal what drifted "
+            "(verify.on.drift), as runs on the verify.interval.hours schedule do; the report is in "
+            "raw/<topic.prefix>/_verifications.",
+        ),
     }
 
 
@@ -64,9 +72,11 @@ def resnapshot_request(
         for key in sorted(conf or {})
         if key not in PARAM_NAMES
     ]
+    for name in ("resnapshot", "verify"):
+        flag = _or_default(params, name, False)
+        if not isinstance(flag, bool):
+            problems.append(f'param "{name}" must be true or false, got {flag!r}')
     resnapshot = _or_default(params, "resnapshot", False)
-    if not isinstance(resnapshot, bool):
-        problems.append(f'param "resnapshot" must be true or false, got {resnapshot!r}')
     for name, what in (("collections", "<db>.<collection> names"), ("shards", "shard ids")):
         value = _or_default(params, name, [])
         if not isinstance(value, list) or not all(isinstance(item, str) and item for item in value):
@@ -87,6 +97,11 @@ def resnapshot_request(
             )
     _fail(problems)
     return ResnapshotRequest(tuple(collections), tuple(shards)) if resnapshot else None
+
+
+def verify_requested(params: Mapping[str, Any]) -> bool:
+    """Whether the trigger asked for a verification (checked by ``resnapshot_request`` in ``discover``)."""
+    return _or_default(params, "verify", False) is True
 
 
 def check_known(

@@ -90,9 +90,11 @@ Hourly; one run at a time. This DAG's pause switch is the source's: its shard wa
 | `snapshot_copy` | Copies one chunk of one collection (mapped: one task per chunk) |
 | `shard_sync.snapshot` | Per shard: commits the snapshot once every chunk is copied |
 | `{task_ids.SHARD_PULL}` | Per shard: streams changes into the raw tables until caught up |
+| `{task_ids.SHARD_VERIFY}` | Per shard, on **Verify** or daily: state vs MongoDB, drift healed |
 | `{task_ids.PLAN_TRANSFORM}`, `{task_ids.TRANSFORM}` | Spark updates `state` and `changes` from `raw` |
 | `summary` | Event counts, lag, each replica set's oplog window (XCom and log); Asset events |
 | `stuck_collections` | Runs only when the transform failed: names the collections left behind |
+| `{task_ids.VERIFICATION_FAILED}` | Runs only when a shard's sync or verify failed, and fails the run |
 
 ## Re-snapshot
 

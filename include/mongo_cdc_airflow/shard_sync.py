@@ -11,10 +11,12 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import logging
+import time
 from collections.abc import Callable
+from typing import NoReturn
 
 from airflow.sdk import get_current_context
-from airflow.sdk.exceptions import AirflowFailException
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 from pymongo import MongoClient
 from pymongo.errors import ConnectionFailure
 
@@ -24,9 +26,9 @@ from mongo_cdc.capture.shard_lifecycle import ShardPlan, plan_shard
 from mongo_cdc.capture.topology import Shard
 from mongo_cdc.config import SourceConfig
 from mongo_cdc_airflow import task_ids
-from mongo_cdc_airflow.failures import deterministic_failures
+from mongo_cdc_airflow.failures import deterministic_failures, fail_at_once
 from mongo_cdc_airflow.hooks import MongoCdcHook
-from mongo_cdc_airflow.params import resnapshot_request
+from mongo_cdc_airflow.params import resnapshot_request, verify_requested
 from mongo_cdc_airflow.variables import offset_keeper
 
 log = logging.getLogger(__name__)
@@ -46,6 +48,13 @@ def schedule_interval_s() -> float:
 
         return DEFAULT_INTERVAL_S
     return (end - start).total_seconds()
+
+
+def on_interval_hour(every: int, interval_start: dt.datetime | None) -> bool:
+    """Whether a run whose data interval starts at ``interval_start`` is one of every ``every`` hours:
+    its start is a multiple of ``every`` UTC hours since the epoch (daily at midnight for 24). Manual
+    runs (no interval) and ``every`` 0 never are."""
+    return bool(every) and interval_start is not None and int(interval_start.timestamp() // 3600) % every == 0
 
 
 def unreachable(shard: Shard, exc: ConnectionFailure) -> RuntimeError:
@@ -240,6 +249,54 @@ class ShardSync:
             key: snapshot_result.get(key) for key in ("documents", "seconds", "chunks", "newest_source_ts_ms")
         }
         return result
+
+    def verify(self) -> dict:
+        """Verify the shard's collections (``mongo_cdc.verify``) when the trigger asks for it or the
+        run is a scheduled one of every ``verify.interval.hours``; skipped otherwise. Its repairs are
+        a batch the transform of this run applies. Fails after healing when ``verify.on.drift`` is
+        ``fail`` and drift was found, and when a collection could not be verified (the others are)."""
+        from mongo_cdc.verify.verification import FAIL, verify_replica_set
+
+        context = get_current_context()
+
+        def skip(reason: str) -> NoReturn:
+            # an XCom even so: the summary reads every shard's, and a missing one is an error line
+            context["ti"].xcom_push(key=task_ids.VERIFICATION_KEY, value=None)
+            raise AirflowSkipException(reason)
+
+        if is_backfill():
+            skip("a backfill does not verify")
+        every = self.config.verify_interval_hours
+        # the schedule is the scheduled runs': a manual run verifies when its trigger asks
+        scheduled = context["dag_run"].run_type == "scheduled"
+        due = scheduled and on_interval_hour(every, context.get("data_interval_start"))
+        if not verify_requested(context["params"]) and not due:
+            skip(
+                f"not asked (trigger param verify) and not a scheduled run of every {every} h "
+                "(verify.interval.hours)"
+            )
+        if not self.shard.via_source:
+            skip("verification of sharded clusters is not supported yet")
+        started = time.monotonic()
+        try:
+            with self.client() as client:
+                result = verify_replica_set(self.capture(client), self.config.verify_on_drift)
+        except ConnectionFailure as exc:
+            raise unreachable(self.shard, exc) from None
+        found = {**result.to_dict(), "seconds": round(time.monotonic() - started, 3)}
+        context["ti"].xcom_push(key=task_ids.VERIFICATION_KEY, value=found)
+        if result.failed:
+            raise RuntimeError(
+                f"shard {self.shard.id}: verification failed for {', '.join(sorted(result.failed))} (see "
+                "the log above); the other collections were verified"
+            )
+        if result.drift and self.config.verify_on_drift == FAIL:
+            fail_at_once(
+                f"shard {self.shard.id}: {result.drift} documents drifted from MongoDB (verify.on.drift: "
+                f"fail); they were healed by batch {result.repair_batch_seq}. The report is in "
+                f"raw/{self.config.topic_prefix}/_verifications (verification_id {result.verification_id})"
+            )
+        return found
 
     def backfill(self) -> dict:
         from mongo_cdc.capture.backfill import backfill_interval

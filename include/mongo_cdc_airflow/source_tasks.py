@@ -23,7 +23,7 @@ from mongo_cdc_airflow.failures import deterministic_failures, fail_at_once
 from mongo_cdc_airflow.hooks import MongoCdcHook
 from mongo_cdc_airflow.lake_storage import source_lake
 from mongo_cdc_airflow.params import check_known, resnapshot_request
-from mongo_cdc_airflow.shard_sync import is_backfill, unreachable
+from mongo_cdc_airflow.shard_sync import is_backfill, on_interval_hour, unreachable
 from mongo_cdc_airflow.variables import (
     offset_keeper,
     store_topology,
@@ -135,7 +135,7 @@ def maintenance_arguments(config: SourceConfig, interval_start: dt.datetime | No
     (UTC hours since the epoch: daily at midnight by default), so a table is compacted and vacuumed
     once per interval without reading its history every run."""
     every = config.lake_optimize_interval_hours
-    if not every or interval_start is None or int(interval_start.timestamp() // 3600) % every:
+    if not on_interval_hour(every, interval_start):
         return []
     settings = {"optimize_interval_hours": every, "retention_hours": config.lake_retention_hours}
     return ["--maintain", json.dumps(settings, sort_keys=True)]
@@ -148,7 +148,7 @@ def summary(config: SourceConfig) -> dict:
     what it left behind (``stuck_collections`` fails the run then). A run with a failed shard fails
     here, and a failed task's asset events are dropped."""
     # when the task runs, not when the DAG is parsed: metrics may be off
-    from mongo_cdc_airflow.metrics import emit_run_metrics, emit_state_rows
+    from mongo_cdc_airflow.metrics import emit_run_metrics, emit_state_rows, emit_verification_metrics
 
     context = get_current_context()
     ti = context["ti"]
@@ -161,6 +161,12 @@ def summary(config: SourceConfig) -> dict:
     run_end = pendulum.now("UTC")
     run_end_ms = int(run_end.timestamp() * 1000)
     result = summarize([p for p in pulls if p is not None], run_end)
+    verifications = [
+        ti.xcom_pull(task_ids=task_ids.SHARD_VERIFY, key=task_ids.VERIFICATION_KEY, map_indexes=i)
+        for i in range(len(shards))
+    ]
+    result["verification"] = verified_collections([v for v in verifications if v is not None])
+    emit_verification_metrics(config.name, [v for v in verifications if v is not None])
     lake = source_lake(config)
     batches = lake.batches()
     backlogs = source_backlogs(lake, batches)
@@ -182,6 +188,22 @@ def summary(config: SourceConfig) -> dict:
     result["assets"] = [table.uri for table in tables]
     emit_state_rows(config.name, {table.namespace: table.rows for table in tables if table.zone == "state"})
     return result
+
+
+def verified_collections(verifications: list[dict]) -> dict[str, dict]:
+    """What the run's verifications (``verify_replica_set``'s results) found, per collection: when,
+    and its drift (missing, extra, different); logged one line each."""
+    found: dict[str, dict] = {}
+    for verification in verifications:
+        for namespace, counts in verification["collections"].items():
+            entry = found.setdefault(namespace, {"verified_at": verification["verified_at"], "missing": 0,
+                                                 "extra": 0, "different": 0})  # fmt: skip
+            for kind in ("missing", "extra", "different"):
+                entry[kind] += counts[kind]
+    for namespace, entry in sorted(found.items()):
+        log.info("verified %s at %s: %d missing, %d extra, %d different", namespace, entry["verified_at"],
+                 entry["missing"], entry["extra"], entry["different"])  # fmt: skip
+    return found
 
 
 def report_backlogs(backlogs: dict[str, Backlog]) -> dict[str, int]:
@@ -215,6 +237,16 @@ def stuck_collections(config: SourceConfig) -> None:
     raise AirflowFailException(
         "the transform did not succeed (see its log, or plan_transform's if it never ran); no collection "
         "is behind the committed batches"
+    )
+
+
+def verification_failed() -> None:
+    """Fails the run when a shard's ``verify`` (or a task before it) failed: that task's log says
+    why; the drift it found was healed by this run's transform unless ``verify.on.drift`` is
+    ``report``."""
+    raise AirflowFailException(
+        "a shard_sync.verify task failed or could not run (see its log, or its shard's pull): "
+        "drift found under verify.on.drift: fail, or a collection that could not be verified"
     )
 
 

@@ -6,6 +6,9 @@ SNAPSHOT_START = "snapshot_start"
 SHARD_SYNC = "shard_sync"  # the per-shard mapped task group
 PULL = "pull"
 SHARD_PULL = f"{SHARD_SYNC}.{PULL}"  # the pull's id outside its group
+VERIFY = "verify"
+SHARD_VERIFY = f"{SHARD_SYNC}.{VERIFY}"
+VERIFICATION_FAILED = "verification_failed"
 PLAN_TRANSFORM = "plan_transform"
 TRANSFORM = "transform"
 
@@ -13,3 +16,5 @@ TRANSFORM = "transform"
 COMMITTED_KEY = "committed"
 # plan_transform: the collections behind the committed batches before the transform ran
 PENDING_KEY = "pending"
+# verify: what the verification found (pushed before a verify.on.drift: fail fails the task)
+VERIFICATION_KEY = "verification"

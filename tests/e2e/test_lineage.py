@@ -1,6 +1,7 @@
-"""With the OpenLineage provider installed and configured (a file transport here), a DAG run's events
-name the MongoDB collections as the pull's and snapshot's inputs, the raw Delta tables as their
-outputs, and the transform's raw inputs and changes and state outputs, the state with its columns.
+"""With the OpenLineage provider installed and configured (a file transport here), a DAG run's
+events, on a local lake and on S3, name the MongoDB collections as the pull's and snapshot's inputs,
+the raw Delta tables as their outputs, and the transform's raw inputs and changes and state outputs,
+the state with its columns.
 
 The run is ``airflow dags test`` in its own process: the provider's listener is set up when Airflow
 loads its plugins, from the configuration of that moment."""
@@ -12,6 +13,9 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
+from conftest import make_source
+from s3_support import LAKE_CONN_ID
 
 from mongo_cdc_airflow.assets import table_asset_uri
 
@@ -30,8 +34,30 @@ def datasets(events: list[dict], task: str, direction: str) -> set[tuple[str, st
     }
 
 
-def test_a_run_reports_collections_in_and_delta_tables_out(cdc_source, replica_set, db_name, tmp_path):
-    source = cdc_source(db_name)
+def openlineage_name(uri: str) -> tuple[str, str]:
+    """(namespace, name) of a table's Asset URI under OpenLineage's naming: ``file`` and the path
+    for a local lake, ``s3://<bucket>`` and the key for S3."""
+    if uri.startswith("file://"):
+        return "file", uri.removeprefix("file://")
+    bucket, _, key = uri.removeprefix("s3://").partition("/")
+    return f"s3://{bucket}", key
+
+
+def test_a_run_reports_collections_in_and_delta_tables_out(
+    airflow_db, replica_set, db_name, tmp_path, local_or_s3_lake
+):
+    lake_settings = (
+        {"lake.root": local_or_s3_lake.root, "lake.connection.id": LAKE_CONN_ID}
+        if local_or_s3_lake.storage_options
+        else {}
+    )
+    source = make_source(
+        tmp_path,
+        replica_set.uri,
+        db_name,
+        storage_options=dict(local_or_s3_lake.storage_options),
+        **lake_settings,
+    )
     with replica_set.client() as client:
         client[db_name].items.insert_many([{"_id": i, "v": i} for i in range(5)])
         host = client.address
@@ -56,21 +82,20 @@ def test_a_run_reports_collections_in_and_delta_tables_out(cdc_source, replica_s
 
     collection = (f"mongodb://{host[0]}:{host[1]}", f"{db_name}.items")
     raw, changes, state = (
-        table_asset_uri(source.location, zone, source.prefix, f"{db_name}.items")
+        openlineage_name(table_asset_uri(source.location, zone, source.prefix, f"{db_name}.items"))
         for zone in ("raw", "changes", "state")
     )
-    assert raw.startswith("file://") and (raw, changes, state)
-    local = {uri: ("file", uri.removeprefix("file://")) for uri in (raw, changes, state)}
+    assert raw[0] == ("file" if source.location.is_local else f"s3://{source.lake_root[5:].split('/')[0]}")
     assert datasets(events, "snapshot", "inputs") == {collection}
-    assert datasets(events, "snapshot", "outputs") == {local[raw]}
-    assert datasets(events, "transform", "inputs") == {local[raw]}
-    assert datasets(events, "transform", "outputs") == {local[changes], local[state]}
+    assert datasets(events, "snapshot", "outputs") == {raw}
+    assert datasets(events, "transform", "inputs") == {raw}
+    assert datasets(events, "transform", "outputs") == {changes, state}
     [state_schema] = [
         dataset["facets"]["schema"]["fields"]
         for event in events
         if event["eventType"] == "COMPLETE" and event["job"]["name"].endswith(".transform")
         for dataset in event["outputs"]
-        if dataset["name"] == local[state][1]
+        if dataset["name"] == state[1]
     ]
     assert {"_id", "v", "__key", "__doc_bson"} <= {field["name"] for field in state_schema}
 

@@ -18,7 +18,7 @@ DEFAULTS = {"resnapshot": False, "collections": [], "shards": []}
     [
         (
             {"resnapshot": True, "colections": ["shop.orders"]},
-            'unknown param "colections"; the params are: resnapshot, collections, shards',
+            'unknown param "colections"; the params are: resnapshot, collections, shards, verify',
         ),
         ({"resnapshot": "yes"}, "param \"resnapshot\" must be true or false, got 'yes'"),
         ({"resnapshot": True, "collections": "shop.orders"}, 'param "collections" must be a list'),

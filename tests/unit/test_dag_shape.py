@@ -27,10 +27,12 @@ def test_cdc_dag_is_hourly_with_intervals_one_run_at_a_time_and_backoff_retries(
         "snapshot_copy",
         "shard_sync.snapshot",
         "shard_sync.pull",
+        "shard_sync.verify",
         "plan_transform",
         "transform",
         "summary",
         "stuck_collections",
+        "verification_failed",
     }
     # a snapshot's chunks fan out as mapped tasks labelled by shard, collection and chunk numbers;
     # a failed shard (start or copy) leaves the others going
@@ -39,6 +41,11 @@ def test_cdc_dag_is_hourly_with_intervals_one_run_at_a_time_and_backoff_retries(
     assert dag.get_task("shard_sync.snapshot").trigger_rule == "all_done"
     pull = dag.get_task("shard_sync.pull")
     assert pull.retries == 3 and pull.retry_exponential_backoff
+    # the verification follows its shard's pull, and the transform that applies its repairs follows it
+    assert "shard_sync.pull" in dag.get_task("shard_sync.verify").upstream_task_ids
+    assert "shard_sync.verify" in dag.get_task("plan_transform").upstream_task_ids
+    assert dag.get_task("verification_failed").upstream_task_ids == {"shard_sync.verify"}
+    assert dag.get_task("verification_failed").trigger_rule == "one_failed"
     assert dag.get_task("transform")._conn_id == "spark_default"
     assert (
         dag.get_task("plan_transform").trigger_rule == "all_done"

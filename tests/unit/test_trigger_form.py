@@ -20,12 +20,14 @@ def _marked_required(schema: dict) -> bool:
 def test_no_param_is_marked_required_in_the_trigger_form():
     params = resnapshot_params()
     assert {name: _marked_required(param.schema) for name, param in params.items()} == {
+        "verify": False,
         "resnapshot": False,
         "collections": False,
         "shards": False,
     }
     # the same defaults, and an emptied field (null) passes Airflow's own validation
     assert {name: param.resolve() for name, param in params.items()} == {
+        "verify": False,
         "resnapshot": False,
         "collections": [],
         "shards": [],

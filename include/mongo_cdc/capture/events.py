@@ -360,6 +360,18 @@ def document_keys(documents: pa.BinaryArray) -> pa.StringArray:
     return pc.binary_join_element_wise(head, hex_ids.cast(pa.binary()), tail, b"").cast(pa.string())
 
 
+def keys_and_documents(
+    documents: pa.BinaryArray, fields: CollectionFieldRules | None = None
+) -> tuple[pa.Array, pa.Array]:
+    """The raw ``key`` and ``after`` columns of documents read from a collection: their own bytes,
+    or rewritten by the collection's field rules (``field.exclude.list``, ``field.renames``)."""
+    keys = document_keys(documents)  # rules never change _id
+    if fields is None:
+        return keys, documents
+    # per-document work only when the collection has rules
+    return keys, pa.array([fields.document(document) for document in documents.to_pylist()], pa.binary())
+
+
 class SnapshotColumns:
     """Snapshot reads of one collection as Arrow record batches: the hot path of a snapshot.
 
@@ -408,11 +420,7 @@ class SnapshotColumns:
 
     def _rows(self, documents: pa.BinaryArray) -> pa.RecordBatch:
         count = len(documents)
-        keys, afters = document_keys(documents), documents
-        if self._fields is not None:  # per-document work only when this collection has rules
-            afters = pa.array(
-                [self._fields.document(document) for document in documents.to_pylist()], pa.binary()
-            )
+        keys, afters = keys_and_documents(documents, self._fields)
         columns = self._constant.slice(0, count).columns
         columns[RAW_SCHEMA.get_field_index("key")] = keys
         columns[RAW_SCHEMA.get_field_index("after")] = afters

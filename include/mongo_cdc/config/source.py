@@ -35,6 +35,9 @@ from mongo_cdc.transform.flatten_options import (
 # Debezium's snapshot.mode values (see shard_lifecycle.plan_shard); no_data and never mean the same.
 SNAPSHOT_MODES = ("initial", "when_needed", "always", "initial_only", "no_data", "never")
 SKIPPABLE_OPERATIONS = ("c", "u", "d", "none")
+# What a verification does about drift it finds (``mongo_cdc.verify``): heal and warn, heal and fail
+# the task, or only report.
+VERIFY_ON_DRIFT = ("repair", "fail", "report")
 # Databases MongoDB uses for itself; Debezium never captures them either.
 SYSTEM_DATABASES = frozenset({"admin", "local", "config"})
 # The flattening keys' defaults are FlatteningOptions' own.
@@ -102,6 +105,22 @@ class SourceConfig:
         " back this far, and a read may take this long. `0` deletes them in each maintenance run: no "
         "time travel, a read running across a maintenance run may fail, but a plain Parquet glob then"
         " sees only live rows (see *Not a glob*).",
+    )
+    verify_interval_hours: int = setting(
+        "verify.interval.hours",
+        24,
+        Integer(0),
+        "Scheduled runs whose interval starts on a multiple of this many hours (UTC, since the epoch: "
+        "daily at midnight by default) [verify](semantics.md#verification) the lake against MongoDB; "
+        "the trigger param `verify` asks for it in any run. `0`: only when asked.",
+    )
+    verify_on_drift: str = setting(
+        "verify.on.drift",
+        "repair",
+        Choice(VERIFY_ON_DRIFT),
+        "What a verification does with documents the lake has wrong: `repair` heals them (a warning "
+        "in the log), `fail` heals them and then fails the `verify` task (Airflow's alerting fires), "
+        "`report` only records them in `raw/<topic.prefix>/_verifications`.",
     )
     database_include: tuple[re.Pattern, ...] = setting(
         "database.include.list",

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from urllib.parse import unquote
@@ -101,10 +101,29 @@ def naming_damaged_files(
             raise error from None
         if not damaged:
             raise
-        listed = "; ".join(f"{file.uri} ({file.problem})" for file in damaged)
-        raise LakeFileError(
-            f"Delta table {table_uri}: data file {listed}. {fix_for(table_uri, version)}"
-        ) from error
+        raise LakeFileError(_damage_text(table_uri, damaged, version)) from error
+
+
+def _damage_text(table_uri: str, damaged: list[DamagedFile], version: TableVersion = None) -> str:
+    listed = "; ".join(f"{file.uri} ({file.problem})" for file in damaged)
+    return f"Delta table {table_uri}: data file {listed}. {fix_for(table_uri, version)}"
+
+
+def damage_in(
+    table_uris: Iterable[str], storage_options: Mapping[str, str] | None = None
+) -> LakeFileError | None:
+    """The missing or truncated data files of the current versions of ``table_uris``, named with
+    their fixes (None: every file is whole). For a failure whose error names no file (pyarrow's
+    ``Parquet magic bytes not found in footer``): a table that does not exist is skipped."""
+    found = []
+    for uri in table_uris:
+        try:
+            damaged = damaged_files(uri, storage_options)
+        except Exception:  # no table there, or no log to compare with: nothing to name
+            continue
+        if damaged:
+            found.append(_damage_text(uri, damaged))
+    return LakeFileError(" ".join(found)) if found else None
 
 
 def refuse_legacy_layout(location: LakeLocation, prefix: str) -> None:

@@ -50,6 +50,7 @@ from mongo_cdc.lake.raw_files import write_files
 from mongo_cdc.lake.snapshot_log import CHUNK, COPIED, SNAPSHOT, SNAPSHOT_LOG_SCHEMA, Chunk, SnapshotPlan
 from mongo_cdc.lake.storage import LakeLocation, table_if_exists
 from mongo_cdc.lake.table_reads import Where, read_rows
+from mongo_cdc.lake.verification_log import VERIFICATION_LOG_SCHEMA
 
 log = logging.getLogger(__name__)
 
@@ -342,6 +343,18 @@ class SourceLake:
         write_deltalake(
             self.source_uri(lake.SNAPSHOT_LOG),
             pa.Table.from_pylist([row], schema=SNAPSHOT_LOG_SCHEMA),
+            mode="append",
+            storage_options=self.options,
+            commit_properties=CommitProperties(max_commit_retries=COMMIT_RETRIES),
+        )
+
+    # -- verifications -----------------------------------------------------------------------------
+
+    def record_verification(self, rows: list[dict]) -> None:
+        """Append a verification's rows (``verification_log``) to ``raw/<prefix>/_verifications``."""
+        write_deltalake(
+            self.source_uri(lake.VERIFICATION_LOG),
+            pa.Table.from_pylist(rows, schema=VERIFICATION_LOG_SCHEMA),
             mode="append",
             storage_options=self.options,
             commit_properties=CommitProperties(max_commit_retries=COMMIT_RETRIES),

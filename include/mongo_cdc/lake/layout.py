@@ -5,6 +5,7 @@ Every table is a Delta table (committed with delta-rs) under ``lake.root``::
     raw/<topic.prefix>/<db>/<collection>      raw events, append-only, partitioned by ``hour``
     raw/<topic.prefix>/_batches               the batch log: one row per landed batch (``landing``)
     raw/<topic.prefix>/_snapshots             the snapshots' chunk plans and copied chunks (``landing``)
+    raw/<topic.prefix>/_verifications         the verifications' reports, one row per _id range checked
     raw/<topic.prefix>/transaction            BEGIN/END records (provide.transaction.metadata)
     raw/<topic.prefix>/__heartbeat            heartbeats (heartbeat.interval.ms)
     raw/<topic.prefix>/_deletions/<db>/<coll> the state's deletion markers (the transform)
@@ -123,6 +124,7 @@ RENAMED_COPY_ORDER = "0"
 
 BATCH_LOG = "_batches"
 SNAPSHOT_LOG = "_snapshots"
+VERIFICATION_LOG = "_verifications"
 DELETIONS_DIR = "_deletions"
 TRANSACTION_DIR = "transaction"
 HEARTBEAT_DIR = "__heartbeat"
@@ -245,7 +247,7 @@ def _deletions_parts(prefix: str, db: str, collection: str) -> tuple[str, ...]:
 
 def source_table_uri(lake: LakeLocation, prefix: str, name: str) -> str:
     """A source-wide table under ``raw/<prefix>/`` (``BATCH_LOG``, ``SNAPSHOT_LOG``, ``TRANSACTION_DIR``,
-    ``HEARTBEAT_DIR``)."""
+    ``HEARTBEAT_DIR``, ``VERIFICATION_LOG``)."""
     return lake.table_uri("raw", prefix, name)
 
 

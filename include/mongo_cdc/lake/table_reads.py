@@ -16,7 +16,7 @@ its choice, and every reader normalizes instead of trusting it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -114,3 +114,10 @@ def read_rows(
     ]
     rows = pa.concat_tables(parts) if parts else plain_schema(dataset.schema).empty_table()
     return rows.select(list(columns)) if columns is not None else rows
+
+
+def scan_rows(table: DeltaTable, columns: Sequence[str]) -> Iterator[pa.Table]:
+    """``columns`` of every row of ``table``'s current version, a record batch at a time (in plain
+    types): a whole-table pass whose memory stays one batch whatever the table's size."""
+    for batch in table.to_pyarrow_dataset().to_batches(columns=list(columns)):
+        yield plain(pa.Table.from_batches([batch]))

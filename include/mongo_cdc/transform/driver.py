@@ -47,6 +47,7 @@ from deltalake.exceptions import CommitFailedError
 
 from mongo_cdc import lake
 from mongo_cdc.lake.batch_log import Batch, BatchWindow
+from mongo_cdc.lake.errors import LakeFileError, damage_in
 from mongo_cdc.lake.landing import COMMIT_RETRIES, SourceLake
 from mongo_cdc.lake.maintenance import maintain_table, remove_uncommitted_leftovers
 from mongo_cdc.lake.storage import row_count, table_if_exists
@@ -324,7 +325,9 @@ def transform_collections(
                 context, source_lake, namespace, batches, flattening, rebuild_hours
             )
             summary.collections[namespace] = transform.run(maintenance)
-        except Exception as error:  # one collection's failure holds back no other collection
+        except Exception as failure:  # one collection's failure holds back no other collection
+            # a damaged data file is named with its fix, whatever the reader's own message says
+            error = _named_damage(source_lake, namespace) or failure
             behind = collection_backlog(source_lake, namespace, batches).batches
             log.exception("FAILED: %s; the other collections carry on", behind_text({namespace: behind}))
             summary.failed[namespace] = {"error": _error_line(error), "batches_behind": behind}
@@ -339,6 +342,17 @@ def transform_collections(
             "removed %d files no table's log names (commits that never happened): %s", len(removed), removed
         )
     return summary
+
+
+def _named_damage(source_lake: SourceLake, namespace: str) -> LakeFileError | None:
+    db, _, collection = namespace.partition(".")
+    uris = [
+        lake.table_uri(source_lake.location, zone, source_lake.prefix, db, collection) for zone in lake.ZONES
+    ]
+    found = damage_in(uris, source_lake.options)
+    if found is not None:
+        log.error("%s: %s", namespace, found)
+    return found
 
 
 def _error_line(error: Exception) -> str:
