@@ -10,6 +10,7 @@ import pyarrow as pa
 import pytest
 import yaml
 from bson import json_util
+from bson_by_hand import DBPOINTER, SYMBOL, UNDEFINED, array, document, embedded
 
 from mongo_cdc.capture.field_filters import FieldFilters, FieldRenameConflict, parse_rules
 from mongo_cdc.capture.replica_set import ReplicaSetCapture
@@ -31,6 +32,18 @@ def rules_for(namespace: str, exclude: object = (), renames: object = ()):
     return FieldFilters(rules).for_collection(db, collection)
 
 
+def rewritten(fields, document: dict) -> dict:
+    """``document`` through the rules, which rewrite BSON."""
+    return bson.decode(fields.document(bson.encode(document)))
+
+
+def rewritten_description(fields, description: dict) -> dict:
+    """An update description through the rules, ``updatedFields`` decoded (the rules rewrite BSON)."""
+    raw = {**description, "updatedFields": bson.encode(description["updatedFields"])}
+    rewritten = fields.update_description(raw)
+    return {**rewritten, "updatedFields": bson.decode(rewritten["updatedFields"])}
+
+
 # --- the document rewriting ------------------------------------------------------------------------
 
 
@@ -45,7 +58,7 @@ def test_exclusion_reaches_nested_fields_and_every_sub_document_of_an_array():
         "a": {"b": {"c": 1, "d": 2}, "c": 3},
         "cost": 5,  # same name at another level: kept
     }
-    assert fields.document(document) == {
+    assert rewritten(fields, document) == {
         "_id": 1,
         "items": [{"sku": "A"}, 7, [{"sku": "B"}]],
         "a": {"b": {"d": 2}, "c": 3},
@@ -56,14 +69,14 @@ def test_exclusion_reaches_nested_fields_and_every_sub_document_of_an_array():
 def test_renames_keep_the_field_position_and_apply_one_after_the_other():
     # the second entry names the field by the name the first one gave it (Debezium's order)
     fields = rules_for("shop.orders", renames=["shop.orders.name:label", "shop.orders.label.first:given"])
-    renamed = fields.document({"_id": 1, "name": {"first": "Ada", "last": "L"}, "z": 0})
+    renamed = rewritten(fields, {"_id": 1, "name": {"first": "Ada", "last": "L"}, "z": 0})
     assert list(renamed) == ["_id", "label", "z"]
     assert renamed["label"] == {"given": "Ada", "last": "L"}
 
 
 def test_exclusions_come_before_renames_whatever_the_key_order():
     fields = rules_for("s.c", exclude=["s.c.old"], renames=["s.c.new:old"])
-    assert fields.document({"_id": 1, "old": 1, "new": 2}) == {"_id": 1, "old": 2}
+    assert rewritten(fields, {"_id": 1, "old": 1, "new": 2}) == {"_id": 1, "old": 2}
 
 
 def test_wildcards_select_databases_and_collections_not_fields():
@@ -71,7 +84,7 @@ def test_wildcards_select_databases_and_collections_not_fields():
     filters = FieldFilters(rules)
     assert filters.for_collection("shop_eu", "orders") is not None
     assert filters.for_collection("other", "orders") is None  # the snapshot keeps its fast path
-    assert filters.for_collection("other", "audit").document({"_id": 1, "ip": 1, "secret": 2}) == {
+    assert rewritten(filters.for_collection("other", "audit"), {"_id": 1, "ip": 1, "secret": 2}) == {
         "_id": 1,
         "secret": 2,
     }
@@ -100,7 +113,7 @@ def test_update_descriptions_follow_dotted_paths_and_array_positions():
         "removedFields": ["secret", "items.2.cost", "customer.name", "customer", "total"],
         "truncatedArrays": [{"field": "items", "newSize": 1}, {"field": "secret", "newSize": 0}],
     }
-    assert fields.update_description(description) == {
+    assert rewritten_description(fields, description) == {
         "updatedFields": {
             "items.1": {"sku": "B"},
             "items": [{"sku": "C"}],
@@ -113,12 +126,32 @@ def test_update_descriptions_follow_dotted_paths_and_array_positions():
     }
 
 
+def test_update_descriptions_keep_the_bytes_of_every_other_value():
+    """The rules rewrite ``updatedFields`` by elements: values of the deprecated types stay as sent."""
+    fields = rules_for("s.c", exclude=["s.c.secret", "s.c.items.cost"], renames=["s.c.name:title"])
+    updated = [
+        ("name.first", SYMBOL),
+        ("secret", DBPOINTER),
+        ("items", array([embedded([("cost", UNDEFINED), ("sku", SYMBOL)]), DBPOINTER])),
+        ("$odd.name", UNDEFINED),
+    ]
+    rewritten = fields.update_description({"updatedFields": document(updated), "removedFields": ["secret"]})
+    assert rewritten["updatedFields"] == document(
+        [
+            ("title.first", SYMBOL),
+            ("items", array([embedded([("sku", SYMBOL)]), DBPOINTER])),
+            ("$odd.name", UNDEFINED),
+        ]
+    )
+    assert rewritten["removedFields"] == []
+
+
 def test_a_rename_onto_an_existing_field_is_refused_not_overwritten():
     fields = rules_for("s.c", renames=["s.c.a:b"])
     with pytest.raises(FieldRenameConflict, match=r"'s.c.a:b'.*already has a field 'b'"):
-        fields.document({"_id": 1, "a": 1, "b": 2})
+        fields.document(bson.encode({"_id": 1, "a": 1, "b": 2}))
     with pytest.raises(FieldRenameConflict, match="sets both 'a' and 'b'"):
-        fields.update_description({"updatedFields": {"a": 1, "b": 2}})
+        fields.update_description({"updatedFields": bson.encode({"a": 1, "b": 2})})
 
 
 # --- validation ------------------------------------------------------------------------------------
@@ -162,7 +195,9 @@ def test_malformed_entries_are_refused_naming_key_entry_and_format(tmp_path, con
 
 def test_nested_id_fields_are_ordinary_fields(tmp_path):
     config = load_source(write(tmp_path, {"field.renames": "shop.orders.ref._id:refId"}))
-    assert config.field_filters.for_collection("shop", "orders").document({"_id": 1, "ref": {"_id": 2}}) == {
+    assert rewritten(
+        config.field_filters.for_collection("shop", "orders"), {"_id": 1, "ref": {"_id": 2}}
+    ) == {
         "_id": 1,
         "ref": {"refId": 2},
     }

@@ -191,7 +191,7 @@ def test_flatten_keeps_both_values_when_two_paths_give_one_name():
 
 
 def test_flatten_of_an_update_without_after_flattens_the_updated_paths():
-    update = {"updatedFields": decoded({"a.b": 5}), "removedFields": ["c.d"], "truncatedArrays": []}
+    update = {"updatedFields": bson.encode({"a.b": 5}), "removedFields": ["c.d"], "truncatedArrays": []}
     assert change_row(event("u", update=update), FLATTENED)[1] == {"_id": 1, "a_b": 5, "c_d": None}
 
 

@@ -11,11 +11,13 @@ from typing import Any
 import bson
 import pyarrow as pa
 import pyarrow.compute as pc
+import pytest
 from bson import Decimal128, Int64, ObjectId
 from bson.datetime_ms import DatetimeMS
 from deltalake import write_deltalake
 
 from mongo_cdc import extjson, lake
+from mongo_cdc.bson_elements import DamagedBson
 from mongo_cdc.capture.events import rows_to_table
 from mongo_cdc.lake import SnapshotManifest
 from mongo_cdc.lake.batch_log import BATCH_LOG_SCHEMA, Batch, BatchWindow
@@ -63,7 +65,7 @@ def event(op, position, after=None, update=None, document_id: Any = 1, rs="rs0")
 
 def update(updated=None, removed=None, truncated=None) -> dict:
     return {
-        "updatedFields": decoded(updated or {}),
+        "updatedFields": bson.encode(updated or {}),
         "removedFields": removed or [],
         "truncatedArrays": truncated or [],
     }
@@ -83,8 +85,10 @@ def document_of(stored: DocumentVersion) -> dict | None:
 
 
 def test_apply_update_removes_truncates_then_sets():
-    document = decoded({"_id": 1, "a": {"b": 1, "c": 2}, "arr": [1, 2, 3, 4], "gone": 1, "list": [{"x": 1}]})
-    apply_update(
+    document = bson.encode(
+        {"_id": 1, "a": {"b": 1, "c": 2}, "arr": [1, 2, 3, 4], "gone": 1, "list": [{"x": 1}]}
+    )
+    document = apply_update(
         document,
         update(
             updated={"a.b": 10, "arr.1": "two", "list.0.y": 2, "new.deep": True, "pad.2": 1},
@@ -92,7 +96,7 @@ def test_apply_update_removes_truncates_then_sets():
             truncated=[{"field": "arr", "newSize": 2}],
         ),
     )
-    assert document == {
+    assert bson.decode(document) == {
         "_id": 1,
         "a": {"b": 10},
         "arr": [1, "two"],
@@ -103,9 +107,9 @@ def test_apply_update_removes_truncates_then_sets():
 
 
 def test_apply_update_indexes_arrays_past_their_end_and_unsets_elements_to_null():
-    document = {"_id": 1, "arr": [1], "other": [1, 2]}
-    apply_update(document, update(updated={"arr.3": 4}, removed=["other.0"]))
-    assert document == {"_id": 1, "arr": [1, None, None, 4], "other": [None, 2]}
+    document = bson.encode({"_id": 1, "arr": [1], "other": [1, 2]})
+    document = apply_update(document, update(updated={"arr.3": 4}, removed=["other.0"]))
+    assert bson.decode(document) == {"_id": 1, "arr": [1, None, None, 4], "other": [None, 2]}
 
 
 def test_fold_applies_events_in_position_order():
@@ -274,25 +278,35 @@ def test_fold_never_modifies_the_events_or_previous_documents():
         ),
         event("u", (4, "84"), update=update({"new.x": 2})),
     ]
-    untouched = [decoded(e.after or e.update_description["updatedFields"]) for e in [inserted, *updates]]
+    untouched = [e.after_bson or e.update_description["updatedFields"] for e in [inserted, *updates]]
     folded = fold_events("1", previous, [inserted, *updates])
     assert document_of(folded) == {"_id": 1, "c": {"d": 2}, "l": [1], "new": {"x": 2}}
-    assert [e.after or e.update_description["updatedFields"] for e in [inserted, *updates]] == untouched
+    assert [e.after_bson or e.update_description["updatedFields"] for e in [inserted, *updates]] == untouched
     updated_previous = fold_events("1", previous, [event("u", (2, "82"), update=update({"a.b.0": 9}))])
     assert document_of(updated_previous) == {"_id": 1, "a": {"b": [9, 2]}}
     assert document_of(previous) == {"_id": 1, "a": {"b": [1, 2]}}
 
 
+def test_an_update_of_a_damaged_document_names_the_document_and_the_damage():
+    stored = version({"_id": 1, "a": "text"}, 1, "81")
+    cut = stored._replace(document=stored.document[:-3])
+    with pytest.raises(DamagedBson, match=r"document 1 at \(2, '82'\).*says it has 26 bytes, but 23"):
+        fold_events("1", cut, [event("u", (2, "82"), update=update({"a": 1}))])
+    damaged_update = {**update({"b": "x"}), "updatedFields": bson.encode({"b": "x"})[:-1] + b"!"}
+    with pytest.raises(DamagedBson, match="does not end with a NUL"):
+        fold_events("1", stored, [event("u", (2, "82"), update=damaged_update)])
+
+
 def test_updates_set_bson_values_and_wrapper_like_field_names_as_they_are():
-    document = decoded({"_id": 1})
+    document = bson.encode({"_id": 1})
     values = {
         "when": DatetimeMS(-5),
         "price": Decimal128("0.10"),
         "w": {"$numberLong": "5"},  # a document with a field named $numberLong, not an int64
         "a.$b": 1,
     }
-    apply_update(document, update(values))
-    assert document == {
+    document = apply_update(document, update(values))
+    assert bson.decode(document, extjson.DECODE_OPTIONS) == {
         "_id": 1,
         "when": DatetimeMS(-5),
         "price": Decimal128("0.10"),
@@ -387,7 +401,7 @@ def test_derived_tables_record_applied_batches_apart_from_the_landing():
     assert len(ids | {applied_app_id("state", "rs1")}) == 4
 
 
-def test_event_from_row_decodes_the_id_the_document_and_the_updated_fields():
+def test_event_from_row_decodes_the_id_and_the_document_and_keeps_the_updated_fields_bson():
     row = {
         "key": extjson.document_key(OID),
         "op": "u",
@@ -406,8 +420,7 @@ def test_event_from_row_decodes_the_id_the_document_and_the_updated_fields():
     read = event_from_row(stored)
     assert read.document_id == OID and read.document_id_json == extjson.encode_str(OID)
     assert read.after == {"_id": OID, "w": {"$numberLong": "5"}}
-    assert read.update_description["updatedFields"] == {"a.b": 1}
-    assert type(read.update_description["updatedFields"]["a.b"]) is Int64
+    assert read.update_description["updatedFields"] == bson.encode({"a.b": Int64(1)})  # BSON as landed
     assert read.update_description["removedFields"] == ["c"]
     assert (read.op, read.ts_ms, read.source["ts_ms"]) == ("u", 98, 99)
     assert (read.position, read.rs) == ((5, "82"), "rs0")

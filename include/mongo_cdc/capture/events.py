@@ -210,16 +210,10 @@ def apply_field_rules(
     field rules: the one place the change-stream path hands documents to ``field_filters``."""
 
     def rewritten(document: bytes | None) -> bytes | None:
-        return (
-            bson_bytes(fields.document(bson.decode(document, DECODE_OPTIONS)))
-            if document is not None
-            else None
-        )
+        return fields.document(document) if document is not None else None
 
     if update_description is not None:
-        updated = bson.decode(update_description["updatedFields"], DECODE_OPTIONS)
-        description = fields.update_description({**update_description, "updatedFields": updated})
-        update_description = {**description, "updatedFields": bson_bytes(description["updatedFields"])}
+        update_description = fields.update_description(update_description)
     return rewritten(after), rewritten(before), update_description
 
 
@@ -371,19 +365,18 @@ def keys_and_documents(
 ) -> tuple[pa.Array, pa.Array]:
     """The raw ``key`` and ``after`` columns of documents read from a collection: their own bytes,
     or rewritten by the collection's field rules (``field.exclude.list``, ``field.renames``)."""
+    keys = document_keys(documents)  # rules never change _id
     if fields is None:
-        return document_keys(documents), documents
+        return keys, documents
     # per-document work only when the collection has rules
-    decoded = [bson.decode(document, DECODE_OPTIONS) for document in documents.to_pylist()]
-    keys = pa.array([extjson.document_key(document["_id"]) for document in decoded], pa.string())
-    return keys, pa.array([bson_bytes(fields.document(document)) for document in decoded], pa.binary())
+    return keys, pa.array([fields.document(document) for document in documents.to_pylist()], pa.binary())
 
 
 class SnapshotColumns:
     """Snapshot reads of one collection as Arrow record batches: the hot path of a snapshot.
 
     Only ``key`` and ``after`` differ per document. ``after`` is the server's batch itself, cut
-    into documents without copying (re-encoded only where field rules change documents); keys of
+    into documents without copying (rewritten by elements where field rules change documents); keys of
     ObjectId ``_id``s are built in bulk. The constant columns are built once and sliced.
     """
 

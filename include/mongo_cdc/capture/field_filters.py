@@ -6,9 +6,14 @@ wildcard, as in Debezium). A field path reaches into embedded documents and into
 sub-document of an array on its way (``orders.items.sku`` is each item's ``sku``). Excluded fields
 go first, then the renames apply one after the other, each to the result of the previous one.
 
-The same rules rewrite ``after`` (snapshot reads and change events) and ``updateDescription``,
-whose paths are dotted and may hold array positions (``items.3.sku``): a position matches any
-array element, like the walk above.
+The same rules rewrite ``before`` and ``after`` (snapshot reads and change events) and
+``updateDescription``, whose paths are dotted and may hold array positions (``items.3.sku``): a
+position matches any array element, like the walk above.
+
+Documents are BSON bytes in and out, rewritten by elements (``mongo_cdc.bson_elements``): every
+element a rule does not remove or rename keeps its bytes, so no value changes type (the deprecated
+BSON types included) and no field name is read as anything but a name (a ``$ref``/``$id`` pair is a
+document like any other).
 
 Only a namespace with a rule gets a ``CollectionFieldRules``; every other one gets None, so the
 snapshot's hot path keeps its per-document cost when nothing applies.
@@ -19,7 +24,10 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
+
+from mongo_cdc.bson_elements import DOCUMENT, Container
 
 EXCLUDE_KEY = "field.exclude.list"
 RENAMES_KEY = "field.renames"
@@ -39,6 +47,15 @@ class FieldRule:
     namespace: re.Pattern
     path: tuple[str, ...]
     new_name: str | None = None
+
+    @cached_property
+    def names(self) -> tuple[bytes, ...]:
+        """``path`` as BSON holds field names (UTF-8)."""
+        return tuple(part.encode() for part in self.path)
+
+    @cached_property
+    def encoded_new_name(self) -> bytes | None:
+        return self.new_name.encode() if self.new_name is not None else None
 
 
 def parse_rules(key: str, value: Any) -> tuple[FieldRule, ...]:
@@ -99,20 +116,29 @@ class CollectionFieldRules:
         self.namespace = namespace
         self.rules = rules
 
-    def document(self, document: dict[str, Any]) -> dict[str, Any]:
-        """``document`` rewritten; it is changed in place where that keeps its field order."""
+    def document(self, data: bytes) -> bytes:
+        """The BSON document ``data`` rewritten: its own bytes where no rule applies."""
+        opened: Container | None = None
         for rule in self.rules:
-            document = self._at(document, rule, 0)
-        return document
+            # a field a rule names is there only if its name is, followed by the NUL ending it;
+            # once a rule has renamed a field, the names are no longer those of ``data``
+            if opened is None and rule.names[0] + b"\x00" not in data:
+                continue
+            if opened is None:
+                opened = Container(DOCUMENT, data)
+            self._at(opened, rule, 0)
+        return opened.to_bytes() if opened is not None else data
 
     def update_description(self, description: dict[str, Any]) -> dict[str, Any]:
-        """A change stream ``updateDescription`` rewritten: a new dict, whose ``updatedFields`` values
-        (sub-documents) are rewritten in place like ``document``."""
-        updated = dict(description.get("updatedFields") or {})
+        """A raw row's ``updateDescription`` (``updatedFields`` BSON whose names are dotted paths,
+        ``removedFields``, ``truncatedArrays``) rewritten, as a new dict."""
+        updated_fields = description.get("updatedFields")
+        updated = Container(DOCUMENT, updated_fields) if updated_fields else None
         removed = list(description.get("removedFields") or [])
         truncated = list(description.get("truncatedArrays") or [])
         for rule in self.rules:
-            updated = self._updated_fields(updated, rule)
+            if updated is not None:
+                self._updated_fields(updated, rule)
             removed = [path for p in removed if (path := _rewritten_path(p, rule)) is not None]
             truncated = [
                 {**entry, "field": path}
@@ -121,85 +147,90 @@ class CollectionFieldRules:
             ]
         return {
             **description,
-            "updatedFields": updated,
+            "updatedFields": updated.to_bytes() if updated is not None else updated_fields,
             "removedFields": removed,
             "truncatedArrays": truncated,
         }
 
-    def _at(self, document: dict[str, Any], rule: FieldRule, depth: int) -> dict[str, Any]:
-        name = rule.path[depth]
-        if name not in document:
-            return document
-        if depth + 1 < len(rule.path):
-            document[name] = self._within(document[name], rule, depth + 1)
-            return document
-        if rule.new_name is None:
-            del document[name]
-            return document
-        return self._renamed(document, name, rule)
-
-    def _within(self, value: Any, rule: FieldRule, depth: int) -> Any:
-        if isinstance(value, dict):
-            return self._at(value, rule, depth)
-        if isinstance(value, list):
-            return [self._within(item, rule, depth) for item in value]
-        return value
-
-    def _renamed(self, document: dict[str, Any], name: str, rule: FieldRule) -> dict[str, Any]:
-        if rule.new_name in document:
+    def _at(self, document: Container, rule: FieldRule, depth: int) -> None:
+        position = document.position(rule.names[depth])
+        if position is None:
+            return
+        if depth + 1 < len(rule.names):
+            self._within(document, position, rule, depth + 1)
+        elif rule.new_name is None:
+            document.remove(position)
+        elif document.position(rule.encoded_new_name) is not None:
             raise FieldRenameConflict(
                 f"{RENAMES_KEY} entry {rule.entry!r}: a document of {self.namespace} already has a field "
-                f"{rule.new_name!r} next to {name!r}, and renaming would overwrite it; "
+                f"{rule.new_name!r} next to {rule.path[depth]!r}, and renaming would overwrite it; "
                 "pick a new name that no document uses"
             )
-        return {rule.new_name if key == name else key: value for key, value in document.items()}
+        else:
+            document.rename(position, rule.encoded_new_name)
 
-    def _updated_fields(self, updated: dict[str, Any], rule: FieldRule) -> dict[str, Any]:
-        result: dict[str, Any] = {}
-        for path, value in updated.items():
-            parts = path.split(".")
-            reach = _reach(parts, rule.path)
+    def _within(self, container: Container, position: int, rule: FieldRule, depth: int) -> None:
+        """The rule applied inside the value at ``position``: a document, every element of an array."""
+        inner = container.opened(position)
+        if inner is None:
+            return
+        if inner.kind == DOCUMENT:
+            self._at(inner, rule, depth)
+            return
+        for element in range(len(inner)):
+            self._within(inner, element, rule, depth)
+
+    def _updated_fields(self, updated: Container, rule: FieldRule) -> None:
+        paths = set(updated.names)
+        for position in reversed(range(len(updated))):  # from the end: removing keeps the rest in place
+            path = updated.names[position]
+            parts = path.split(b".")
+            reach = _reach(parts, rule.names)
             if reach is None:
-                result[path] = value
-            elif reach[0] < len(rule.path):  # the update sets a parent: rewrite inside its new value
-                result[path] = self._within(value, rule, reach[0])
-            elif rule.new_name is not None:  # the rule's field itself, or something inside it
-                renamed = _renamed_path(parts, reach[1], rule.new_name)
-                if renamed in updated:
+                continue
+            if reach[0] < len(rule.names):  # the update sets a parent: rewrite inside its new value
+                self._within(updated, position, rule, reach[0])
+            elif rule.new_name is None:
+                updated.remove(position)
+            else:  # the rule's field itself, or something inside it
+                renamed = _renamed_path(parts, reach[1], rule.encoded_new_name)
+                if renamed in paths:
                     raise FieldRenameConflict(
                         f"{RENAMES_KEY} entry {rule.entry!r}: an update of {self.namespace} sets both "
-                        f"{path!r} and {renamed!r}; pick a new name that no document uses"
+                        f"{path.decode(errors='replace')!r} and {renamed.decode(errors='replace')!r}; "
+                        "pick a new name that no document uses"
                     )
-                result[renamed] = value
-        return result
+                updated.rename(position, renamed)
 
 
-def _reach(parts: list[str], rule_path: tuple[str, ...]) -> tuple[int, int] | None:
+def _reach(parts: list[bytes], rule_names: tuple[bytes, ...]) -> tuple[int, int] | None:
     """How far a dotted update path follows the rule's path, or None if it leads elsewhere.
 
-    ``(fields matched, index in parts of the last one)``. ``len(rule_path)`` fields matched: the
+    ``(fields matched, index in parts of the last one)``. ``len(rule_names)`` fields matched: the
     path is the rule's field or lies inside it; fewer: the path ends at a parent of it. Array
     positions in the path (digits the rule does not name) match any element.
     """
     depth = last = 0
     for index, part in enumerate(parts):
-        if depth == len(rule_path):
+        if depth == len(rule_names):
             break
-        if part == rule_path[depth]:
+        if part == rule_names[depth]:
             depth, last = depth + 1, index
         elif not part.isdigit():
             return None
     return depth, last
 
 
-def _renamed_path(parts: list[str], index: int, new_name: str) -> str:
-    return ".".join([*parts[:index], new_name, *parts[index + 1 :]])
+def _renamed_path(parts: list[bytes], index: int, new_name: bytes) -> bytes:
+    return b".".join([*parts[:index], new_name, *parts[index + 1 :]])
 
 
 def _rewritten_path(path: str, rule: FieldRule) -> str | None:
     """A dotted path (``removedFields``, ``truncatedArrays``) after the rule; None if excluded."""
-    parts = path.split(".")
-    reach = _reach(parts, rule.path)
-    if reach is None or reach[0] < len(rule.path):  # elsewhere, or a parent: the parent stays
+    parts = path.encode().split(b".")
+    reach = _reach(parts, rule.names)
+    if reach is None or reach[0] < len(rule.names):  # elsewhere, or a parent: the parent stays
         return path
-    return None if rule.new_name is None else _renamed_path(parts, reach[1], rule.new_name)
+    if rule.encoded_new_name is None:
+        return None
+    return _renamed_path(parts, reach[1], rule.encoded_new_name).decode()

@@ -166,8 +166,9 @@ class SourceConfig:
         "A list or comma-separated string of `<db>.<collection>.<field>[.<nested>…]`; `*` in the "
         "database or collection part matches any characters. These fields are removed from `after` "
         "and `updateDescription` (`updatedFields` keys and dotted paths, `removedFields`, "
-        "`truncatedArrays`), in snapshot reads and streamed events, so they never reach the lake. A "
-        "path goes into embedded documents and into every sub-document of an array "
+        "`truncatedArrays`), in snapshot reads and streamed events, so they never reach the lake (the "
+        "rest of the document keeps its BSON bytes and types). A path goes into embedded documents "
+        "and into every sub-document of an array "
         "(`shop.orders.items.cost`); a dotted update path's array positions (`items.0.cost`) match "
         "too. `_id` cannot be excluded.",
     )

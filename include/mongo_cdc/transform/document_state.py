@@ -5,9 +5,11 @@ reached is skipped, so a replayed (duplicate or older) event never overwrites ne
 folding the same events twice gives the same result. A deletion is a version without a document.
 
 An update without ``after`` is applied to the previous version like MongoDB would: removed
-fields deleted, truncated arrays cut, then updated fields set (a numeric path component indexes
-an array; setting past its end pads with nulls). With no previous version known, it applies to
-``{"_id": ...}`` and the state holds only what the updates set.
+fields deleted (an array element unset to null), truncated arrays cut, then updated fields set
+(a numeric path component indexes an array; setting past its end pads with nulls; a missing
+parent becomes a document; an existing field is replaced where it stands, a new one appended).
+With no previous version known, it applies to ``{"_id": ...}`` and the state holds only what the
+updates set.
 
 A complete snapshot of a collection at position P (a ``SnapshotManifest``) also says which
 documents are gone: a live document whose latest event came from the snapshot's replica set
@@ -16,9 +18,10 @@ oplog lost, a source reset). ``reconcile_with_snapshots`` turns it into a deleti
 or rename of the collection deletes the documents written before it (``drop_with_collection``). Only
 the snapshot's own replica set counts because a shard's snapshot sees that shard's documents only.
 
-Documents are BSON-decoded values (``bson.decode(data, extjson.DECODE_OPTIONS)``); an
-update's ``updatedFields`` is a decoded document whose field names are dotted paths. Folding
-never modifies an event's or the previous version's document: updates apply to a copy.
+Updates apply to BSON elements (``mongo_cdc.bson_elements``), never to decoded values: every
+element an update does not touch keeps its bytes, and each value set is the element of the event's
+``updatedFields`` (BSON whose field names are dotted paths) as it stands there, so the result is
+what MongoDB stores, for every BSON type. Folding never modifies an event or the previous version.
 
 Known limit: a field name containing a dot cannot be told apart from a nested path (the raw
 events carry no ``disambiguatedPaths``), so such updates set the nested path.
@@ -32,7 +35,16 @@ from typing import Any, NamedTuple
 import bson
 
 from mongo_cdc import extjson
-from mongo_cdc.extjson import DECODE_OPTIONS
+from mongo_cdc.bson_elements import (
+    ARRAY,
+    DOCUMENT,
+    NULL,
+    Container,
+    DamagedBson,
+    array_index,
+    document_bytes,
+    element_bytes,
+)
 from mongo_cdc.lake import SnapshotManifest
 from mongo_cdc.transform.raw_events import ChangeEvent
 
@@ -57,29 +69,35 @@ def fold_events(
 ) -> DocumentVersion | None:
     """The version after applying ``events`` (any order) to ``previous``; None if nothing is known."""
     version = previous
-    # The decoded document while updates without `after` are applied; its bytes are stale then.
-    parsed: dict | None = None
+    # The document opened while updates without `after` are applied; its bytes are stale then.
+    opened: Container | None = None
     for event in sorted(events, key=lambda event: event.position):
         if event.op is None or (version is not None and event.position <= version.position):
             continue
         document_id_json = event.document_id_json
         if event.op == "d":
-            data, parsed = None, None
+            data, opened = None, None
         elif event.after_bson is not None:
-            data, parsed = event.after_bson, None
+            data, opened = event.after_bson, None
             document_id_json = current_id_json(event.after, event.document_id_json)
         elif event.op == "u" and event.update_description is not None:
-            if parsed is None:
-                parsed = _document_to_update(event, version)
-            apply_update(parsed, event.update_description)
+            try:
+                if opened is None:
+                    opened = Container(DOCUMENT, _document_to_update(event, version))
+                _apply(opened, event.update_description)
+            except DamagedBson as damage:
+                raise DamagedBson(
+                    f"the update of document {document_id_json} at {event.position} cannot be applied: "
+                    f"{damage} (its stored version or the event's updatedFields is damaged)"
+                ) from damage
             data = None
         else:
             continue  # no document data to apply (an update whose lookup found nothing)
         version = DocumentVersion(
             key, document_id_json, data, event.cluster_time, event.event_order, event.rs
         )
-    if parsed is not None and version is not None:
-        version = version._replace(document=bson.encode(parsed))
+    if opened is not None and version is not None:
+        version = version._replace(document=opened.to_bytes())
     return version
 
 
@@ -130,86 +148,75 @@ def drop_with_collection(
     return version._replace(document=None, cluster_time=cluster_time, event_order=event_order)
 
 
-def _document_to_update(event: ChangeEvent, version: DocumentVersion | None) -> dict:
+def _document_to_update(event: ChangeEvent, version: DocumentVersion | None) -> bytes:
     if version is not None and version.document is not None:
-        return bson.decode(version.document, DECODE_OPTIONS)  # a new dict: the version stays as it is
-    return {"_id": event.document_id}
+        return version.document
+    return bson.encode({"_id": event.document_id})
 
 
-def _copied(value: Any) -> Any:
-    """A copy of a decoded document whose documents and arrays are new (BSON scalars are immutable)."""
-    if isinstance(value, dict):
-        return {name: _copied(inner) for name, inner in value.items()}
-    if isinstance(value, list):
-        return [_copied(element) for element in value]
-    return value
+def apply_update(document: bytes, update_description: dict[str, Any]) -> bytes:
+    """``document`` (BSON) with a change event's updateDescription applied: ``updatedFields`` is
+    BSON, ``removedFields`` and each of ``truncatedArrays``' ``field`` dotted paths."""
+    opened = Container(DOCUMENT, document)
+    _apply(opened, update_description)
+    return opened.to_bytes()
 
 
-def apply_update(document: dict, update_description: dict[str, Any]) -> dict:
-    """Apply a change event's updateDescription to ``document`` in place (and return it)."""
+def _apply(document: Container, update_description: dict[str, Any]) -> None:
     for path in update_description.get("removedFields") or ():
-        _remove_path(document, path.split("."))
+        _remove(document, path.encode().split(b"."))
     for truncation in update_description.get("truncatedArrays") or ():
-        array = _get_path(document, truncation["field"].split("."))
-        if isinstance(array, list):
-            del array[truncation["newSize"] :]
+        _truncate(document, truncation["field"].encode().split(b"."), truncation["newSize"])
     updated_fields = update_description.get("updatedFields")
     if updated_fields:
-        for path, value in updated_fields.items():
-            set_path(document, path, _copied(value))
-    return document
+        updated = Container(DOCUMENT, updated_fields)
+        for position, path in enumerate(updated.names):
+            _set(document, path.split(b"."), updated.kinds[position], updated.value(position))
 
 
-def set_path(document: dict, path: str, value: Any) -> None:
-    """Set a dotted ``path`` like MongoDB's ``$set``: missing parents become documents."""
-    *parents, last = path.split(".")
-    container: Any = document
-    for part in parents:
-        child = _child(container, part)
-        if not isinstance(child, (dict, list)):
-            child = {}
-            if not _assign(container, part, child):
-                return
-        container = child
-    _assign(container, last, value)
+def _descend(document: Container, parents: list[bytes]) -> tuple[Container, int]:
+    """The last document or array ``parents`` lead to, and how many of them were followed."""
+    container = document
+    for followed, part in enumerate(parents):
+        position = container.position(part)
+        inner = container.opened(position) if position is not None else None
+        if inner is None:
+            return container, followed
+        container = inner
+    return container, len(parents)
 
 
-def _array_index(part: str) -> int | None:
-    return int(part) if part.isascii() and part.isdigit() else None
+def _set(document: Container, parts: list[bytes], kind: int, value: bytes) -> None:
+    """``$set`` of a dotted path: a missing parent (or one MongoDB would have refused to set into)
+    becomes a document holding the rest of the path."""
+    container, followed = _descend(document, parts[:-1])
+    for part in reversed(parts[followed + 1 :]):
+        kind, value = DOCUMENT, document_bytes([element_bytes(kind, part, value)])
+    name = parts[followed]
+    position = container.position(name)
+    if position is not None:  # replaced where it stands
+        container.replace(position, kind, value)
+    elif container.kind == DOCUMENT:
+        container.append(name, kind, value)
+    elif (index := array_index(name)) is not None:  # past the array's end: padded with nulls
+        while len(container) < index:
+            container.append(b"%d" % len(container), NULL, b"")
+        container.append(b"%d" % index, kind, value)
+    # else a field name in an array: MongoDB refuses the update
 
 
-def _child(container: Any, part: str) -> Any:
-    if isinstance(container, dict):
-        return container.get(part)
-    index = _array_index(part)
-    if isinstance(container, list) and index is not None and index < len(container):
-        return container[index]
-    return None
+def _remove(document: Container, parts: list[bytes]) -> None:
+    container, followed = _descend(document, parts[:-1])
+    position = container.position(parts[-1]) if followed == len(parts) - 1 else None
+    if position is None:
+        return
+    if container.kind == DOCUMENT:
+        container.remove(position)
+    else:  # $unset of an array element leaves a null in its place
+        container.replace(position, NULL, b"")
 
 
-def _assign(container: Any, part: str, value: Any) -> bool:
-    """Set one path component; False where MongoDB would have refused the path."""
-    if isinstance(container, dict):
-        container[part] = value
-        return True
-    index = _array_index(part)
-    if not isinstance(container, list) or index is None:
-        return False
-    container.extend([None] * (index + 1 - len(container)))
-    container[index] = value
-    return True
-
-
-def _get_path(document: dict, parts: list[str]) -> Any:
-    container: Any = document
-    for part in parts:
-        container = _child(container, part)
-    return container
-
-
-def _remove_path(document: dict, parts: list[str]) -> None:
-    parent = _get_path(document, parts[:-1])
-    if isinstance(parent, dict):
-        parent.pop(parts[-1], None)
-    elif _child(parent, parts[-1]) is not None:
-        parent[int(parts[-1])] = None  # $unset of an array element leaves a null in its place
+def _truncate(document: Container, parts: list[bytes], size: int) -> None:
+    container, followed = _descend(document, parts)
+    if followed == len(parts) and container.kind == ARRAY:
+        container.truncate(size)

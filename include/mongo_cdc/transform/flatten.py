@@ -46,11 +46,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import bson
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from mongo_cdc.extjson import READ_OPTIONS
 from mongo_cdc.lake import COLLECTION_OPERATIONS
-from mongo_cdc.transform.document_state import set_path
 from mongo_cdc.transform.flatten_options import FlatteningOptions
 from mongo_cdc.transform.raw_events import ChangeEvent, event_from_row
 
@@ -69,11 +70,24 @@ def change_document(event: ChangeEvent) -> dict[str, Any] | None:
         return document
     updated_fields = event.update_description.get("updatedFields")
     if updated_fields:
-        for path, value in updated_fields.items():
-            set_path(document, path, value)
+        for path, value in bson.decode(updated_fields, READ_OPTIONS).items():
+            _set_nested(document, path, value)
     for path in event.update_description.get("removedFields") or ():
-        set_path(document, path, None)
+        _set_nested(document, path, None)
     return document
+
+
+def _set_nested(document: dict, path: str, value: Any) -> None:
+    """Set a dotted ``path`` as nested documents (``document`` holds only what the event sets, so
+    a parent is a document this event made or missing, and then made)."""
+    *parents, last = path.split(".")
+    container = document
+    for part in parents:
+        child = container.get(part)
+        if not isinstance(child, dict):
+            child = container[part] = {}
+        container = child
+    container[last] = value
 
 
 # How an event becomes a change row (``row_shape``): none, a key without a value, or the event's row.

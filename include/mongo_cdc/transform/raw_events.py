@@ -46,7 +46,8 @@ class ChangeEvent(NamedTuple):
     op: str | None  # r, c, u, d, drop, rename; None for a tombstone
     ts_ms: int | None  # when mongo-cdc processed the event
     after_bson: bytes | None  # the document as the raw zone holds it (BSON)
-    update_description: dict | None  # updatedFields (a decoded document), removedFields, truncatedArrays
+    # updatedFields (BSON, its field names dotted paths), removedFields, truncatedArrays
+    update_description: dict | None
     source: dict[str, Any] | None  # the raw source struct: ts_ms, rs, collection... (see lake.RAW_SCHEMA)
     cluster_time: int
     event_order: str  # hex resume token; "" (a snapshot read) sorts first
@@ -73,16 +74,13 @@ class ChangeEvent(NamedTuple):
 
 def event_from_row(row: dict[str, Any]) -> ChangeEvent:
     id_json = orjson.loads(row["key"])["id"]
-    description = row["updateDescription"]
-    if description is not None:
-        description = {**description, "updatedFields": _decoded(description["updatedFields"])}
     return ChangeEvent(
         document_id=_document_id(id_json),
         document_id_json=id_json,
         op=row["op"],
         ts_ms=row["ts_ms"],
         after_bson=row["after"],
-        update_description=description,
+        update_description=row["updateDescription"],
         source=row["source"],
         cluster_time=row["cluster_time"],
         event_order=row["event_order"],

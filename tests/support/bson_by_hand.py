@@ -1,0 +1,153 @@
+"""BSON built byte by byte, and a corpus of values of every type and edge case.
+
+A value is ``(type byte, value bytes)``: how it stands in a document after its name. pymongo's
+``bson`` cannot write the deprecated types (Symbol, DBPointer, Undefined) and would change some
+bits a document may hold (a decode and encode turns them into other types), so the corpus is
+built here; ``round_trips`` says which values pymongo would keep.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable
+
+import bson
+from bson.raw_bson import RawBSONDocument
+
+from mongo_cdc.bson_elements import ARRAY, DOCUMENT, document_bytes, element_bytes
+
+Value = tuple[int, bytes]
+
+
+def int32(value: int) -> bytes:
+    return struct.pack("<i", value)
+
+
+def string(text: str | bytes) -> bytes:
+    data = text.encode() if isinstance(text, str) else text
+    return int32(len(data) + 1) + data + b"\x00"
+
+
+def cstring(text: str) -> bytes:
+    return text.encode() + b"\x00"
+
+
+def _name(name: str | bytes) -> bytes:
+    return name.encode() if isinstance(name, str) else name
+
+
+def document(elements: Iterable[tuple[str | bytes, Value]]) -> bytes:
+    return document_bytes(element_bytes(kind, _name(name), value) for name, (kind, value) in elements)
+
+
+def embedded(elements: Iterable[tuple[str | bytes, Value]]) -> Value:
+    return DOCUMENT, document(elements)
+
+
+def array(values: Iterable[Value]) -> Value:
+    return ARRAY, document((b"%d" % i, value) for i, value in enumerate(values))
+
+
+def binary(subtype: int, data: bytes) -> Value:
+    if subtype == 2:  # the old binary subtype holds its own length again
+        data = int32(len(data)) + data
+    return 0x05, int32(len(data)) + bytes([subtype]) + data
+
+
+def code_with_scope(code: str, scope: Iterable[tuple[str | bytes, Value]]) -> Value:
+    body = string(code) + document(scope)
+    return 0x0F, int32(len(body) + 4) + body
+
+
+def double_bits(bits: int) -> Value:
+    return 0x01, struct.pack("<Q", bits)
+
+
+def raw(elements: Iterable[tuple[str | bytes, Value]]) -> RawBSONDocument:
+    """A document to hand pymongo as it is (an insert, an update's operators)."""
+    return RawBSONDocument(document(elements))
+
+
+def round_trips(value: Value) -> bool:
+    """Whether pymongo's bson decodes and encodes the value back to the same bytes."""
+    data = document([("v", value)])
+    try:
+        return bson.encode(bson.decode(data)) == data
+    except (bson.errors.InvalidBSON, bson.errors.InvalidDocument, TypeError):
+        return False
+
+
+OBJECT_ID = bytes.fromhex("65a1b2c3d4e5f60718293a4b")
+SYMBOL = (0x0E, string("a symbol"))
+DBPOINTER = (0x0C, string("db.collection") + OBJECT_ID)
+UNDEFINED = (0x06, b"")
+
+DOCUMENT_FIELDS = [("a", (0x10, int32(1))), ("$dollar", (0x0A, b"")), ("dot.ted", SYMBOL), ("", UNDEFINED)]
+ARRAY_VALUES = [(0x10, int32(1)), SYMBOL, embedded([("x", UNDEFINED)]), array([DBPOINTER])]
+
+# every type, the deprecated ones, and values whose bits a decode may not keep
+VALUES: dict[str, Value] = {
+    "double": (0x01, struct.pack("<d", 1.5)),
+    "negative zero": (0x01, struct.pack("<d", -0.0)),
+    "infinity": (0x01, struct.pack("<d", float("-inf"))),
+    "nan with a payload": double_bits(0x7FF0_0000_0000_0BAD),
+    "negative signalling nan": double_bits(0xFFF0_0000_0000_0001),
+    "string": (0x02, string("é名 \u2028")),
+    "empty string": (0x02, string("")),
+    "document": embedded(DOCUMENT_FIELDS),
+    "dbref-like document": embedded(
+        [
+            ("$ref", (0x02, string("not-a-dbref"))),
+            ("$id", (0x07, OBJECT_ID)),
+            ("$banana", (0x02, string("peel"))),
+        ]
+    ),
+    "empty document": embedded([]),
+    "array": array(ARRAY_VALUES),
+    "empty array": array([]),
+    **{
+        f"binary subtype {subtype}": binary(subtype, b"\x00\x01bin")
+        for subtype in (0, 1, 2, 3, 4, 5, 6, 7, 8, 0x80)
+    },
+    "undefined": UNDEFINED,
+    "object id": (0x07, OBJECT_ID),
+    "true": (0x08, b"\x01"),
+    "false": (0x08, b"\x00"),
+    "date before 1970": (0x09, struct.pack("<q", -62_135_596_800_001)),
+    "null": (0x0A, b""),
+    "regex": (0x0B, cstring("^a.*b$") + cstring("imsx")),
+    "dbpointer": DBPOINTER,
+    "code": (0x0D, string("function () { return 1; }")),
+    "symbol": SYMBOL,
+    "code with scope": code_with_scope("function () { return x; }", [("x", SYMBOL)]),
+    "int32": (0x10, int32(-(2**31))),
+    "timestamp": (0x11, struct.pack("<II", 7, 1_700_000_000)),
+    "int64": (0x12, struct.pack("<q", 2**40)),
+    "decimal128": (0x13, bson.Decimal128("1.10").bid),
+    "decimal128 non-canonical": (0x13, bytes(14) + b"\x00\x70"),  # a coefficient past 10^34: zero
+    "decimal128 nan with a payload": (0x13, b"\x2a" + bytes(14) + b"\x7c"),
+    "minkey": (0xFF, b""),
+    "maxkey": (0x7F, b""),
+}
+
+# field names MongoDB accepts that look like something else (the fold cannot reach a dotted one:
+# change events do not say which dots are names)
+NAMES = ["$dollar", "dot.ted", "", "é名", "$ref", "$id", "$db"]
+
+# array elements long enough that mongod logs a cut array as a truncation, not as the whole array
+LONG = [(0x02, string(f"{i:02d}" + "x" * 40)) for i in range(12)]
+
+
+def corpus_document(document_id: int) -> list[tuple[str, Value]]:
+    """The elements of a document holding every value of the corpus under its name, the odd names,
+    a DBRef's key set at the top level, and arrays to truncate (``long``, ``nested.long``)."""
+    return [
+        ("_id", (0x10, int32(document_id))),
+        *VALUES.items(),
+        *((f"named {name}" if name.startswith("$") else name, SYMBOL) for name in NAMES),
+        ("$ref", (0x02, string("not-a-dbref"))),
+        ("$id", VALUES["object id"]),
+        ("$banana", (0x02, string("peel"))),
+        ("long", array(LONG)),
+        ("nested", embedded([("long", array(LONG)), ("tail", UNDEFINED)])),
+    ]
