@@ -1,18 +1,24 @@
 """Every collection's state and changes tables are Airflow Assets. A run's summary
 emits their events with the documented extras, and a DAG scheduled on a state Asset (the example in
-docs/reading.md) is queued by it."""
+docs/reading.md) is queued by it. The same runs send their figures to the team's monitoring through
+Airflow's own StatsD client: a real UDP listener on loopback receives them with the source and
+replica set in their names, each value equal to the run's summary (docs/monitoring.md)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 from airflow.sdk import Asset
 from cdc_support import asset_events, documented_downstream_dag
 from sqlalchemy import select
+from statsd_support import StatsdListener, airflow_statsd
 
 from mongo_cdc.lake import table_uri
 from mongo_cdc.lake.storage import LakeLocation, table_if_exists
 from mongo_cdc_airflow.assets import OPLOG_FIGURES, TABLE_ZONES, table_asset_uri
+from mongo_cdc_airflow.metrics import stat_part
 
 
 def test_asset_uris_are_the_table_locations_in_airflows_normal_form():
@@ -65,8 +71,35 @@ def queued_dags(uri: str) -> set[str]:
         )
 
 
-def test_a_run_emits_each_touched_tables_event_and_queues_the_dag_scheduled_on_it(
-    cdc_source, replica_set, db_name, tmp_path
+def assert_metrics_match_summary(statsd: StatsdListener, run, source, rs: str) -> dict[str, list]:
+    """The figures every run sends equal its summary's (lag within 10 ms: computed apart); what the
+    listener received (since the caller last cleared it)."""
+    received = statsd.drain()
+    summary = run.get_task_instance("summary").xcom_pull(task_ids="summary")
+    per_rs = f"airflow.mongo_cdc.%s.{source.name}.{rs}"
+    for metric, figure in (("oplog_window", "window_seconds"), ("position_age", "position_age_seconds")):
+        assert statsd.last(per_rs % f"{metric}_seconds") == summary["oplog"][rs][figure]
+    assert abs(statsd.last(per_rs % "lag_seconds") - summary["lag_seconds"]) < 0.01
+    for namespace, ops in summary["events"].items():
+        for op, count in ops.items():
+            # the summary counts a snapshot's reads as op r; the metrics as snapshot_documents
+            metric = f"snapshot_documents.{source.name}.{rs}" if op == "r" else f"events.{source.name}.{rs}"
+            name = f"airflow.mongo_cdc.{metric}.{stat_part(namespace)}" + ("" if op == "r" else f".{op}")
+            assert statsd.total(name) == count, name
+    assert received[f"airflow.mongo_cdc.transform.{source.name}"][-1][1] == "ms"
+    assert received[per_rs % "pull"][-1][1] == "ms"
+    assert per_rs % "disconnects" not in received  # none happened: no counter
+    return received
+
+
+@pytest.fixture
+def statsd(monkeypatch) -> Iterator[StatsdListener]:
+    with airflow_statsd(monkeypatch) as listener:
+        yield listener
+
+
+def test_a_run_emits_each_touched_tables_event_and_its_metrics_and_queues_the_dag_scheduled_on_it(
+    cdc_source, replica_set, db_name, tmp_path, statsd
 ):
     source = cdc_source(db_name)
     counts = {"customers": 10, "orders": 4}
@@ -106,6 +139,15 @@ def test_a_run_emits_each_touched_tables_event_and_queues_the_dag_scheduled_on_i
             check(events[uri], zone, collection, n, n, run)
     assert downstream in queued_dags(uris("customers")["state"])
     assert downstream not in queued_dags(uris("orders")["state"])
+    received = assert_metrics_match_summary(statsd, run, source, replica_set.name)
+    per_rs = f"airflow.mongo_cdc.%s.{source.name}.{replica_set.name}"
+    assert received[per_rs % "snapshot"][-1][1] == "ms" and statsd.last(per_rs % "last_batch_seq") >= 1
+    assert sum(value for value, _ in received[per_rs % "snapshot_chunks"]) >= len(counts)
+    for collection, n in counts.items():
+        namespace = stat_part(f"{db_name}.{collection}")
+        assert statsd.total(f"{per_rs % 'snapshot_documents'}.{namespace}") == n
+        assert statsd.last(f"airflow.mongo_cdc.state_rows.{source.name}.{namespace}") == n
+    statsd.received.clear()
 
     # the next run touches customers only: only its tables get events
     with replica_set.client() as client:
@@ -118,3 +160,7 @@ def test_a_run_emits_each_touched_tables_event_and_queues_the_dag_scheduled_on_i
     check(events[uris("customers")["state"]], "state", "customers", 12, 4, run)
     check(events[uris("customers")["changes"]], "changes", "customers", 14, 4, run)
     assert all(events[uri]["table_version"] > before[uri] for uri in events)
+    received = assert_metrics_match_summary(statsd, run, source, replica_set.name)
+    state_rows = f"airflow.mongo_cdc.state_rows.{source.name}.%s"
+    assert statsd.last(state_rows % stat_part(f"{db_name}.customers")) == 12
+    assert state_rows % stat_part(f"{db_name}.orders") not in received  # untouched: no event
