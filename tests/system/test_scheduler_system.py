@@ -313,7 +313,7 @@ def airflow(
 
 
 HEALTH = ("MetaDatabase", "Scheduler", "Triggerer", "Dag Processor")
-PARAM_TITLES = ["Re-snapshot", "Collections to re-snapshot", "Shards to re-snapshot"]
+PARAM_TITLES = ["Re-snapshot", "Collections to re-snapshot", "Shards to re-snapshot", "Verify"]
 BROWSER_FAILURES = Path(local_env.REPO_ROOT) / ".local" / "browser-test"
 
 
@@ -350,7 +350,7 @@ def trigger_from_the_dag_page(page: Page, stack: Airflow, dag_id: str, collectio
     dialog = page.get_by_role("dialog")
     # the accordion's content (its aria-labelledby holds a space, so it has no accessible name)
     params = dialog.locator('[data-part="item-content"][id$=":content:Run Parameters"]')
-    # the three params, none marked required (a required field's label has data-required and a "*")
+    # the four params, none marked required (a required field's label has data-required and a "*")
     labels = params.locator('[data-part="label"]')
     labels.filter(has_text=PARAM_TITLES[-1]).wait_for()  # the form is drawn after the DAG's params load
     assert [text.strip() for text in labels.all_inner_texts()] == PARAM_TITLES
