@@ -256,6 +256,10 @@ def changed_keys(capture: ReplicaSetCapture, token: dict, until: int) -> tuple[d
         while True:
             change = stream.try_next()
             if change is not None:
+                # Past the position, stop: on a busy collection the stream never runs dry. Events at
+                # the position itself count (a transaction's events share one cluster time).
+                if token_cluster_time(change["_id"]) > until:
+                    return changed, gone
                 ns = change.get("ns") or {}
                 namespace = f"{ns.get('db')}.{ns.get('coll')}"
                 if "documentKey" in change:
