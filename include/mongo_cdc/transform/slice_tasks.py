@@ -53,6 +53,11 @@ from mongo_cdc.transform.raw_events import (
 from mongo_cdc.transform.slices import RawSlice, collection_operations, lake_path, read_slice
 from mongo_cdc.transform.table_layout import TableLayout
 
+try:  # the fast path needs numpy; executors without it take the lossless path
+    from mongo_cdc.transform.bson_columns import SplitValues, split_documents
+except ImportError:
+    SplitValues, split_documents = columns.FieldValues, None
+
 # The deletion markers' columns (lake.deletions_uri): a deleted document's last position.
 DELETION_COLUMNS = ("__key", "__cluster_time", "__event_order", "__rs")
 DELETION_SCHEMA = pa.schema(
@@ -365,7 +370,7 @@ def write_state(
     versions: list[DocumentVersion],
     documents: list[dict | None],
     markers: dict[str, DocumentVersion],
-) -> tuple[StateOutput, columns.FieldValues | None]:
+) -> tuple[StateOutput, columns.FieldValues | SplitValues | None]:
     """Write ``versions`` as state rows (``documents``: theirs, decoded), and as deletion marker rows
     (``write_markers``) those deleted and those of documents with a marker; returns the output and the
     documents' field values (for ``write_changes``)."""
@@ -379,7 +384,10 @@ def write_state(
         versions, documents = [versions[i] for i in live], [documents[i] for i in live]
     if not versions:
         return StateOutput(None, marker_file), None
-    values = columns.FieldValues([document if document is not None else {} for document in documents])
+    document_bson = pa.array([v.document for v in versions], pa.binary())
+    values = field_values(
+        spec.layout, document_bson, [document if document is not None else {} for document in documents]
+    )
     survey = columns.NO_CHANGES if spec.forced else spec.layout.survey(values)
     layout = spec.layout if spec.forced else spec.layout.evolved(survey)
     metadata = {
@@ -389,7 +397,7 @@ def write_state(
             [extjson.encode_str(document) if document is not None else None for document in documents],
             pa.string(),
         ),
-        "__doc_bson": pa.array([v.document for v in versions], pa.binary()),
+        "__doc_bson": document_bson,
         "__cluster_time": pa.array([v.cluster_time for v in versions], pa.int64()),
         "__event_order": pa.array([v.event_order for v in versions], pa.string()),
         "__rs": pa.array([v.rs for v in versions], pa.string()),
@@ -426,19 +434,23 @@ def write_changes(
     spec: ChangesSpec,
     events: pa.Table,
     decoded: list[dict | None],
-    state_values: columns.FieldValues | None = None,
+    state_values: columns.FieldValues | SplitValues | None = None,
 ) -> Output | None:
     """Write the change rows of raw ``events`` (``decoded``: their documents, as ``change_rows``
     takes them), a file per hour. ``state_values``: the state rows' field values, shared when they
     are of the same documents."""
-    _, metadata, documents = change_rows(events, decoded, spec.options)
+    indices, metadata, documents = change_rows(events, decoded, spec.options)
     if not documents:
         return None
     same = state_values is not None and len(state_values.documents) == len(documents)
-    if same and all(a is b for a, b in zip(state_values.documents, documents, strict=True)):
+    if (
+        same
+        and getattr(state_values, "stored", spec.layout.stored_fields) == spec.layout.stored_fields
+        and all(a is b for a, b in zip(state_values.documents, documents, strict=True))
+    ):
         values = state_values  # a snapshot's: each field's values are extracted once
     else:
-        values = columns.FieldValues(documents)
+        values = field_values(spec.layout, _change_bson(events, indices, decoded, documents), documents)
     survey = columns.NO_CHANGES if spec.forced else spec.layout.survey(values)
     layout = spec.layout if spec.forced else spec.layout.evolved(survey)
     rows = pa.Table.from_batches([layout.record_batch(metadata, values)])
@@ -452,6 +464,34 @@ def write_changes(
             )
         )
     return Output(tuple(files), survey)
+
+
+def field_values(
+    layout: TableLayout, document_bson: pa.BinaryArray, documents: list[dict]
+) -> columns.FieldValues | SplitValues:
+    """The field values of rows for ``layout``: ``documents`` and each one's BSON (null where it is
+    not those bytes decoded), split between the fast and the lossless path where numpy is installed
+    (``transform.bson_columns``), else all lossless."""
+    if split_documents is None:
+        return columns.FieldValues(documents)
+    return split_documents(layout.stored_fields, document_bson, documents)
+
+
+def _change_bson(
+    events: pa.Table, indices: pa.Array, decoded: list[dict | None], documents: list[dict]
+) -> pa.BinaryArray:
+    """The BSON of each change row's document (``change_rows``' ``indices`` and documents): the
+    event's after (a delete's before) where the row's document is that one decoded, else null."""
+    rows = events.take(indices)
+    source = rows.column("after").combine_chunks()
+    if "before" in rows.column_names:
+        deletes = pc.fill_null(pc.equal(rows.column("op"), "d"), False)
+        source = pc.if_else(deletes, rows.column("before").combine_chunks(), source)
+    whole = [
+        decoded[index] is not None and document is decoded[index]
+        for index, document in zip(indices.to_pylist(), documents, strict=True)
+    ]
+    return pc.if_else(pa.array(whole, pa.bool_()), source, pa.nulls(len(source), source.type))
 
 
 def hour_partitions(cluster_times: pa.Array) -> pa.Array:
