@@ -20,7 +20,7 @@ from bson_corpus import CASES, INVALID_UTF8_CASES, documents
 
 from mongo_cdc import extjson
 from mongo_cdc.transform import columns as types
-from mongo_cdc.transform.bson_columns import split_documents
+from mongo_cdc.transform.split_values import split_documents
 from mongo_cdc.transform.table_layout import TableLayout
 
 METADATA = [("__row", types.LONG)]
@@ -75,6 +75,7 @@ TRAPS = [
     {"mixed_elements": [1, "a", None, {"q": 1}, [2], True]},
     {"nested_mixed": {"a": [1, 2.5]}},
     {"decimal": Decimal128("1.10")},
+    {"escapes": 'a "quoted" \\ back\\slash, a\ttab, a\x01 control, é, \u2028'},
     {"only_null": None},
     {"only_empty_arrays": []},
     {"doc_of_nulls": {"x": None}},
@@ -84,6 +85,10 @@ TRAPS_IN_CLEAN_FIELDS = [{"price": 3}, {"addr": "not a document"}, {"tags": "not
 
 def _traps_in_clean_fields() -> list[bytes]:
     return [bson.encode({"_id": 3_000 + i, **trap}) for i, trap in enumerate(TRAPS_IN_CLEAN_FIELDS)]
+
+
+def _itself(document: dict) -> dict:
+    return document
 
 
 def _rows(raws: list[bytes]) -> pa.BinaryArray:
@@ -97,7 +102,7 @@ def _decoded(raws: list[bytes]) -> list[dict]:
 def _batch(layout: TableLayout, raws: list[bytes], fast: bool) -> tuple[TableLayout, pa.RecordBatch, object]:
     decoded = _decoded(raws)
     if fast:
-        values = split_documents(layout.stored_fields, _rows(raws), decoded)
+        values = split_documents(layout.stored_fields, _rows(raws), decoded, _itself)
     else:
         values = types.FieldValues(decoded)
     layout = layout.evolved(layout.survey(values))
@@ -122,14 +127,19 @@ def test_the_fast_path_gives_the_lossless_paths_table_and_takes_the_documents_it
     fast_layout, fast, values = _batch(layout, corpus, fast=True)
     lossless_layout, lossless, _ = _batch(layout, corpus, fast=False)
     _same(fast, lossless)
+    # __doc: the fast rows' text from their bytes is extjson's of the document decoded
+    decoded = _decoded(corpus)
+    texts = values.ejson(lambda row: extjson.encode_str(decoded[row]))
+    assert texts.to_pylist() == [extjson.encode_str(document) for document in decoded]
     clean = set(range(len(documents(CASES + INVALID_UTF8_CASES, 1)), len(corpus) - len(TRAPS)))
     taken = set(values.fast_rows.tolist())
     assert clean <= taken
     first_trap = len(corpus) - len(TRAPS)
     fast_traps = {TRAPS.index(trap) for trap in TRAPS if first_trap + TRAPS.index(trap) in taken}
-    # NaN stays NaN, int32 and int64 are both long, and nulls, [] and {"x": null} have no column:
+    # NaN stays NaN, int32 and int64 are both long, a string is a string, and nulls, [] and
+    # {"x": null} have no column:
     # all held exactly; every other trap's value would be coerced, nulled or is a fallback
-    assert fast_traps == {0, 1, 8, 9, 14, 20, 21, 22}
+    assert fast_traps == {0, 1, 8, 9, 14, 20, 21, 22, 23}
     # a later batch against the evolved layout, with traps in the established columns' fields
     later = _clean(100, 20) + _traps_in_clean_fields()
     _, fast_later, later_values = _batch(fast_layout, later, fast=True)
@@ -219,5 +229,5 @@ def _assert_holds(cell: object, column: types.ColumnType, value: object, where: 
 def test_damaged_bson_takes_the_lossless_path(damage):
     raws = _clean(0, 3)
     damaged = damage(raws[1])
-    values = split_documents((), _rows([raws[0], damaged, raws[2]]), [{}, {}, {}])
+    values = split_documents((), _rows([raws[0], damaged, raws[2]]), [{}, {}, {}], _itself)
     assert values.fast_rows.tolist() == [0, 2]

@@ -1,6 +1,6 @@
 """Typed Arrow columns straight from BSON bytes, without decoding a value into Python.
 
-The raw zone keeps documents as BSON end to end in one buffer (``raw_events.decode_documents``).
+The raw zone keeps documents as BSON, end to end in one buffer of an Arrow binary column.
 ``FastDocuments`` walks that buffer with numpy, one vectorised step per element position across all
 documents at once, and takes an exact census of each field's BSON types (at every depth, array
 elements included). A document takes this fast path only if the census shows every value it holds is
@@ -99,7 +99,7 @@ class _Buffer:
         return found
 
 
-class _Values(NamedTuple):
+class Values(NamedTuple):
     """Values at one path (a field, or array elements), one per slot; kind _MISSING where absent."""
 
     kind: np.ndarray  # uint8 BSON type
@@ -111,13 +111,16 @@ class _Values(NamedTuple):
         return len(self.kind)
 
 
-class _Level(NamedTuple):
+class Level(NamedTuple):
     """The elements of some containers (documents or arrays), in order within each container."""
 
     container: np.ndarray  # index of the container holding the element
+    offset: np.ndarray  # where the element starts (its type byte)
+    first: np.ndarray  # whether it is its container's first
+    documents: bool  # the containers are documents (else arrays)
     key: np.ndarray  # index into ``names`` (documents only)
     names: list[bytes]
-    values: _Values
+    values: Values
 
 
 class FastDocuments:
@@ -130,7 +133,7 @@ class FastDocuments:
     def __init__(self, data: np.ndarray, starts: np.ndarray, stored: types.StructFields = ()) -> None:
         """``stored``: the table's typed columns (``TableLayout.stored_fields``); a document with a value
         that does not fit its column, or that goes to a ``fallback`` column, takes the lossless path."""
-        self._buffer = _Buffer(data)
+        self.buffer = _Buffer(data)
         starts = starts.astype(np.int64)
         stored_types = dict(stored)
         slow = np.zeros(len(starts), bool)
@@ -138,16 +141,16 @@ class FastDocuments:
         while True:  # a document marked slow changes no fast document's type: a second pass confirms
             chosen = everything[~slow]
             count = len(chosen)
-            self._documents = _Values(
+            self.documents = Values(
                 np.full(count, _DOCUMENT, np.uint8), starts[chosen], np.zeros(count, np.int64), chosen
             )
             marked = np.zeros(len(starts), bool)
-            self._levels: dict[tuple[str, ...], _Level] = {}  # each path's walk, for the columns
-            level = self._level(self._documents, marked, documents=True)
-            self._top = self._fields(level, count, marked)
+            self.levels: dict[tuple[str, ...], Level] = {}  # each path's walk, for columns and texts
+            level = self.levels[()] = self._level(self.documents, marked, documents=True)
+            self.top = self._fields(level, count, marked)
             census = {
                 name: self._census(field, marked, (name,), stored_types.get(name))
-                for name, field in self._top.items()
+                for name, field in self.top.items()
             }
             if not marked.any():
                 break
@@ -167,10 +170,10 @@ class FastDocuments:
 
     # -- walking
 
-    def _level(self, containers: _Values, bad: np.ndarray, documents: bool) -> _Level:
+    def _level(self, containers: Values, bad: np.ndarray, documents: bool) -> Level:
         """The elements of ``containers`` (documents or arrays, all present); ``bad`` marks the roots
         of damaged ones (their elements are then incomplete: the root leaves the fast path)."""
-        buffer = self._buffer
+        buffer = self.buffer
         size = len(buffer.data)
         count = len(containers.at)
         starts = containers.at
@@ -211,23 +214,22 @@ class FastDocuments:
         bad[containers.root[broken]] = True
         if not parts:
             empty = np.zeros(0, np.int64)
-            return _Level(empty, empty, [], _Values(np.zeros(0, np.uint8), empty, empty, empty))
+            values = Values(np.zeros(0, np.uint8), empty, empty, empty)
+            return Level(empty, empty, np.zeros(0, bool), documents, empty, [], values)
         container, kind, key_start, key_end, value, value_size = (
             np.concatenate(p) for p in zip(*parts, strict=True)
         )
         if not documents:  # an array's elements in their order (a document's fields go by name)
             order = np.argsort(container, kind="stable")
-            container, kind, value, value_size = (
-                container[order],
-                kind[order],
-                value[order],
-                value_size[order],
-            )
+            container, kind, key_start = container[order], kind[order], key_start[order]
+            value, value_size = value[order], value_size[order]
         if documents:
             keys, names = self._keys(key_start, key_end)
         else:
             keys, names = np.zeros(len(container), np.int64), []
-        return _Level(container, keys, names, _Values(kind, value, value_size, containers.root[container]))
+        values = Values(kind, value, value_size, containers.root[container])
+        first = key_start - 1 == starts[container] + 4
+        return Level(container, key_start - 1, first, documents, keys, names, values)
 
     def _keys(self, start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, list[bytes]]:
         """Each element's field name as an index into the distinct names."""
@@ -237,7 +239,7 @@ class FastDocuments:
         positions = start[:, None] + np.arange(words * 8)
         inside = np.arange(words * 8) < lengths[:, None]
         matrix = np.zeros((len(start), words * 8), np.uint8)
-        matrix[inside] = self._buffer.data[positions[inside]]
+        matrix[inside] = self.buffer.data[positions[inside]]
         packed = matrix.view("<u8")  # one row of words per name, zero-padded (names hold no zero)
         if words == 1:
             distinct, keys = np.unique(packed.reshape(-1), return_inverse=True)
@@ -247,7 +249,7 @@ class FastDocuments:
         names = [row.astype("<u8").tobytes().rstrip(b"\0") for row in distinct]
         return keys.reshape(-1), names
 
-    def _fields(self, level: _Level, count: int, bad: np.ndarray) -> dict[str, _Values]:
+    def _fields(self, level: Level, count: int, bad: np.ndarray) -> dict[str, Values]:
         """Each field's values across ``count`` documents (kind _MISSING where one lacks it)."""
         fields = {}
         for key, raw_name in enumerate(level.names):
@@ -261,7 +263,7 @@ class FastDocuments:
             except UnicodeDecodeError:
                 bad[level.values.root[selected]] = True
                 continue
-            values = _Values(
+            values = Values(
                 np.zeros(count, np.uint8),
                 np.zeros(count, np.int64),
                 np.zeros(count, np.int64),
@@ -275,7 +277,7 @@ class FastDocuments:
     # -- census
 
     def _census(
-        self, values: _Values, bad: np.ndarray, path: tuple[str, ...], stored: types.ColumnType | None
+        self, values: Values, bad: np.ndarray, path: tuple[str, ...], stored: types.ColumnType | None
     ) -> types.ColumnType:
         """The merged type of ``values`` (``columns.column_type`` of them decoded), to go into a column
         of type ``stored`` (None: none yet). ``bad`` gets the roots of the values the fast path does
@@ -299,7 +301,7 @@ class FastDocuments:
                 fields = dict(stored[1]) if stored is not None else None
                 merged.append(self._struct_census(_take(values, where), bad, path, fields))
             elif kind == _ARRAY:
-                level = self._levels[path] = self._level(_take(values, where), bad, documents=False)
+                level = self.levels[path] = self._level(_take(values, where), bad, documents=False)
                 element = stored[1] if stored is not None else None
                 merged.append((types.ARRAY, self._census(level.values, bad, (*path, "[]"), element)))
             else:
@@ -314,12 +316,12 @@ class FastDocuments:
 
     def _struct_census(
         self,
-        documents: _Values,
+        documents: Values,
         bad: np.ndarray,
         path: tuple[str, ...],
         stored: dict[str, types.ColumnType] | None,
     ) -> types.ColumnType:
-        level = self._levels[path] = self._level(documents, bad, documents=True)
+        level = self.levels[path] = self._level(documents, bad, documents=True)
         empty = np.ones(len(documents), bool)
         empty[level.container] = False
         bad[documents.root[empty]] = True  # {} is a fallback value: Parquet has no empty groups
@@ -329,20 +331,20 @@ class FastDocuments:
             for name, field in fields.items()
         )
 
-    def _check_scalars(self, kind: int, values: _Values, where: np.ndarray, bad: np.ndarray) -> None:
+    def _check_scalars(self, kind: int, values: Values, where: np.ndarray, bad: np.ndarray) -> None:
         """Mark the roots of scalars the lossless path reads differently."""
         if kind == _DATE:
-            millis = self._int64(values.at[where])
+            millis = self.int64(values.at[where])
             outside = (millis < _MIN_TIMESTAMP_MS) | (millis > _MAX_TIMESTAMP_MS)
             bad[values.root[where[outside]]] = True
         elif kind == _BINARY:
-            old = self._buffer.data[values.at[where] + 4] == 2  # subtype 2 nests a second length
+            old = self.buffer.data[values.at[where] + 4] == 2  # subtype 2 nests a second length
             bad[values.root[where[old]]] = True
         elif kind == _STRING:
             at, size = values.at[where], values.size[where]
-            unterminated = (size < 5) | (self._buffer.data[at + size - 1] != 0)
+            unterminated = (size < 5) | (self.buffer.data[at + size - 1] != 0)
             bad[values.root[where[unterminated]]] = True
-            texts = self._ranges(at + 4, np.maximum(size - 5, 0), pa.binary())
+            texts = self.ranges(at + 4, np.maximum(size - 5, 0), pa.binary())
             try:
                 texts.cast(pa.string())  # validates UTF-8
             except pa.ArrowInvalid:  # rare: find the invalid ones, one by one
@@ -354,14 +356,14 @@ class FastDocuments:
     def array(self, name: str, column: types.ColumnType, arrow: pa.DataType | None = None) -> pa.Array:
         """Field ``name`` of the fast documents (in order) as ``columns.to_arrow`` gives it for a
         column of type ``column`` (which the census's type fits)."""
-        values = self._top.get(name)
+        values = self.top.get(name)
         if values is None:
-            array = pa.nulls(len(self._documents), types.arrow_type(column))
+            array = pa.nulls(len(self.documents), types.arrow_type(column))
         else:
             array = self._build(values, column, (name,))
         return array if arrow is None or arrow == array.type else array.view(arrow)
 
-    def _build(self, values: _Values, column: types.ColumnType, path: tuple[str, ...]) -> pa.Array:
+    def _build(self, values: Values, column: types.ColumnType, path: tuple[str, ...]) -> pa.Array:
         present = (values.kind != _MISSING) & (values.kind != _NULL)
         where = np.flatnonzero(present)
         if not where.size:  # (a fallback column too: the fast documents hold no value of it)
@@ -380,9 +382,9 @@ class FastDocuments:
         slots = np.cumsum(present) - 1
         return dense.take(pa.array(slots, pa.int64(), mask=~present))
 
-    def _struct(self, documents: _Values, column: types.ColumnType, path: tuple[str, ...]) -> pa.Array:
+    def _struct(self, documents: Values, column: types.ColumnType, path: tuple[str, ...]) -> pa.Array:
         scratch = np.zeros(len(self.fast), bool)
-        fields = self._fields(self._levels[path], len(documents), scratch)
+        fields = self._fields(self.levels[path], len(documents), scratch)
         children = []
         for name, field_type in column[1]:
             field = fields.get(name)
@@ -397,8 +399,8 @@ class FastDocuments:
             else pa.nulls(len(documents), arrow)
         )
 
-    def _list(self, arrays: _Values, column: types.ColumnType, path: tuple[str, ...]) -> pa.Array:
-        level = self._levels[path]
+    def _list(self, arrays: Values, column: types.ColumnType, path: tuple[str, ...]) -> pa.Array:
+        level = self.levels[path]
         offsets = np.zeros(len(arrays) + 1, np.int32)
         np.cumsum(np.bincount(level.container, minlength=len(arrays)), out=offsets[1:])
         elements = self._build(level.values, column[1], (*path, "[]"))
@@ -406,51 +408,51 @@ class FastDocuments:
             pa.array(offsets, pa.int32()), elements, type=types.arrow_type(column)
         )
 
-    def _scalars(self, kind: int, values: _Values, where: np.ndarray, column: types.ColumnType) -> pa.Array:
+    def _scalars(self, kind: int, values: Values, where: np.ndarray, column: types.ColumnType) -> pa.Array:
         at = values.at[where]
         if column == types.LONG:
-            out = np.where(values.kind[where] == _INT32, self._int32(at), self._int64(at))
+            out = np.where(values.kind[where] == _INT32, self.int32(at), self.int64(at))
             return pa.array(out, pa.int64())
         if column == types.DOUBLE:
-            return pa.array(self._gather(at, 8).view("<f8").reshape(-1), pa.float64())
+            return pa.array(self.gather(at, 8).view("<f8").reshape(-1), pa.float64())
         if column == types.BOOL:
-            return pa.array(self._buffer.data[at] != 0, pa.bool_())
+            return pa.array(self.buffer.data[at] != 0, pa.bool_())
         if column == types.DATE:
-            return pa.array(self._int64(at) * 1000, pa.timestamp("us", tz="UTC"))
+            return pa.array(self.int64(at) * 1000, pa.timestamp("us", tz="UTC"))
         if column == types.OBJECT_ID:
-            hex_digits = _HEX[self._gather(at, 12)].reshape(-1)
+            hex_digits = _HEX[self.gather(at, 12)].reshape(-1)
             offsets = np.arange(len(at) + 1, dtype=np.int32) * 24
             return pa.StringArray.from_buffers(len(at), pa.py_buffer(offsets), pa.py_buffer(hex_digits))
         if column == types.STRING:
             return self._strings(values, where)
         if column == types.BINARY:
-            lengths = self._buffer.int32(at)
-            return self._ranges(at + 5, lengths, pa.binary())
+            lengths = self.buffer.int32(at)
+            return self.ranges(at + 5, lengths, pa.binary())
         raise ValueError(f"no fast column of type {column!r} for BSON kind {kind}")
 
-    def _strings(self, values: _Values, where: np.ndarray) -> pa.Array:
+    def _strings(self, values: Values, where: np.ndarray) -> pa.Array:
         at = values.at[where]
-        return self._ranges(at + 4, values.size[where] - 5, pa.string())
+        return self.ranges(at + 4, values.size[where] - 5, pa.string())
 
-    def _ranges(self, starts: np.ndarray, lengths: np.ndarray, arrow: pa.DataType) -> pa.Array:
+    def ranges(self, starts: np.ndarray, lengths: np.ndarray, arrow: pa.DataType) -> pa.Array:
         """The byte ranges as one string or binary array (not validated)."""
         offsets = np.zeros(len(starts) + 1, np.int64)
         np.cumsum(lengths, out=offsets[1:])
         total = int(offsets[-1])
         positions = np.repeat(starts - offsets[:-1], lengths) + np.arange(total)
-        data = self._buffer.data[positions]
+        data = self.buffer.data[positions]
         large = pa.large_string() if arrow == pa.string() else pa.large_binary()
         array = pa.Array.from_buffers(large, len(starts), [None, pa.py_buffer(offsets), pa.py_buffer(data)])
         return array.cast(arrow)
 
-    def _gather(self, at: np.ndarray, width: int) -> np.ndarray:
-        return self._buffer.data[at[:, None] + np.arange(width)].copy()
+    def gather(self, at: np.ndarray, width: int) -> np.ndarray:
+        return self.buffer.data[at[:, None] + np.arange(width)].copy()
 
-    def _int32(self, at: np.ndarray) -> np.ndarray:
-        return self._gather(at, 4).view("<i4").reshape(-1).astype(np.int64)
+    def int32(self, at: np.ndarray) -> np.ndarray:
+        return self.gather(at, 4).view("<i4").reshape(-1).astype(np.int64)
 
-    def _int64(self, at: np.ndarray) -> np.ndarray:
-        return self._gather(at, 8).view("<i8").reshape(-1)
+    def int64(self, at: np.ndarray) -> np.ndarray:
+        return self.gather(at, 8).view("<i8").reshape(-1)
 
 
 def _add_to_length(kinds: np.ndarray) -> np.ndarray:
@@ -460,8 +462,8 @@ def _add_to_length(kinds: np.ndarray) -> np.ndarray:
     return table[kinds]
 
 
-def _take(values: _Values, where: np.ndarray) -> _Values:
-    return _Values(*(column[where] for column in values))
+def _take(values: Values, where: np.ndarray) -> Values:
+    return Values(*(column[where] for column in values))
 
 
 def _valid_utf8(text: bytes) -> bool:
@@ -505,90 +507,3 @@ def added_type(stored: types.ColumnType | None, column: types.ColumnType) -> typ
         if (addition := added_type(fields.get(name), field)) != types.NULL
     ]
     return types.struct_type(added) if added else types.NULL
-
-
-class SplitValues:
-    """One table's rows' documents, split between the fast path (``FastDocuments``) and the lossless
-    path (``columns.FieldValues``): what ``TableLayout`` takes for its survey and its record batch,
-    which are those of the same documents decoded (``columns.FieldValues`` of them all)."""
-
-    def __init__(
-        self,
-        stored: types.StructFields,
-        fast: FastDocuments,
-        fast_rows: np.ndarray,
-        slow: types.FieldValues,
-        slow_rows: np.ndarray,
-        documents: list[dict],
-    ) -> None:
-        self.stored = stored
-        self.documents = documents
-        self.fast, self.slow = fast, slow
-        self.fast_rows = fast_rows
-        # each row's position among the fast rows' values followed by the slow rows'
-        self._positions = pa.array(np.argsort(np.concatenate([fast_rows, slow_rows]), kind="stable"))
-        self._arrays: dict[tuple[str, types.ColumnType, pa.DataType], pa.Array] = {}
-
-    def __len__(self) -> int:
-        return len(self._positions)
-
-    @property
-    def names(self) -> set[str]:
-        return set(self.fast.census) | self.slow.names
-
-    def typed(self, name: str) -> bool:
-        in_fast = types.without_nulls(self.fast.census.get(name, types.NULL)) != types.NULL
-        return in_fast or (name in self.slow.names and self.slow.typed(name))
-
-    def survey(self, stored: types.StructFields) -> types.BatchTypes:
-        if stored != self.stored:
-            raise ValueError("these documents were split against other stored fields")
-        return self.fast.survey.merge(self.slow.survey(stored))
-
-    def arrow(self, name: str, column: types.ColumnType, arrow: pa.DataType) -> pa.Array:
-        key = (name, column, arrow)
-        if key not in self._arrays:
-            self._arrays[key] = self._rows(
-                self.fast.array(name, column, arrow), self.slow.arrow(name, column, arrow)
-            )
-        return self._arrays[key]
-
-    def split(self, name: str, column: types.ColumnType, arrow: pa.DataType) -> tuple[pa.Array, pa.Array]:
-        typed, texts = self.slow.split(name, column, arrow)
-        fast = self.fast.array(name, column, arrow)  # they fit: no text
-        return self._rows(fast, typed), self._rows(pa.nulls(len(fast), pa.string()), texts)
-
-    def _rows(self, fast: pa.Array, slow: pa.Array) -> pa.Array:
-        return pa.concat_arrays([fast, slow]).take(self._positions)
-
-
-def split_documents(
-    stored: types.StructFields, raw: pa.BinaryArray, documents: list[dict | None]
-) -> SplitValues:
-    """The rows' documents split for ``stored`` (a table's ``TableLayout.stored_fields``): ``raw``
-    holds each row's BSON (null: the row takes the lossless path), ``documents`` the same decoded
-    (only the lossless rows' are read; None reads as ``{}``). A fast document whose field's type
-    would merge with the lossless documents' into a type that does not hold it as it is (a
-    ``fallback``) goes to the lossless side, until every fast document fits."""
-    raw = raw.cast(pa.large_binary()) if pa.types.is_binary(raw.type) else raw
-    _, offsets_buffer, data_buffer = raw.buffers()
-    offsets = np.frombuffer(offsets_buffer, np.int64)[raw.offset : raw.offset + len(raw) + 1]
-    data = np.frombuffer(data_buffer, np.uint8) if data_buffer is not None else np.zeros(0, np.uint8)
-    candidates = np.flatnonzero(raw.is_valid().to_numpy(zero_copy_only=False))
-    stored_types = dict(stored)
-    while True:
-        fast = FastDocuments(data, offsets[candidates], stored)
-        fast_rows = candidates[fast.indices]
-        slow_rows = np.setdiff1d(np.arange(len(raw)), fast_rows)
-        slow = types.FieldValues([documents[row] or {} for row in slow_rows.tolist()])
-        merged = fast.survey.merge(slow.survey(stored))
-        added = dict(merged.additions[1]) if merged.additions != types.NULL else {}
-        unfit = np.zeros(len(raw), bool)
-        for name, column in fast.census.items():
-            final = types.merge_types(stored_types.get(name, types.NULL), added.get(name, types.NULL))
-            if not fits_type(final, column):
-                field = fast._top[name]
-                unfit[candidates[field.root[(field.kind != _MISSING) & (field.kind != _NULL)]]] = True
-        if not unfit.any():
-            return SplitValues(stored, fast, fast_rows, slow, slow_rows, documents)
-        candidates = candidates[~unfit[candidates]]

@@ -22,7 +22,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import NamedTuple
 
-import bson
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -46,7 +45,8 @@ from mongo_cdc.transform.flatten_options import FlatteningOptions
 from mongo_cdc.transform.raw_events import (
     RAW_COLUMNS,
     ChangeEvent,
-    decode_documents,
+    WholeDocument,
+    as_dict,
     event_from_row,
     event_keys,
 )
@@ -54,7 +54,7 @@ from mongo_cdc.transform.slices import RawSlice, collection_operations, lake_pat
 from mongo_cdc.transform.table_layout import TableLayout
 
 try:  # the fast path needs numpy; executors without it take the lossless path
-    from mongo_cdc.transform.bson_columns import SplitValues, split_documents
+    from mongo_cdc.transform.split_values import SplitValues, split_documents
 except ImportError:
     SplitValues, split_documents = columns.FieldValues, None
 
@@ -303,15 +303,15 @@ def transform_slice(
             pc.invert(pc.is_in(keys, pa.array(sorted(folded_keys), pa.string()))),
         )
     # each row's whole document where a table takes one: its after, or a change row's before-image
-    documents: list[dict | None] = [None] * rows.num_rows
+    documents: list[WholeDocument | None] = [None] * rows.num_rows
     deletes = pc.fill_null(pc.equal(rows.column("op"), "d"), False)
     wanted = [(after_column, pc.and_(pc.or_(in_changes, single), pc.invert(deletes)))]
     if before_images:
         wanted.append((rows.column("before").combine_chunks(), pc.and_(in_changes, deletes)))
     for column, selected in wanted:
-        decoded = pc.indices_nonzero(pc.and_(selected, pc.is_valid(column)))
-        for index, document in zip(decoded.to_pylist(), decode_documents(column.take(decoded)), strict=True):
-            documents[index] = document
+        taken = pc.indices_nonzero(pc.and_(selected, pc.is_valid(column)))
+        for index, data in zip(taken.to_pylist(), column.take(taken).to_pylist(), strict=True):
+            documents[index] = WholeDocument(data)
     state_output, state_values = StateOutput(None, None), None
     if state is not None:
         # an older event landed after a delete does not bring the document back: its marker says so
@@ -368,7 +368,7 @@ def write_state(
     location: LakeLocation,
     spec: StateSpec,
     versions: list[DocumentVersion],
-    documents: list[dict | None],
+    documents: list[dict | WholeDocument | None],
     markers: dict[str, DocumentVersion],
 ) -> tuple[StateOutput, columns.FieldValues | SplitValues | None]:
     """Write ``versions`` as state rows (``documents``: theirs, decoded), and as deletion marker rows
@@ -393,10 +393,7 @@ def write_state(
     metadata = {
         "__key": pa.array([v.key for v in versions], pa.string()),
         "__id": pa.array([v.document_id_json for v in versions], pa.string()),
-        "__doc": pa.array(
-            [extjson.encode_str(document) if document is not None else None for document in documents],
-            pa.string(),
-        ),
+        "__doc": document_texts(values, documents),
         "__doc_bson": document_bson,
         "__cluster_time": pa.array([v.cluster_time for v in versions], pa.int64()),
         "__event_order": pa.array([v.event_order for v in versions], pa.string()),
@@ -433,7 +430,7 @@ def write_changes(
     location: LakeLocation,
     spec: ChangesSpec,
     events: pa.Table,
-    decoded: list[dict | None],
+    decoded: list[dict | WholeDocument | None],
     state_values: columns.FieldValues | SplitValues | None = None,
 ) -> Output | None:
     """Write the change rows of raw ``events`` (``decoded``: their documents, as ``change_rows``
@@ -467,14 +464,28 @@ def write_changes(
 
 
 def field_values(
-    layout: TableLayout, document_bson: pa.BinaryArray, documents: list[dict]
+    layout: TableLayout, document_bson: pa.BinaryArray, documents: list[dict | WholeDocument]
 ) -> columns.FieldValues | SplitValues:
     """The field values of rows for ``layout``: ``documents`` and each one's BSON (null where it is
-    not those bytes decoded), split between the fast and the lossless path where numpy is installed
+    not those bytes), split between the fast and the lossless path where numpy is installed
     (``transform.bson_columns``), else all lossless."""
     if split_documents is None:
-        return columns.FieldValues(documents)
-    return split_documents(layout.stored_fields, document_bson, documents)
+        return columns.FieldValues([as_dict(document) for document in documents])
+    return split_documents(layout.stored_fields, document_bson, documents, as_dict)
+
+
+def document_texts(
+    values: columns.FieldValues | SplitValues, documents: list[dict | WholeDocument | None]
+) -> pa.Array:
+    """``__doc``: each document's Extended JSON text (null for none), from its bytes on the fast path."""
+
+    def render(row: int) -> str | None:
+        document = documents[row]
+        return extjson.encode_str(as_dict(document)) if document is not None else None
+
+    if isinstance(values, columns.FieldValues):
+        return pa.array([render(row) for row in range(len(documents))], pa.string())
+    return values.ejson(render)
 
 
 def _change_bson(
@@ -539,10 +550,8 @@ def fold_documents(
             versions.append(
                 drop_with_collection(reconcile_with_snapshots(version, spec.manifests), spec.drops)
             )
-    decoded = [
-        bson.decode(v.document, extjson.READ_OPTIONS) if v.document is not None else None for v in versions
-    ]
-    state, _ = write_state(location, spec, versions, decoded, markers)
+    documents = [WholeDocument(v.document) if v.document is not None else None for v in versions]
+    state, _ = write_state(location, spec, versions, documents, markers)
     return state
 
 
