@@ -40,7 +40,7 @@ _DOUBLE, _STRING, _DOCUMENT, _ARRAY, _BINARY, _UNDEFINED, _OBJECT_ID, _BOOL, _DA
 _REGEX, _DB_POINTER, _CODE, _SYMBOL, _CODE_WITH_SCOPE, _INT32, _TIMESTAMP, _INT64, _DECIMAL = range(11, 20)
 _MIN_KEY, _MAX_KEY = 255, 127
 _MISSING = 0  # no element (a field a document lacks), as a kind
-_SCAN_STEPS = 32  # bytes of a cstring scanned a step at a time before a lookup of the rest
+_SCAN_BYTES = 16  # bytes after a cstring's start searched for its end before a lookup of the rest
 
 # Column type of each kind the fast path holds exactly.
 _FAST_KINDS: dict[int, types.ColumnType] = {
@@ -83,19 +83,17 @@ class _Buffer:
 
     def next_zero(self, at: np.ndarray) -> np.ndarray:
         """The offset of the first zero byte at or after each of ``at``; len(data) if none."""
-        found = np.minimum(at, len(self.data))
-        ahead = np.flatnonzero(found < len(self.data))
-        for _ in range(_SCAN_STEPS):  # names are short: step all of them forward a byte at a time
-            ahead = ahead[self.data[found[ahead]] != 0]
-            if not ahead.size:
-                return found
-            found[ahead] += 1
-            ahead = ahead[found[ahead] < len(self.data)]
-        zeros = np.flatnonzero(self.data == 0)  # long names: look the rest up
-        following = np.searchsorted(zeros, found[ahead])
-        found[ahead] = np.where(
-            following < len(zeros), zeros[np.minimum(following, len(zeros) - 1)], len(self.data)
-        )
+        size = len(self.data)
+        # names are short: a window of bytes after each offset holds most of their ends
+        window = self.data[np.minimum(at[:, None] + np.arange(_SCAN_BYTES), size - 1)] == 0
+        found = at + np.argmax(window, axis=1)
+        beyond = ~window.any(axis=1) | (found >= size)
+        if beyond.any():  # long names: look the rest up
+            zeros = np.flatnonzero(self.data == 0)
+            following = np.searchsorted(zeros, at[beyond])
+            found[beyond] = np.where(
+                following < len(zeros), zeros[np.minimum(following, len(zeros) - 1)], size
+            )
         return found
 
 
@@ -243,10 +241,16 @@ class FastDocuments:
         packed = matrix.view("<u8")  # one row of words per name, zero-padded (names hold no zero)
         if words == 1:
             distinct, keys = np.unique(packed.reshape(-1), return_inverse=True)
-            distinct = distinct.reshape(-1, 1)
-        else:
-            distinct, keys = np.unique(packed, axis=0, return_inverse=True)
-        names = [row.astype("<u8").tobytes().rstrip(b"\0") for row in distinct]
+            rows = distinct.reshape(-1, 1)
+        else:  # a hash of the words, checked: a collision (never seen) falls back to comparing rows
+            mixed = packed[:, 0].copy()
+            for word in range(1, words):
+                mixed = mixed * np.uint64(0x9E3779B97F4A7C15) ^ packed[:, word]
+            _, first, keys = np.unique(mixed, return_index=True, return_inverse=True)
+            rows = packed[first]
+            if not (rows[keys.reshape(-1)] == packed).all():
+                rows, keys = np.unique(packed, axis=0, return_inverse=True)
+        names = [row.astype("<u8").tobytes().rstrip(b"\0") for row in rows]
         return keys.reshape(-1), names
 
     def _fields(self, level: Level, count: int, bad: np.ndarray) -> dict[str, Values]:
@@ -290,7 +294,7 @@ class FastDocuments:
             return types.NULL
         stored_kind = stored[0] if isinstance(stored, tuple) else stored
         merged: list[types.ColumnType] = []
-        for kind in np.unique(values.kind[present]).tolist():
+        for kind in kinds_in(values.kind[present]):
             where = np.flatnonzero(present & (values.kind == kind))
             kind_of_column = types.STRUCT if kind == _DOCUMENT else types.ARRAY if kind == _ARRAY else None
             if kind in _FAST_KINDS:
@@ -453,6 +457,11 @@ class FastDocuments:
 
     def int64(self, at: np.ndarray) -> np.ndarray:
         return self.gather(at, 8).view("<i8").reshape(-1)
+
+
+def kinds_in(kinds: np.ndarray) -> list[int]:
+    """The distinct BSON types of ``kinds``, in order (a count: cheaper than sorting them)."""
+    return np.flatnonzero(np.bincount(kinds, minlength=256)).tolist()
 
 
 def _add_to_length(kinds: np.ndarray) -> np.ndarray:

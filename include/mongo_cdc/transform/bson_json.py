@@ -29,6 +29,7 @@ from mongo_cdc.transform.bson_columns import (
     _STRING,
     FastDocuments,
     Values,
+    kinds_in,
 )
 
 
@@ -52,7 +53,7 @@ def document_texts(fast: FastDocuments) -> tuple[pa.StringArray, np.ndarray]:
             prefixes = pa.array([f",{key}" for key in keys] + keys, pa.string())
             prefix = prefixes.take(pa.array(level.key + first * len(keys)))
         else:
-            prefix = pa.array(np.where(first, "", ","), pa.string())
+            prefix = pa.array([",", ""], pa.string()).take(pa.array(first.view(np.int8)))
         text, unrendered = _value_texts(fast, level.values)
         python[level.values.root[unrendered]] = True
         offsets.append(level.offset)
@@ -79,7 +80,7 @@ def _value_texts(fast: FastDocuments, values: Values) -> tuple[pa.Array, np.ndar
     indexes of those left to ``extjson`` (a binary, a string with a control character)."""
     parts, positions = [], []
     unrendered = []
-    for kind in np.unique(values.kind).tolist():
+    for kind in kinds_in(values.kind):
         where = np.flatnonzero(values.kind == kind)
         at = values.at[where]
         if kind == _DOUBLE:

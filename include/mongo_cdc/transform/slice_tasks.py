@@ -12,8 +12,9 @@
 * ``keyed_rows``: the rows of given document keys in a keyed table's files (``KeyedFile``: the state
   table, for stored versions, and the deletion markers), read by the task that needs them.
 
-Runs on the executors, which have only pyarrow, orjson and bson: no pyspark or deltalake import
-here. The driver's side is ``transform.driver``.
+Runs on the executors, which have only pyarrow, orjson and bson (numpy too where it is installed:
+the fast path, ``transform.split_values``): no pyspark or deltalake import here. The driver's side is
+``transform.driver``.
 """
 
 from __future__ import annotations
