@@ -40,6 +40,7 @@ _DOUBLE, _STRING, _DOCUMENT, _ARRAY, _BINARY, _UNDEFINED, _OBJECT_ID, _BOOL, _DA
 _REGEX, _DB_POINTER, _CODE, _SYMBOL, _CODE_WITH_SCOPE, _INT32, _TIMESTAMP, _INT64, _DECIMAL = range(11, 20)
 _MIN_KEY, _MAX_KEY = 255, 127
 _MISSING = 0  # no element (a field a document lacks), as a kind
+_NAME_BYTES_MAX = 64  # a document with a longer field name takes the lossless path (bounds _keys' memory)
 _SCAN_BYTES = 16  # bytes after a cstring's start searched for its end before a lookup of the rest
 
 # Column type of each kind the fast path holds exactly.
@@ -222,7 +223,9 @@ class FastDocuments:
             container, kind, key_start = container[order], kind[order], key_start[order]
             value, value_size = value[order], value_size[order]
         if documents:
-            keys, names = self._keys(key_start, key_end)
+            long = key_end - key_start > _NAME_BYTES_MAX
+            bad[containers.root[container[long]]] = True  # its name is cut short below: not fast
+            keys, names = self._keys(key_start, np.minimum(key_end, key_start + _NAME_BYTES_MAX))
         else:
             keys, names = np.zeros(len(container), np.int64), []
         values = Values(kind, value, value_size, containers.root[container])
