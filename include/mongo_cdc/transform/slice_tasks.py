@@ -372,9 +372,9 @@ def write_state(
     documents: list[dict | WholeDocument | None],
     markers: dict[str, DocumentVersion],
 ) -> tuple[StateOutput, columns.FieldValues | SplitValues | None]:
-    """Write ``versions`` as state rows (``documents``: theirs, decoded), and as deletion marker rows
-    (``write_markers``) those deleted and those of documents with a marker; returns the output and the
-    documents' field values (for ``write_changes``)."""
+    """Write ``versions`` as state rows (``documents``: theirs, dicts or ``WholeDocument``s), and as
+    deletion marker rows (``write_markers``) those deleted and those of documents with a marker;
+    returns the output and the documents' field values (for ``write_changes``)."""
     marker_file = write_markers(
         location,
         spec.markers_directory,
