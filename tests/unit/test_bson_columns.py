@@ -34,7 +34,8 @@ def _clean(start: int, count: int) -> list[bytes]:
             {
                 "_id": 1_000 + i,  # the corpus' _ids are int32 too
                 "oid": ObjectId(f"{i:024x}"),
-                "name": f'customer-{i} "quoted" é',
+                "name": f'customer-{i} "quoted" back\\slash \x7f é 名 \u2028',
+                'we"ird\\name': i % 3 == 0,
                 "n": i,
                 "big": Int64(i * 1_000_003),
                 "price": [1.5, float("nan"), float("inf"), -0.0][i % 4],
