@@ -184,6 +184,7 @@ class FastDocuments:
         cursor = starts + 4
         live = np.flatnonzero(~broken)
         parts: list[tuple[np.ndarray, ...]] = []
+        position = 0  # of the elements in their containers
         while live.size:
             at = cursor[live]
             end = ends[live]
@@ -193,7 +194,12 @@ class FastDocuments:
             going = ~closing & (at < end - 1) & (kind != 0)
             broken[live[~closing & ~going]] = True
             live, at, kind, end = live[going], at[going], kind[going], end[going]
-            key_end = buffer.next_zero(at + 1)
+            if documents:
+                key_end = buffer.next_zero(at + 1)
+            else:  # an array's keys are its indexes: check the end where the index's digits end
+                key_end = at + 1 + len(str(position))
+                misplaced = buffer.data[np.minimum(key_end, size - 1)] != 0
+                key_end[misplaced] = buffer.next_zero(at[misplaced] + 1)
             value = key_end + 1
             value_size = _FIXED_SIZES[kind]
             prefixed = np.isin(kind, list(_LENGTH_PREFIXED))
@@ -210,6 +216,7 @@ class FastDocuments:
             key_end, value, value_size = key_end[keep], value[keep], value_size[keep]
             parts.append((live, kind, at + 1, key_end, value, value_size))
             cursor[live] = value + value_size
+            position += 1
         bad[containers.root[broken]] = True
         if not parts:
             empty = np.zeros(0, np.int64)
