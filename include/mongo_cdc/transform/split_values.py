@@ -82,13 +82,17 @@ class SplitValues:
 
 
 def split_documents(
-    stored: types.StructFields, raw: pa.BinaryArray, documents: Sequence[Any], read: Callable[[Any], dict]
+    stored: types.StructFields,
+    raw: pa.BinaryArray | pa.ChunkedArray,
+    documents: Sequence[Any],
+    read: Callable[[Any], dict],
 ) -> SplitValues:
     """The rows' documents split for ``stored`` (a table's ``TableLayout.stored_fields``): ``raw``
     holds each row's BSON (null: the row takes the lossless path), ``documents`` the same, whose
     values ``read`` gives (only the lossless rows' are read; None reads as ``{}``). A fast document
     whose field's type would merge with the lossless documents' into a type that does not hold it as it is (a
     ``fallback``) goes to the lossless side, until every fast document fits."""
+    raw = raw.combine_chunks() if isinstance(raw, pa.ChunkedArray) else raw
     raw = raw.cast(pa.large_binary()) if pa.types.is_binary(raw.type) else raw
     _, offsets_buffer, data_buffer = raw.buffers()
     offsets = np.frombuffer(offsets_buffer, np.int64)[raw.offset : raw.offset + len(raw) + 1]
