@@ -220,6 +220,12 @@ def _assert_holds(cell: object, column: types.ColumnType, value: object, where: 
             _assert_holds(inner, column[1], element, f"{where}[{index}]")
 
 
+def test_an_int32_at_the_end_of_the_buffer_is_read_as_four_bytes():
+    raws = [bson.encode({"a": 1.5, "n": Int64(2**40)}), bson.encode({"n": 7})]  # the int32 ends the buffer
+    values = split_documents((), _rows(raws), _decoded(raws), _itself)
+    assert values.arrow("n", types.LONG, pa.int64()).to_pylist() == [2**40, 7]
+
+
 @pytest.mark.parametrize(
     "damage",
     [

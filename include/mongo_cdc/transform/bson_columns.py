@@ -425,7 +425,10 @@ class FastDocuments:
     def _scalars(self, kind: int, values: Values, where: np.ndarray, column: types.ColumnType) -> pa.Array:
         at = values.at[where]
         if column == types.LONG:
-            out = np.where(values.kind[where] == _INT32, self.int32(at), self.int64(at))
+            short = values.kind[where] == _INT32  # 4 bytes: an int64's 8 may run past the buffer
+            out = np.empty(len(at), np.int64)
+            out[short] = self.int32(at[short])
+            out[~short] = self.int64(at[~short])
             return pa.array(out, pa.int64())
         if column == types.DOUBLE:
             return pa.array(self.gather(at, 8).view("<f8").reshape(-1), pa.float64())
