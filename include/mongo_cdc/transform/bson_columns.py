@@ -205,6 +205,7 @@ class FastDocuments:
             prefixed = np.isin(kind, list(_LENGTH_PREFIXED))
             readable = prefixed & (value + 4 <= end)
             value_size[readable] = buffer.int32(value[readable]) + _add_to_length(kind[readable])
+            value_size[readable & (value_size < _add_to_length(kind))] = -1  # a negative length
             regex = kind == _REGEX
             if regex.any():
                 pattern_end = buffer.next_zero(value[regex])
