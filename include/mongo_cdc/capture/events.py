@@ -98,8 +98,8 @@ def plain_token(token: Any) -> dict | None:
     return bson.decode(token.raw) if isinstance(token, RawBSONDocument) else token
 
 
-# the small documents of an event's metadata that every event reads, decoded with the top level
-# (the resume token and the namespace have quicker ways: ``_resume_token``, ``_namespace``)
+# the small documents of an event's metadata, decoded with the top level (the resume token and the
+# namespace, which every event has, have quicker ways: ``_resume_token``, ``_namespace``)
 _METADATA_DOCUMENTS = ("to", "updateDescription")
 
 
@@ -110,15 +110,13 @@ def event_fields(event: RawBSONDocument) -> dict[str, Any]:
     (to read the resume token): its ``items`` are taken as they are, so no dict lookup goes through
     RawBSONDocument's per-access path."""
     fields = dict(event.items())
-    token = fields.get("_id")
-    if isinstance(token, RawBSONDocument):
-        fields["_id"] = _resume_token(token.raw)
+    fields["_id"] = _resume_token(fields["_id"].raw)  # the stream refuses an event without one
     ns = fields.get("ns")
-    if isinstance(ns, RawBSONDocument):
+    if ns is not None:
         fields["ns"] = _namespace(ns.raw)
     for name in _METADATA_DOCUMENTS:
         value = fields.get(name)
-        if isinstance(value, RawBSONDocument):
+        if value is not None:
             fields[name] = dict(value.items())
     return fields
 
