@@ -241,8 +241,7 @@ def change_rows(
     ``field.exclude.list`` / ``field.renames``, which rewrite them; ``transaction``: the event's
     transaction block)."""
     op = DATA_OPERATIONS[change["operationType"]]
-    ts = change["clusterTime"]
-    cluster_time = (ts.time << 32) | ts.inc
+    cluster_time, source_ts_ms = event_position(change)
     wall = change.get("wallTime")
     lsid = change.get("lsid")
     txn_number = change.get("txnNumber")
@@ -259,7 +258,7 @@ def change_rows(
         after, before, update_description = apply_field_rules(fields, after, before, update_description)
     ns = change["ns"]
     row = RawRow(
-        change["documentKey"].raw,
+        bson_bytes(change["documentKey"]),  # keyed in bulk with the batch's others (raw_rows_table)
         op,
         now_ms(),
         before,
@@ -269,9 +268,9 @@ def change_rows(
             ns["db"],
             ns["coll"],
             cluster_time,
-            int(wall) if wall is not None else ts.time * 1000,
+            source_ts_ms,
             False,
-            extjson.encode_str(bson.decode(lsid.raw, DECODE_OPTIONS)) if lsid is not None else None,
+            extjson.encode_str(bson.decode(bson_bytes(lsid), DECODE_OPTIONS)) if lsid is not None else None,
             int(txn_number) if txn_number is not None else None,
             int(wall) if wall is not None else None,
         ),
