@@ -6,11 +6,17 @@ updated."""
 
 from __future__ import annotations
 
+import bson
 import orjson
 import pytest
 from bson_by_hand import CASES, INVALID_UTF8_CASES, RAW, document, documents, embedded, raw
 
+from mongo_cdc import extjson
 from mongo_cdc.capture.events import document_id
+from mongo_cdc.lake import table_uri
+from mongo_cdc.lake.storage import table_if_exists
+from mongo_cdc.transform.state_commit import STATE_METADATA_COLUMNS
+from mongo_cdc.transform.table_layout import TableLayout
 
 IMAGES_ON = {"changeStreamPreAndPostImages": {"enabled": True}}
 AFTER_SNAPSHOT = 1000  # _ids of the documents inserted after the snapshot start here
@@ -81,6 +87,7 @@ def test_every_bson_type_name_and_invalid_utf8_string_lands_as_mongodbs_bytes(
     assert {key: row["__doc_bson"] for key, row in state.items()} == stored
     for row in state.values():
         orjson.loads(row["__doc"])  # JSON, whatever the document holds
+    _assert_lossless_columns(source)
     invalid = state[AFTER_SNAPSHOT + len(CASES)]
     # a string that is not valid UTF-8 reads with U+FFFD in the typed columns; its bytes stay in __doc_bson
     assert (invalid["text"], invalid["ok"], invalid["inner"], invalid["texts"]) == (
@@ -89,3 +96,18 @@ def test_every_bson_type_name_and_invalid_utf8_string_lands_as_mongodbs_bytes(
         {"w": "\ufffd\ufffd"},
         ["\ufffd\ufffd"],
     )
+
+
+def _assert_lossless_columns(source) -> None:
+    """Issue 21: whichever path the Spark job took for each document, every state row's typed and
+    fallback columns are what the lossless path makes of its ``__doc_bson``, and ``__doc`` is
+    ``extjson``'s text of it."""
+    uri = table_uri(source.location, "state", source.prefix, source.database, "items")
+    table = table_if_exists(uri, dict(source.storage_options)).to_pyarrow_dataset().to_table()
+    layout = TableLayout.from_arrow(table.schema, STATE_METADATA_COLUMNS)
+    documents = [bson.decode(data, extjson.READ_OPTIONS) for data in table.column("__doc_bson").to_pylist()]
+    metadata = {name: table.column(name).combine_chunks() for name, _ in STATE_METADATA_COLUMNS}
+    lossless = layout.record_batch(metadata, documents)
+    for name in [column.column for column in layout.document_columns]:
+        assert repr(table.column(name).to_pylist()) == repr(lossless.column(name).to_pylist()), name
+    assert table.column("__doc").to_pylist() == [extjson.encode_str(document) for document in documents]
