@@ -9,8 +9,7 @@ from __future__ import annotations
 import bson
 import orjson
 import pytest
-from bson.raw_bson import RawBSONDocument
-from bson_corpus import CASES, INVALID_UTF8_CASES, RAW, document, documents, element
+from bson_by_hand import CASES, INVALID_UTF8_CASES, RAW, document, documents, embedded, raw
 
 from mongo_cdc import extjson
 from mongo_cdc.capture.events import document_id
@@ -29,11 +28,6 @@ MODES = (*LOOKUP_MODES, "change_streams", "change_streams_with_pre_image")
 # the state is built and compared in these (a transform each): with the full document looked up,
 # and from updatedFields applied to the stored version by BSON elements
 STATE_EXACT_MODES = (*LOOKUP_MODES, "change_streams")
-
-
-def _renamed(element_bytes: bytes, name: str) -> bytes:
-    """A hand-made element (``bson_corpus.element``) under another name: same type, same value bytes."""
-    return element(element_bytes[0], name, element_bytes[element_bytes.index(b"\x00", 1) + 1 :])
 
 
 def _stored(collection) -> dict[int, bytes]:
@@ -57,10 +51,10 @@ def test_every_bson_type_name_and_invalid_utf8_string_lands_as_mongodbs_bytes(
         items.insert_many(after)
         for first_id in (0, AFTER_SNAPSHOT):
             for index, (_, elements) in enumerate(cases):
-                updated = document(_renamed(elements[0], "updated"))
-                update = RawBSONDocument(document(element(0x03, "$set", updated)))
+                updated = [("updated", elements[0][1])]  # the case's first value, as it was
+                update = raw([("$set", embedded(updated))])
                 items.update_one({"_id": first_id + index}, update)
-                updates[first_id + index] = updated
+                updates[first_id + index] = document(updated)
         items.update_one({"_id": AFTER_SNAPSHOT}, {"$unset": {"v": ""}})
         items.update_one({"_id": AFTER_SNAPSHOT + [n for n, _ in cases].index("array")},
                          [{"$set": {"v": {"$slice": ["$v", 1]}}}])  # fmt: skip

@@ -16,7 +16,7 @@ import bson
 import pyarrow as pa
 import pytest
 from bson import Decimal128, Int64, ObjectId
-from bson_corpus import CASES, INVALID_UTF8_CASES, documents
+from bson_by_hand import CASES, INVALID_UTF8_CASES, documents
 
 from mongo_cdc import extjson
 from mongo_cdc.transform import columns as types
