@@ -28,10 +28,20 @@ TIERS = ("unit", "integration", "e2e", "system")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    tests = Path(__file__).parent
     for item in items:
-        if item.path.is_relative_to(tests) and (tier := item.path.relative_to(tests).parts[0]) in TIERS:
+        if tier := _tier(item):
             item.add_marker(tier)
+    # The slowest tiers first: make test's two processes (pytest -n) take files in this order, and a
+    # minutes-long system file started last would leave one process working alone at the end.
+    items.sort(key=lambda item: -TIERS.index(_tier(item) or "unit"))
+
+
+def _tier(item: pytest.Item) -> str | None:
+    """The tier of a test: its folder under tests/."""
+    tests = Path(__file__).parent
+    if item.path.is_relative_to(tests) and (folder := item.path.relative_to(tests).parts[0]) in TIERS:
+        return folder
+    return None
 
 
 # ---------------------------------------------------------------------------------------------
