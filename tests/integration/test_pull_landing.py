@@ -61,9 +61,12 @@ def test_a_batch_lands_on_its_own_thread_while_the_pull_reads_on(
 
     assert read_during_first_landing == [True]
     assert len(landed_by) == 3 and all(name.startswith("land") for name in landed_by)
-    assert result.batches == 3 and keeper.load().batch_seq == first_seq + 2
-    keys = keeper.lake.committed_raw(f"{db_name}.docs", columns=["key"]).column("key").to_pylist()
-    assert sorted(keys) == [f'{{"id":"{i}"}}' for i in range(6)]
+    # three batches of rows; a batch of only a position may follow them (the stream's token moves on
+    # past the last insert when mongod writes a no-op, as it does on its own)
+    assert result.batches == 3 and keeper.load().batch_seq >= first_seq + 2
+    raw = keeper.lake.committed_raw(f"{db_name}.docs", columns=["key", "batch_seq"])
+    assert sorted(raw.column("key").to_pylist()) == [f'{{"id":"{i}"}}' for i in range(6)]
+    assert set(raw.column("batch_seq").to_pylist()) == {first_seq, first_seq + 1, first_seq + 2}
 
 
 def test_a_failed_landing_stops_the_pull_at_the_batch_before_it(
