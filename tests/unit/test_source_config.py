@@ -19,8 +19,9 @@ def test_defaults_follow_debezium(tmp_path, monkeypatch):
     config = load_source(write(tmp_path, {"topic.prefix": "shop"}))
     assert (config.name, config.topic_prefix, config.lake_root) == ("orders", "shop", str(tmp_path / "lake"))
     assert config.snapshot_mode == "initial" and config.capture_mode == "change_streams_update_full"
+    # max.batch.size is not Debezium's 2048: each micro-batch is a file and two Delta commits here
     assert (config.max_batch_size, config.snapshot_max_threads, config.tombstones_on_delete) == (
-        2048,
+        16384,
         1,
         True,
     )

@@ -260,10 +260,12 @@ class SourceConfig:
     )
     max_batch_size: int = setting(
         "max.batch.size",
-        2048,
+        16384,
         Integer(1, 1_000_000),  # change events held in memory for one landed file
         "Change events per landed micro-batch, held in memory until landed. Also the "
-        "change stream cursor's batch size.",
+        "change stream cursor's batch size. Debezium's default is 2048, but here each micro-batch "
+        "is a Parquet file and two Delta commits (about 37 ms of CPU): at 2048 small events that "
+        "was about half of a pull's CPU per event.",
     )
     max_queue_size_in_bytes: int = setting(
         "max.queue.size.in.bytes",
