@@ -1,9 +1,6 @@
 """What each Spark task does with its raw slice: the executor side of the transform.
 
 * ``plan_slice``: a slice's rows in the run and its drops (``SlicePlan``), for the driver;
-* ``slice_key_counts``: a slice's document keys with their events, for Spark to find the documents
-  whose events are folded apart (more than one event in the run, or an update without ``after``):
-  the driver only counts them;
 * ``transform_slice``: a slice's state rows and change rows, each document decoded once for both
   tables, written as data files under the tables' directories (``write_state``, ``write_changes``),
   with the deletion marker rows of the slice's documents (``write_markers``); the task hands the
@@ -107,22 +104,6 @@ class SlicePlan(NamedTuple):
     rows: int  # the slice's rows in the run's window
 
 
-class KeyCount(NamedTuple):
-    """A document's events in some slices (``slice_key_counts``), summed by Spark (``add``)."""
-
-    events: int
-    partial: bool  # one of them is an update without ``after``
-    slices: tuple[int, ...]  # the indexes of the slices holding them
-
-    @property
-    def folded(self) -> bool:
-        """Whether the document's events are folded apart: more than one, or an update without ``after``."""
-        return self.events > 1 or self.partial
-
-    def add(self, other: KeyCount) -> KeyCount:
-        return KeyCount(self.events + other.events, self.partial or other.partial, self.slices + other.slices)
-
-
 class KeyedFile(NamedTuple):
     """A data file of a table keyed by ``__key`` (state, deletion markers): its path under the lake
     root and its keys' range (None: unknown)."""
@@ -159,8 +140,6 @@ class ChangesSpec(TableSpec):
 
 # What ``plan_slice`` reads of the raw rows (``BatchWindow.filter`` takes source and batch_seq).
 PLAN_COLUMNS = ["op", "source", "batch_seq", "cluster_time", "event_order"]
-# What ``slice_key_counts`` reads of them.
-KEY_COUNT_COLUMNS = ["key", "op", "after", "updateDescription", "source", "batch_seq"]
 
 
 def plan_slice(location: LakeLocation, raw_slice: RawSlice, window: BatchWindow) -> SlicePlan:
@@ -172,36 +151,6 @@ def plan_slice(location: LakeLocation, raw_slice: RawSlice, window: BatchWindow)
         for row in rows.filter(collection).select(["cluster_time", "event_order", "source"]).to_pylist()
     ]
     return SlicePlan(drops, rows.num_rows)
-
-
-def slice_key_counts(
-    location: LakeLocation, index: int, raw_slice: RawSlice, window: BatchWindow
-) -> list[tuple[str, KeyCount]]:
-    """Each document key of the slice's events in the window (slice ``index``), with its events there
-    and whether one is an update without ``after``: Spark sums them over the run (``KeyCount.add``)."""
-    rows = read_slice(location, raw_slice, window.filter(), KEY_COUNT_COLUMNS)
-    keyed = rows.filter(pc.and_(pc.invert(collection_operations(rows)), pc.is_valid(rows.column("op"))))
-    if not keyed.num_rows:
-        return []
-    keys, _ = event_keys(keyed.column("key"))
-    partial = pc.and_(
-        pc.and_(pc.equal(keyed.column("op"), "u"), pc.is_null(keyed.column("after"))),
-        pc.is_valid(keyed.column("updateDescription")),
-    )
-    counted = (
-        pa.table({"key": keys, "partial": pc.fill_null(partial, False)})
-        .group_by("key")
-        .aggregate([("partial", "count"), ("partial", "any")])
-    )
-    return [
-        (key, KeyCount(events, bool(any_partial), (index,)))
-        for key, events, any_partial in zip(
-            counted.column("key").to_pylist(),
-            counted.column("partial_count").to_pylist(),
-            counted.column("partial_any").to_pylist(),
-            strict=True,
-        )
-    ]
 
 
 def keyed_rows(

@@ -35,12 +35,12 @@ from mongo_cdc.lake.batch_log import BatchWindow
 from mongo_cdc.lake.storage import row_count, table_if_exists
 from mongo_cdc.transform import columns
 from mongo_cdc.transform.data_files import DataFile, add_actions, delete_data_files
+from mongo_cdc.transform.folded_keys import folded_keys, slice_key_buckets
 from mongo_cdc.transform.slice_tasks import (
     DELETED_FLAG,
     DELETION_COLUMNS,
     DELETION_SCHEMA,
     ChangesSpec,
-    KeyCount,
     KeyedFile,
     Output,
     SliceOutput,
@@ -49,7 +49,6 @@ from mongo_cdc.transform.slice_tasks import (
     fold_documents,
     fold_inputs,
     plan_slice,
-    slice_key_counts,
     transform_slice,
 )
 from mongo_cdc.transform.slices import SLICE_ROWS, RawSlice
@@ -123,8 +122,8 @@ class StateRun:
 
     def plan(self, slices: list[RawSlice]) -> None:
         """The run's drops and events; which documents' events are folded apart (more than one event,
-        or an update without ``after``): found by Spark, a shuffle of the slices' keys, of which the
-        driver keeps only the count."""
+        or an update without ``after``): found by Spark from the slices' keys summed per bucket
+        (``folded_keys``), of which the driver keeps only the count."""
         context, location, window, started = (
             self.transform.context, self.transform.location, self.window, time.monotonic(),
         )  # fmt: skip
@@ -133,11 +132,12 @@ class StateRun:
         self.drops = tuple(sorted(drop for plan in planned for drop in plan.drops))
         if not slices:
             return
+        buckets = len(slices)
         folded = (
             context.parallelize(list(enumerate(slices)), len(slices))
-            .flatMap(lambda item: slice_key_counts(location, item[0], item[1], window))
-            .reduceByKey(KeyCount.add, len(slices))
-            .filter(lambda item: item[1].folded)
+            .flatMap(lambda item: slice_key_buckets(location, item[0], item[1], window, buckets))
+            .groupByKey(buckets)  # bucket n to partition n: Spark hashes an int to itself
+            .flatMap(lambda item: folded_keys(item[1]))
             .persist(StorageLevel.DISK_ONLY)  # read again by each step of the run, never by the driver
         )
         self.folded = folded

@@ -1,0 +1,100 @@
+"""Which documents a run folds apart: those with more than one event in the run, or an update without
+``after``. Their events are grouped by document before they are folded (``state_commit.fold``);
+every other document's one event is folded by the task of its slice.
+
+Each slice's task sums its events per document key with Arrow (``slice_key_buckets``) and hands
+Spark one Arrow IPC block per bucket of keys, a bucket being a stable hash of the key (the same key
+falls in the same bucket from every slice); one task per bucket sums what the slices sent it
+(``folded_keys``) and keeps the keys folded apart only. Spark's shuffle carries a block per slice and
+bucket instead of a Python record per key: for a first build, where no document is folded apart,
+that shuffle of a record per key took more of the run than the build of the tables.
+
+Runs on the executors, like ``slice_tasks``: pyarrow only.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterable
+from typing import NamedTuple
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from mongo_cdc.lake.batch_log import BatchWindow
+from mongo_cdc.lake.storage import LakeLocation
+from mongo_cdc.transform.raw_events import event_keys
+from mongo_cdc.transform.slices import RawSlice, collection_operations, read_slice
+
+# What ``slice_key_buckets`` reads of the raw rows (``BatchWindow.filter`` takes source and batch_seq).
+KEY_COUNT_COLUMNS = ["key", "op", "after", "updateDescription", "source", "batch_seq"]
+
+
+class KeyCount(NamedTuple):
+    """A document folded apart: its events in the run, whether one is an update without ``after``,
+    and the indexes of the slices holding them."""
+
+    events: int
+    partial: bool
+    slices: tuple[int, ...]
+
+
+def key_bucket(key: str, buckets: int) -> int:
+    """The bucket of a document key: the same in every process (Python's own ``hash`` of a string is
+    not)."""
+    return zlib.crc32(key.encode()) % buckets
+
+
+def slice_key_buckets(
+    location: LakeLocation, index: int, raw_slice: RawSlice, window: BatchWindow, buckets: int
+) -> list[tuple[int, bytes]]:
+    """The document keys of slice ``index``'s events in the window, each with its events there and
+    whether one is an update without ``after``, as ``(bucket, Arrow IPC block)`` pairs."""
+    rows = read_slice(location, raw_slice, window.filter(), KEY_COUNT_COLUMNS)
+    keyed = rows.filter(pc.and_(pc.invert(collection_operations(rows)), pc.is_valid(rows.column("op"))))
+    if not keyed.num_rows:
+        return []
+    keys, _ = event_keys(keyed.column("key"))
+    partial = pc.and_(
+        pc.and_(pc.equal(keyed.column("op"), "u"), pc.is_null(keyed.column("after"))),
+        pc.is_valid(keyed.column("updateDescription")),
+    )
+    counted = (
+        pa.table({"key": keys, "partial": pc.fill_null(partial, False)})
+        .group_by("key")
+        .aggregate([("partial", "count"), ("partial", "any")])
+    )
+    counted = counted.append_column("slice", pa.repeat(pa.scalar(index, pa.int32()), counted.num_rows))
+    bucket = pa.array([key_bucket(key, buckets) for key in counted.column("key").to_pylist()], pa.int32())
+    return [
+        (number, _ipc_block(counted.filter(pc.equal(bucket, number))))
+        for number in pc.unique(bucket).to_pylist()
+    ]
+
+
+def folded_keys(blocks: Iterable[bytes]) -> list[tuple[str, KeyCount]]:
+    """The keys folded apart among one bucket's blocks (``slice_key_buckets``), summed over the slices."""
+    counted = pa.concat_tables(pa.ipc.open_stream(block).read_all() for block in blocks)
+    summed = counted.group_by("key").aggregate(
+        [("partial_count", "sum"), ("partial_any", "any"), ("slice", "list")]
+    )
+    folded = summed.filter(
+        pc.or_(pc.greater(summed.column("partial_count_sum"), 1), summed.column("partial_any_any"))
+    )
+    return [
+        (key, KeyCount(events, partial, tuple(slices)))
+        for key, events, partial, slices in zip(
+            folded.column("key").to_pylist(),
+            folded.column("partial_count_sum").to_pylist(),
+            folded.column("partial_any_any").to_pylist(),
+            folded.column("slice_list").to_pylist(),
+            strict=True,
+        )
+    ]
+
+
+def _ipc_block(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()

@@ -1,0 +1,87 @@
+"""``folded_keys``: which documents a run folds apart, summed per slice and then per bucket of keys."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+import bson
+import pyarrow.parquet as pq
+import pytest
+
+from mongo_cdc import extjson, lake
+from mongo_cdc.capture.collection_events import COLLECTION_KEY
+from mongo_cdc.capture.events import rows_to_table
+from mongo_cdc.lake.batch_log import BatchWindow
+from mongo_cdc.lake.storage import LakeLocation
+from mongo_cdc.transform import keys
+from mongo_cdc.transform.folded_keys import KeyCount, folded_keys, key_bucket, slice_key_buckets
+from mongo_cdc.transform.slices import RawPiece
+
+SEQ = 1
+BUCKET_OF_A = 418_577  # zlib.crc32(b'["s","a"]') % 1_000_003
+WINDOW = BatchWindow({"rs0": (SEQ,)})
+
+
+def event(
+    number: int, document_id: object, op: str | None, *, after: bool = True, partial: bool = False
+) -> dict:
+    return {
+        "key": extjson.document_key(document_id),
+        "op": op,
+        "after": bson.encode({"_id": document_id}) if after and op in ("c", "u", "r") else None,
+        "updateDescription": {"updatedFields": bson.encode({"v": 1})} if partial else None,
+        "source": {"rs": "rs0"},
+        "cluster_time": lake.pack_cluster_time(1_700_000_000, number),
+        "event_order": f"82{number:04x}",
+    }
+
+
+def slices_of(tmp_path: Path, *slices: list[dict]) -> list[tuple[RawPiece, ...]]:
+    """Each list of events as one raw file, one slice each."""
+    raw_slices = []
+    for index, events in enumerate(slices):
+        name = f"raw-{index}.parquet"
+        pq.write_table(rows_to_table(events, SEQ), tmp_path / name)
+        raw_slices.append((RawPiece(name, None),))
+    return raw_slices
+
+
+@pytest.mark.parametrize("buckets", [1, 3, 16])
+def test_only_documents_with_several_events_or_an_update_without_after_are_folded_apart(
+    tmp_path: Path, buckets: int
+) -> None:
+    location = LakeLocation(str(tmp_path))
+    raw_slices = slices_of(
+        tmp_path,
+        # "a" has an event in two slices; "b" twice in one; "c" once
+        [event(1, "a", "c"), event(2, "b", "c"), event(3, "b", "u"), event(4, "c", "c")],
+        # "d" is an update without after; 5 (an int _id) a delete and its tombstone, which is no event
+        [
+            event(5, "a", "u"),
+            event(6, "d", "u", after=False, partial=True),
+            event(7, 5, "d"),
+            event(8, 5, None),
+        ],
+        # a drop is no document's event; 6 is one document in any slice
+        [event(9, "e", "c"), {**event(10, None, lake.DROP), "key": COLLECTION_KEY}, event(11, 6, "c")],
+    )
+    by_bucket = defaultdict(list)
+    for index, raw_slice in enumerate(raw_slices):
+        for bucket, block in slice_key_buckets(location, index, raw_slice, WINDOW, buckets):
+            assert 0 <= bucket < buckets
+            by_bucket[bucket].append(block)
+
+    folded = dict(pair for blocks in by_bucket.values() for pair in folded_keys(blocks))
+
+    assert folded == {
+        keys.document_key("a"): KeyCount(2, False, (0, 1)),
+        keys.document_key("b"): KeyCount(2, False, (0,)),
+        keys.document_key("d"): KeyCount(1, True, (1,)),
+    }
+
+
+def test_a_key_falls_in_the_same_bucket_in_every_process() -> None:
+    # a fixed function of the key's UTF-8 (zlib.crc32), where Python's own str hash changes with
+    # each process's seed: executors must agree on it
+    assert key_bucket('["s","a"]', 1_000_003) == BUCKET_OF_A
