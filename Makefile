@@ -4,7 +4,9 @@ STAMP := $(VENV)/.installed
 VENV_LOG := .local/venv-build.log
 PYSPARK_VERSION := 4.3.0
 PYTEST_ARGS ?=
-# make test's pytest processes (pytest-xdist): each test file runs whole in one of them
+# make test's pytest processes (pytest-xdist): each test file runs whole in one of them, the files in
+# collection order (tests/conftest.py puts the slowest tiers first; xdist would put the files of
+# most tests first, the unit tier)
 TEST_WORKERS ?= 2
 
 # spark-submit finds SPARK_HOME through the venv's bin, and the demo/tests spawn it.
@@ -72,7 +74,7 @@ $(SPARK_CLASSES): $(STAMP)
 		|| echo "== WARNING: no Spark class archive (see $(SPARK_CLASSES_LOG)): local Spark runs start slower"
 
 test: $(STAMP) $(CHROMIUM) $(SPARK_CLASSES)
-	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # The unit tier alone (tests/unit): no mongod, no Java, no Airflow metadata DB; well under 2 minutes.
 test-unit: $(STAMP)
