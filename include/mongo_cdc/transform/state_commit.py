@@ -142,11 +142,12 @@ class StateRun:
         )
         self.folded = folded
         self.folded_documents = folded.count()
-        self.folded_by_slice = (
-            folded.flatMap(lambda item: [(index, item[0]) for index in item[1].slices])
-            .groupByKey(len(slices))
-            .mapValues(frozenset)
-        )
+        if self.folded_documents:  # none in a first build: the slices' tasks then need no join with them
+            self.folded_by_slice = (
+                folded.flatMap(lambda item: [(index, item[0]) for index in item[1].slices])
+                .groupByKey(len(slices))
+                .mapValues(frozenset)
+            )
         log.info(
             "%s: %d new events, %d documents folded apart (%.1fs)",
             self.transform.namespace, self.new_events, self.folded_documents, time.monotonic() - started,
