@@ -18,9 +18,11 @@ does not); documents are compared by their bytes, so a state folded from update 
 (``capture.mode`` without full documents) may differ in field order and is then replaced.
 
 **Cheap by ranges.** The collection is cut into the snapshot's ``_id`` ranges (``chunking``); per
-range, the count and the sum of a 128-bit hash of (normalised key, document bytes) are computed on
-the source's raw BSON batches and on the state's rows (placed in ranges by ``key_order``), neither
-decoded. Only ranges whose digests differ are read again, document by document.
+range, the count and the sums of a 128-bit hash of the document bytes (``digest``, in bulk) are
+computed on the source's raw BSON batches and on the state's rows (placed in ranges by
+``key_order``), neither decoded. Only ranges whose digests differ are read again, document by
+document (the state's side in groups of at most ``_COMPARED_ROWS`` rows, so memory stays bounded
+however many ranges differ).
 
 **Repair** (``verify.on.drift``: ``repair``, ``fail``; not ``report``) re-reads the drifted documents
 and lands them as one raw batch of the replica set at position ``V``, like a snapshot's reads:
@@ -28,8 +30,18 @@ and lands them as one raw batch of the replica set at position ``V``, like a sna
 with the usual ordering, so an event after ``V`` still wins, and the changes table shows one row per
 repaired document. The batch keeps the stored resume position (streaming goes on from it).
 
-Sharded clusters are not verified yet: a shard's state rows are the documents whose last event came
-from it, which chunk migrations (invisible to change streams) move between shards.
+**Sharded clusters: each shard over the ranges it owns.** The state is the union of the shards, and
+chunk migrations (``fromMigrate`` writes, invisible to change streams) move documents between shards
+without an event, so a state row's replica set (``__rs``) does not say which shard holds it now.
+Each shard's task verifies the shard-key ranges ``config.chunks`` gives it (the ranges its snapshot
+copies, orphans left out) against the state rows whose shard-key value falls in them, whichever
+shard their last event came from; the unsharded collections are verified by their database's
+primary shard. So a migrated document is compared where it now lives, and its repairs land on the
+shard that owns it. A collection whose chunks change hands while it is verified is skipped (noted in
+the report), so a migration never reports drift. Limits: state rows are placed by shard key after
+decoding their document unless the key is ``_id``; hashed shard keys are not verified (MongoDB's
+hash of a value is not computed here); events still unpulled on the shard a chunk left (not yet
+landed) make a false report there, which the repair then overwrites with the current document.
 """
 
 from __future__ import annotations
@@ -40,11 +52,11 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from hashlib import blake2b as _blake2b
 
-import bson
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from pymongo import MongoClient
 
 from mongo_cdc import extjson, lake
 from mongo_cdc.capture.capture_modes import captured_collection_options
@@ -52,6 +64,8 @@ from mongo_cdc.capture.chunk_reads import ChunkReads
 from mongo_cdc.capture.chunking import plan_chunks
 from mongo_cdc.capture.events import (
     SourceInfo,
+    document_id,
+    document_keys,
     keys_and_documents,
     now_ms,
     raw_documents,
@@ -63,15 +77,16 @@ from mongo_cdc.capture.offsets import Offset
 from mongo_cdc.capture.replica_set import ReplicaSetCapture
 from mongo_cdc.capture.snapshot import current_position
 from mongo_cdc.capture.stream_filter import namespace_filter
-from mongo_cdc.extjson import DECODE_OPTIONS
+from mongo_cdc.capture.topology import OwnedRanges, owned_ranges
 from mongo_cdc.lake.batch_log import Batch, BatchWindow
-from mongo_cdc.lake.errors import naming_damaged_files
+from mongo_cdc.lake.errors import damaged_files, naming_damaged_files
 from mongo_cdc.lake.snapshot_log import Chunk
-from mongo_cdc.lake.storage import table_if_exists
+from mongo_cdc.lake.storage import LakeLocation, table_if_exists
 from mongo_cdc.lake.table_reads import read_rows, scan_rows
 from mongo_cdc.lake.verification_log import REPAIRED, REPORTED, SKIPPED, RangeReport
 from mongo_cdc.transform.keys import document_key
 from mongo_cdc.transform.raw_events import applied_batches, event_keys
+from mongo_cdc.verify.digest import Digests, document_hashes
 from mongo_cdc.verify.key_order import RangeFinder
 
 log = logging.getLogger(__name__)
@@ -82,26 +97,11 @@ REPORT = "report"
 BATCH_KIND = "verify"
 # _ids per query when drifted documents are read again
 _REREAD_IDS = 1000
+# state rows held in memory at once when ranges are compared document by document (a few hundred
+# bytes each): more differing ranges are compared in groups, a pass over the state each
+_COMPARED_ROWS = 500_000
 # how long the change stream may take to reach the verification's position
 _STREAM_TIMEOUT_S = 120.0
-
-
-def document_hash(key: str, document: bytes) -> int:
-    """A 128-bit hash of one document's normalised key and bytes: summed, it is the range's digest."""
-    return int.from_bytes(_blake2b(key.encode() + b"\x00" + document, digest_size=16).digest(), "little")
-
-
-@dataclass
-class RangeDigest:
-    """The documents of one ``_id`` range: how many, and the sum of their hashes (any order; a
-    Python int, never reduced: the sum of a billion 128-bit hashes is 158 bits)."""
-
-    count: int = 0
-    total: int = 0
-
-    def add(self, key: str, document: bytes) -> None:
-        self.count += 1
-        self.total += document_hash(key, document)
 
 
 @dataclass
@@ -114,11 +114,39 @@ class RangeDiff:
     ids: dict[str, object] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class ShardScope:
+    """The shard of a cluster a verification runs on: ``cluster`` is the config server's (or a
+    router's) client. A shard verifies the shard-key ranges it owns of each sharded collection, and
+    the unsharded collections of the databases it is the primary shard of."""
+
+    cluster: MongoClient
+    shard_id: str
+
+    def owned(self, namespace: str) -> OwnedRanges | None:
+        db, _, name = namespace.partition(".")
+        return owned_ranges(self.cluster, self.shard_id, db, name)
+
+    def holds_unsharded(self, db: str) -> bool:
+        """Whether this shard is the primary shard of ``db`` (without a ``config.databases`` entry:
+        the first shard by id), which holds its unsharded collections."""
+        config = self.cluster["config"]
+        entry = config["databases"].find_one({"_id": db}) or {}
+        first = next(iter(config["shards"].find({}, {"_id": 1}).sort("_id", 1).limit(1)), {})
+        return entry.get("primary", first.get("_id")) == self.shard_id
+
+
 class CollectionCheck:
     """One collection's comparison: range digests, then the differing ranges document by document."""
 
     def __init__(
-        self, capture: ReplicaSetCapture, namespace: str, options: dict | None, batches: list[Batch]
+        self,
+        capture: ReplicaSetCapture,
+        namespace: str,
+        options: dict | None,
+        batches: list[Batch],
+        shard: ShardScope | None = None,
+        heal: bool = False,
     ):
         self.capture = capture
         self.namespace = namespace
@@ -128,27 +156,61 @@ class CollectionCheck:
         source_lake = capture.lake
         self.state_uri = lake.table_uri(source_lake.location, "state", source_lake.prefix, db, name)
         self.state = table_if_exists(self.state_uri, source_lake.options)
-        rs = capture.rs
-        self.applied = applied_batches(self.state, "state", [rs]).get(rs, 0)
+        self.healed_files = self._drop_damaged_files() if heal and self.state is not None else []
+        self.applied = 0
         self.pending_keys: set[str] = set()
         self.skipped = self._pending(batches)
+        self.shard = shard
+        self.owned = shard.owned(namespace) if shard is not None else None
+        if self.owned is not None and any(direction == "hashed" for _, direction in self.owned.key):
+            self.skipped = "its shard key is hashed: rows cannot be placed in a shard's ranges"
         self.chunks: list[Chunk] = []
         self.reports: list[RangeReport] = []
         self.diffs: dict[int, RangeDiff] = {}
         if self.skipped is None:
-            self.chunks = plan_chunks(self.collection, capture.config.snapshot_chunk_size, None, options)
+            size = capture.config.snapshot_chunk_size
+            self.chunks = plan_chunks(self.collection, size, self.owned, options)
             self.finder = RangeFinder(self.chunks)
+
+    def _drop_damaged_files(self) -> list[str]:
+        """Take the state's missing and truncated data files out of its log (a truncated one moved
+        aside first, to ``<file>.damaged``): their documents are then missing from the state, and the
+        comparison lands them again from MongoDB. The files' URIs."""
+        options = self.capture.lake.options
+        damaged = damaged_files(self.state_uri, options)
+        if not damaged:
+            return []
+        base = self.state_uri.rstrip("/")
+        filesystem, root = LakeLocation(base, options).filesystem()
+        for file in damaged:
+            if file.problem != "missing":
+                path = f"{root}/{file.uri[len(base) + 1 :]}"
+                filesystem.move(path, f"{path}.damaged")
+        assert self.state is not None
+        self.state.repair(dry_run=False)
+        self.state = table_if_exists(self.state_uri, options)
+        listed = "; ".join(f"{file.uri} ({file.problem})" for file in damaged)
+        log.warning(
+            "%s: state data files taken out of the table's log, their documents to be read again from "
+            "MongoDB: %s",
+            self.namespace,
+            listed,
+        )
+        return [file.uri for file in damaged]
 
     def _pending(self, batches: list[Batch]) -> str | None:
         """Why the collection cannot be verified now (None: it can); the keys of raw rows the state
-        has not applied yet (``pending_keys``), which the comparison leaves out."""
-        rs, namespace = self.capture.rs, self.namespace
-        own = [batch for batch in batches if batch.rs == rs and batch.seq > self.applied]
+        has not applied yet (``pending_keys``), of any replica set (a shard's documents may have
+        come from another by a chunk migration), which the comparison leaves out."""
+        namespace = self.namespace
+        applied = applied_batches(self.state, "state", sorted({batch.rs for batch in batches}))
+        self.applied = applied.get(self.capture.rs, 0)
+        pending = [batch for batch in batches if batch.seq > applied.get(batch.rs, 0)]
         # a pending snapshot deletes the state's documents it did not read: no state, none to delete
-        manifests = [batch.manifest for batch in own if batch.manifest is not None]
+        manifests = [batch.manifest for batch in pending if batch.manifest is not None]
         if self.state is not None and any(namespace in manifest.collections for manifest in manifests):
             return "a snapshot of it is not applied to the state yet"
-        window = BatchWindow.of(own, namespace, {rs: self.applied})
+        window = BatchWindow.of(pending, namespace, applied)
         raw = table_if_exists(self.capture.lake.raw_uri(namespace), self.capture.lake.options)
         if window.is_empty or raw is None:
             return None
@@ -159,68 +221,86 @@ class CollectionCheck:
         self.pending_keys = set(event_keys(rows.column("key"))[0].to_pylist())
         return None
 
-    def _source(self, reads: ChunkReads, index: int) -> Iterator[tuple[str, bytes]]:
+    def moved(self) -> bool:
+        """Whether the shard's ranges of the collection changed since the check began (a chunk
+        migration committed): its documents were then read from a shard that no longer owns them."""
+        return self.shard is not None and self.shard.owned(self.namespace) != self.owned
+
+    def _source(self, reads: ChunkReads, index: int) -> Iterator[pa.BinaryArray]:
+        """The documents of range ``index`` as MongoDB has them, the field rules applied."""
         following = self.chunks[index + 1] if index + 1 < len(self.chunks) else None
         for batch in reads.batches(self.chunks[index], following):
-            raw_keys, documents = keys_and_documents(raw_documents(batch), self.fields)
-            yield from zip(event_keys(raw_keys)[0].to_pylist(), documents.to_pylist(), strict=True)
+            documents = raw_documents(batch)
+            yield documents if self.fields is None else keys_and_documents(documents, self.fields)[1]
 
-    def _lake(self) -> Iterator[tuple[str, bytes]]:
+    def _lake(self) -> Iterator[tuple[np.ndarray, pa.StringArray, pa.BinaryArray]]:
+        """The state's rows a batch at a time: each row's range (-1: none of this shard's), keys,
+        documents."""
         if self.state is None:
             return
         with naming_damaged_files(self.state_uri, self.capture.lake.options):
             for rows in scan_rows(self.state, ["__key", "__doc_bson"]):
-                yield from zip(
-                    rows.column("__key").to_pylist(), rows.column("__doc_bson").to_pylist(), strict=True
-                )
+                keys = rows.column("__key").combine_chunks()
+                documents = rows.column("__doc_bson").combine_chunks()
+                yield self.finder.indexes(keys, documents), keys, documents
 
     def compare(self) -> None:
         """Digests per range on both sides; the ranges that differ, document by document."""
         count = len(self.chunks)
-        source = [RangeDigest() for _ in range(count)]
+        source, state = Digests(count), Digests(count)
         with ChunkReads(self.capture.client, self.capture.config) as reads:
             for index in range(count):
-                for key, document in self._source(reads, index):
-                    source[index].add(key, document)
-        state = [RangeDigest() for _ in range(count)]
-        for key, document in self._lake():
-            state[self.finder.index(key)].add(key, document)
+                for documents in self._source(reads, index):
+                    source.add(index, document_hashes(documents))
+        for ranges, _, documents in self._lake():
+            mine = ranges >= 0
+            state.add(ranges[mine], document_hashes(documents)[mine])
         self.reports = [
-            RangeReport(
-                self.namespace, index, count, chunk.describe(), source[index].count, state[index].count
-            )
+            RangeReport(self.namespace, index, count, chunk.describe(), int(source.counts[index]),
+                        int(state.counts[index]))
             for index, chunk in enumerate(self.chunks)
-        ]
-        differing = {index for index in range(count) if source[index] != state[index]}
-        if differing:
-            self._compare_documents(differing)
+        ]  # fmt: skip
+        differing = sorted(source.differing(state))
+        # a group's state rows are held in memory: groups of ranges of at most _COMPARED_ROWS rows
+        group: list[int] = []
+        for index in differing:
+            if group and sum(int(state.counts[i]) for i in group) + int(state.counts[index]) > _COMPARED_ROWS:
+                self._compare_documents(set(group))
+                group = []
+            group.append(index)
+        if group:
+            self._compare_documents(set(group))
 
     def _compare_documents(self, ranges: set[int]) -> None:
         """Read the ``ranges`` again on both sides and tell their documents apart."""
-        stored: dict[str, tuple[int, bytes]] = {}
-        for index in ranges:
-            self.reports[index].lake_count = 0
-        for key, document in self._lake():
-            index = self.finder.index(key)
-            if index in ranges:
-                stored[key] = (document_hash(key, document), document)
-                self.reports[index].lake_count += 1
+        # the state's rows of the ranges: key -> (hash, _id, range)
+        stored: dict[str, tuple[tuple[int, int], object, int]] = {}
+        wanted = np.array(sorted(ranges))
+        for ranges_of, keys, documents in self._lake():
+            picked = pa.array(np.flatnonzero(np.isin(ranges_of, wanted)))
+            if not len(picked):
+                continue
+            documents = documents.take(picked)
+            for key, found, document, index in zip(
+                keys.take(picked).to_pylist(), document_hashes(documents).tolist(), documents.to_pylist(),
+                ranges_of[picked.to_numpy()].tolist(), strict=True,
+            ):  # fmt: skip
+                stored[key] = (tuple(found), document_id(document), index)
         with ChunkReads(self.capture.client, self.capture.config) as reads:
             for index in sorted(ranges):
                 diff = self.diffs[index] = RangeDiff()
-                seen = 0
-                for key, document in self._source(reads, index):
-                    seen += 1
-                    found = stored.pop(key, None)
-                    if found is not None and found[0] == document_hash(key, document):
-                        continue
-                    (diff.missing if found is None else diff.different).add(key)
-                    diff.ids[key] = _document_id(document)
-                self.reports[index].source_count = seen
-        for key, (_, document) in stored.items():
-            diff = self.diffs[self.finder.index(key)]
-            diff.extra.add(key)
-            diff.ids[key] = _document_id(document)
+                for documents in self._source(reads, index):
+                    keys = event_keys(document_keys(documents))[0].to_pylist()
+                    hashes = document_hashes(documents).tolist()
+                    for key, found, document in zip(keys, hashes, documents.to_pylist(), strict=True):
+                        held = stored.pop(key, None)
+                        if held is not None and held[0] == tuple(found):
+                            continue
+                        (diff.missing if held is None else diff.different).add(key)
+                        diff.ids[key] = document_id(document)
+        for key, (_, value, index) in stored.items():
+            self.diffs[index].extra.add(key)
+            self.diffs[index].ids[key] = value
 
     def settle(self, changed: set[str], action: str) -> dict[str, object]:
         """Leave out the keys that changed (``changed`` and the pending raw rows); record the drift
@@ -238,10 +318,6 @@ class CollectionCheck:
             if report.drift:
                 report.action = action
         return drifted
-
-
-def _document_id(document: bytes) -> object:
-    return bson.decode(document, DECODE_OPTIONS)["_id"]
 
 
 def changed_keys(capture: ReplicaSetCapture, token: dict, until: int) -> tuple[dict[str, set[str]], set[str]]:
@@ -326,9 +402,12 @@ def verified_namespaces(
     return sorted(known)
 
 
-def verify_replica_set(capture: ReplicaSetCapture, on_drift: str) -> VerificationResult:
+def verify_replica_set(
+    capture: ReplicaSetCapture, on_drift: str, shard: ShardScope | None = None
+) -> VerificationResult:
     """Verify every collection of the replica set (each on its own: one that fails leaves the others
-    verified), land the repairs (``on_drift`` ``repair`` or ``fail``) and record the report."""
+    verified), land the repairs (``on_drift`` ``repair`` or ``fail``) and record the report. For a
+    shard of a cluster (``shard``), its part of the collections (``ShardScope``)."""
     keeper, rs = capture.keeper, capture.rs
     now = dt.datetime.now(dt.timezone.utc)
     result = VerificationResult(rs, str(uuid.uuid4()), now.isoformat(timespec="seconds"))
@@ -349,7 +428,12 @@ def verify_replica_set(capture: ReplicaSetCapture, on_drift: str) -> Verificatio
     reports: list[RangeReport] = []
     for namespace in verified_namespaces(capture, options, batches):
         try:
-            check = CollectionCheck(capture, namespace, options.get(namespace), batches)
+            if shard is not None and shard.owned(namespace) is None:
+                if not shard.holds_unsharded(namespace.partition(".")[0]):
+                    continue  # another shard's: its database's primary shard verifies it
+            check = CollectionCheck(
+                capture, namespace, options.get(namespace), batches, shard, heal=on_drift != REPORT
+            )
             if check.skipped is None:
                 check.compare()
                 checks.append(check)
@@ -365,15 +449,28 @@ def verify_replica_set(capture: ReplicaSetCapture, on_drift: str) -> Verificatio
     repairs: dict[str, dict[str, object]] = {}
     for check in checks:
         db = check.namespace.partition(".")[0]
+        note = None
         if check.namespace in gone or f"{db}.*" in gone:
-            reports.append(RangeReport(check.namespace, -1, 0, None, action=SKIPPED,
-                                       note="dropped or renamed while it was verified"))  # fmt: skip
+            note = "dropped or renamed while it was verified"
+        elif check.moved():
+            note = "a chunk of it moved between shards while it was verified"
+        healed = None
+        if check.healed_files:
+            healed = f"damaged state files taken out of its log: {', '.join(check.healed_files)}"
+        if note is not None:
+            note = note if healed is None else f"{note}; {healed}"
+            reports.append(RangeReport(check.namespace, -1, 0, None, action=SKIPPED, note=note))
             continue
         drifted = check.settle(changed.get(check.namespace, set()), action)
         if drifted:
             repairs[check.namespace] = drifted
+        if healed is not None and check.reports:
+            check.reports[0].note = healed
         reports.extend(check.reports)
-        result.collections[check.namespace] = _collection_summary(check.reports)
+        result.collections[check.namespace] = {
+            **_collection_summary(check.reports),
+            "healed_files": check.healed_files,
+        }
     if repairs and on_drift != REPORT:
         result.repair_batch_seq = land_repairs(capture, offset, repairs, result.cluster_time)
     rows = [report.to_row(result.verification_id, rs, result.cluster_time, _applied(checks, report.namespace),
