@@ -11,7 +11,7 @@ from bson import Int64, MaxKey, MinKey, ObjectId
 from mongo_cdc.capture.chunking import ID_INDEX
 from mongo_cdc.lake.snapshot_log import Chunk
 from mongo_cdc.transform.keys import document_key
-from mongo_cdc.verify.digest import Digests, document_hashes
+from mongo_cdc.verify.digest import Digests, document_hashes, id_cells
 from mongo_cdc.verify.key_order import RangeFinder
 
 DOCUMENTS = [
@@ -88,3 +88,16 @@ def test_a_shards_ranges_leave_other_shards_rows_out():
     keys = pa.array([document_key(row["_id"]) for row in rows])
     documents = pa.array([bson.encode(row) for row in rows], pa.binary())
     assert finder.indexes(keys, documents).tolist() == [0, -1, 1, 0]
+
+
+def test_a_documents_cell_follows_its_id_alone_and_cells_spread():
+    ids = [ObjectId(), 1, "s", {"a": 1}, MinKey()]
+    one = pa.array([bson.encode({"_id": value, "v": 1}) for value in ids], pa.binary())
+    other = pa.array([bson.encode({"_id": value, "v": "changed", "w": [1]}) for value in ids], pa.binary())
+    assert (id_cells(one, 4096) == id_cells(other, 4096)).all()  # any _id type, one by one
+    object_ids = pa.array([bson.encode({"_id": ObjectId(), "v": n}) for n in range(2000)], pa.binary())
+    again = pa.array(
+        [bson.encode({"_id": bson.decode(d)["_id"]}) for d in object_ids.to_pylist()], pa.binary()
+    )
+    assert (id_cells(object_ids, 64) == id_cells(again, 64)).all()  # in bulk
+    assert len(set(id_cells(object_ids, 64).tolist())) == 64

@@ -21,7 +21,11 @@ from hashlib import blake2b
 import numpy as np
 import pyarrow as pa
 
+from mongo_cdc.capture.events import id_elements
+
 _LONG_DOCUMENT = 512
+_CELLS_PER_RANGE = 4096
+_MAX_CELLS = 1 << 21
 _U64 = np.uint64
 _SEED = _U64(0x9E3779B97F4A7C15)
 _MIX1 = _U64(0xBF58476D1CE4E5B9)
@@ -75,6 +79,22 @@ def document_hashes(documents: pa.BinaryArray) -> np.ndarray:
     return hashes
 
 
+def cells_per_range(ranges: int) -> int:
+    """How many cells each of ``ranges`` ranges is cut into: up to ``_CELLS_PER_RANGE``, fewer when
+    the ranges are many (the digests of all cells stay under ``_MAX_CELLS``: 48 MiB)."""
+    return max(1, min(_CELLS_PER_RANGE, _MAX_CELLS // max(ranges, 1)))
+
+
+def id_cells(documents: pa.BinaryArray, cells: int) -> np.ndarray:
+    """Which of ``cells`` cells each document falls in, by a hash of its ``_id`` element's bytes:
+    MongoDB's copy and the state's of one document fall in the same cell whatever else they hold
+    (the same ``_id`` stored as another type, ``1`` and ``1.0``, may fall in another: both cells
+    then differ, and the documents are paired by their normalised key)."""
+    if cells == 1:
+        return np.zeros(len(documents), np.int64)
+    return (document_hashes(id_elements(documents))[:, 0] % _U64(cells)).astype(np.int64)
+
+
 @dataclass
 class Digests:
     """The digests of a collection's ranges, added to by range index in bulk."""
@@ -91,11 +111,19 @@ class Digests:
         """Add documents' ``hashes`` to the range ``index`` (one for all, or one per document)."""
         with np.errstate(over="ignore"):
             if isinstance(index, np.ndarray):
-                np.add.at(self.counts, index, 1)
+                self.counts += np.bincount(index, minlength=self.ranges)
                 np.add.at(self.sums, index, hashes)
             else:
                 self.counts[index] += len(hashes)
                 self.sums[index] += hashes.sum(axis=0, dtype=_U64)
+
+    def part(self, start: int, ranges: int) -> Digests:
+        """The digests of ``ranges`` consecutive ranges from ``start`` (a view: no copy)."""
+        part = Digests(0)
+        part.ranges = ranges
+        part.counts = self.counts[start : start + ranges]
+        part.sums = self.sums[start : start + ranges]
+        return part
 
     def differing(self, other: Digests) -> set[int]:
         """The ranges whose count or sums differ from ``other``'s."""

@@ -17,12 +17,15 @@ usually heals it: an insert or replace carries the whole document; an update wit
 does not); documents are compared by their bytes, so a state folded from update descriptions
 (``capture.mode`` without full documents) may differ in field order and is then replaced.
 
-**Cheap by ranges.** The collection is cut into the snapshot's ``_id`` ranges (``chunking``); per
-range, the count and the sums of a 128-bit hash of the document bytes (``digest``, in bulk) are
-computed on the source's raw BSON batches and on the state's rows (placed in ranges by
-``key_order``), neither decoded. Only ranges whose digests differ are read again, document by
-document (the state's side in groups of at most ``_COMPARED_ROWS`` rows, so memory stays bounded
-however many ranges differ).
+**Cheap by ranges.** The collection is cut into the snapshot's ``_id`` ranges (``chunking``), and
+each range into cells by a hash of the ``_id``'s bytes; per cell, the count and the sums of a
+128-bit hash of the document bytes (``digest``, in bulk) are computed on the state's rows (placed
+in ranges by ``key_order``) and on the source's raw BSON batches, neither decoded. MongoDB is read
+once: a range's batches are held while it is read (up to ``_HELD_BYTES``), and the documents of its
+cells that differ are taken from them; only the state's rows of those cells are then read again
+and compared document by document. So drift spread over a collection costs about its documents,
+not a second read. Memory stays bounded however much differs: past ``_COMPARED_ROWS`` documents,
+the remaining ranges are compared in groups, each read again.
 
 **Repair** (``verify.on.drift``: ``repair``, ``fail``; not ``report``) re-reads the drifted documents
 and lands them as one raw batch of the replica set at position ``V``, like a snapshot's reads:
@@ -86,7 +89,7 @@ from mongo_cdc.lake.table_reads import read_rows, scan_rows
 from mongo_cdc.lake.verification_log import REPAIRED, REPORTED, SKIPPED, RangeReport
 from mongo_cdc.transform.keys import document_key
 from mongo_cdc.transform.raw_events import applied_batches, event_keys
-from mongo_cdc.verify.digest import Digests, document_hashes
+from mongo_cdc.verify.digest import Digests, cells_per_range, document_hashes, id_cells
 from mongo_cdc.verify.key_order import RangeFinder
 
 log = logging.getLogger(__name__)
@@ -97,9 +100,12 @@ REPORT = "report"
 BATCH_KIND = "verify"
 # _ids per query when drifted documents are read again
 _REREAD_IDS = 1000
-# state rows held in memory at once when ranges are compared document by document (a few hundred
-# bytes each): more differing ranges are compared in groups, a pass over the state each
+# documents held in memory at once (a few hundred bytes each) when cells are compared document by
+# document: more are compared in groups, each a pass over the state and a read of their ranges
 _COMPARED_ROWS = 500_000
+# a range's batches held while it is read, for the documents of its differing cells: beyond this, the
+# range is read again for them
+_HELD_BYTES = 64 << 20
 # how long the change stream may take to reach the verification's position
 _STREAM_TIMEOUT_S = 120.0
 
@@ -245,59 +251,104 @@ class CollectionCheck:
                 yield self.finder.indexes(keys, documents), keys, documents
 
     def compare(self) -> None:
-        """Digests per range on both sides; the ranges that differ, document by document."""
+        """Each range's documents bucketed into cells (``digest.id_cells``) and a digest per cell on
+        both sides: the state's first, then MongoDB's a range at a time. The documents of a range's
+        differing cells are taken from the batches just read (no second read of MongoDB) while they
+        are few; then the differing cells are compared document by document."""
         count = len(self.chunks)
-        source, state = Digests(count), Digests(count)
-        with ChunkReads(self.capture.client, self.capture.config) as reads:
-            for index in range(count):
-                for documents in self._source(reads, index):
-                    source.add(index, document_hashes(documents))
-        for ranges, _, documents in self._lake():
-            mine = ranges >= 0
-            state.add(ranges[mine], document_hashes(documents)[mine])
+        cells = cells_per_range(count)
+        state = Digests(count * cells)
+        for ranges_of, _, documents in self._lake():
+            mine = np.flatnonzero(ranges_of >= 0)
+            if len(mine) < len(documents):
+                documents = documents.take(pa.array(mine))
+            state.add(ranges_of[mine] * cells + id_cells(documents, cells), document_hashes(documents))
         self.reports = [
-            RangeReport(self.namespace, index, count, chunk.describe(), int(source.counts[index]),
-                        int(state.counts[index]))
+            RangeReport(self.namespace, index, count, chunk.describe(), None,
+                        int(state.counts[index * cells : (index + 1) * cells].sum()))
             for index, chunk in enumerate(self.chunks)
         ]  # fmt: skip
-        differing = sorted(source.differing(state))
-        # a group's state rows are held in memory: groups of ranges of at most _COMPARED_ROWS rows
-        group: list[int] = []
-        for index in differing:
-            if group and sum(int(state.counts[i]) for i in group) + int(state.counts[index]) > _COMPARED_ROWS:
-                self._compare_documents(set(group))
-                group = []
-            group.append(index)
-        if group:
-            self._compare_documents(set(group))
-
-    def _compare_documents(self, ranges: set[int]) -> None:
-        """Read the ``ranges`` again on both sides and tell their documents apart."""
-        # the state's rows of the ranges: key -> (hash, _id, range)
-        stored: dict[str, tuple[tuple[int, int], object, int]] = {}
-        wanted = np.array(sorted(ranges))
-        for ranges_of, keys, documents in self._lake():
-            picked = pa.array(np.flatnonzero(np.isin(ranges_of, wanted)))
-            if not len(picked):
-                continue
-            documents = documents.take(picked)
-            for key, found, document, index in zip(
-                keys.take(picked).to_pylist(), document_hashes(documents).tolist(), documents.to_pylist(),
-                ranges_of[picked.to_numpy()].tolist(), strict=True,
-            ):  # fmt: skip
-                stored[key] = (tuple(found), document_id(document), index)
+        read: dict[str, tuple[tuple[int, int], object, int]] = {}  # MongoDB's side of differing cells
+        differing: dict[int, np.ndarray] = {}  # the differing cells of each range
+        reread: list[int] = []
         with ChunkReads(self.capture.client, self.capture.config) as reads:
-            for index in sorted(ranges):
-                diff = self.diffs[index] = RangeDiff()
+            for index in range(count):
+                source = Digests(cells)
+                held: list[tuple[pa.BinaryArray, np.ndarray, np.ndarray]] | None = []
+                held_bytes = 0
                 for documents in self._source(reads, index):
-                    keys = event_keys(document_keys(documents))[0].to_pylist()
-                    hashes = document_hashes(documents).tolist()
-                    for key, found, document in zip(keys, hashes, documents.to_pylist(), strict=True):
-                        held = stored.pop(key, None)
-                        if held is not None and held[0] == tuple(found):
-                            continue
-                        (diff.missing if held is None else diff.different).add(key)
-                        diff.ids[key] = document_id(document)
+                    in_cells, hashes = id_cells(documents, cells), document_hashes(documents)
+                    source.add(in_cells, hashes)
+                    if held is not None:
+                        held.append((documents, in_cells, hashes))
+                        held_bytes += documents.nbytes
+                        held = held if held_bytes <= _HELD_BYTES else None
+                self.reports[index].source_count = int(source.counts.sum())
+                found = source.differing(state.part(index * cells, cells))
+                if not found:
+                    continue
+                differing[index] = np.array(sorted(found))
+                if held is None or len(read) >= _COMPARED_ROWS:
+                    reread.append(index)
+                    continue
+                for documents, in_cells, hashes in held:
+                    _keep(read, index, differing[index], documents, in_cells, hashes)
+        kept = [index for index in differing if index not in reread]
+        if kept:
+            self._compare_documents(kept, differing, cells, read)
+        # the others in groups whose state rows to compare stay under _COMPARED_ROWS
+        group: list[int] = []
+        rows = 0
+        for index in reread:
+            cells_rows = int(state.counts[index * cells + differing[index]].sum())
+            if group and rows + cells_rows > _COMPARED_ROWS:
+                self._compare_documents(group, differing, cells, self._read_again(group, differing, cells))
+                group, rows = [], 0
+            group.append(index)
+            rows += cells_rows
+        if group:
+            self._compare_documents(group, differing, cells, self._read_again(group, differing, cells))
+
+    def _read_again(
+        self, ranges: list[int], differing: dict[int, np.ndarray], cells: int
+    ) -> dict[str, tuple[tuple[int, int], object, int]]:
+        """MongoDB's documents of the differing cells of ``ranges``, read again."""
+        read: dict[str, tuple[tuple[int, int], object, int]] = {}
+        with ChunkReads(self.capture.client, self.capture.config) as reads:
+            for index in ranges:
+                for documents in self._source(reads, index):
+                    in_cells = id_cells(documents, cells)
+                    _keep(read, index, differing[index], documents, in_cells, document_hashes(documents))
+        return read
+
+    def _compare_documents(
+        self,
+        ranges: list[int],
+        differing: dict[int, np.ndarray],
+        cells: int,
+        read: dict[str, tuple[tuple[int, int], object, int]],
+    ) -> None:
+        """The state's rows of the differing cells of ``ranges`` against MongoDB's (``read``)."""
+        wanted = np.concatenate([index * cells + differing[index] for index in ranges])
+        stored: dict[str, tuple[tuple[int, int], object, int]] = {}
+        for ranges_of, keys, documents in self._lake():
+            mine = np.flatnonzero(np.isin(ranges_of, ranges))
+            if not len(mine):
+                continue
+            picked = pa.array(mine)
+            documents = documents.take(picked)
+            in_cells = ranges_of[mine] * cells + id_cells(documents, cells)
+            _keep(stored, ranges_of[mine], wanted, documents, in_cells, document_hashes(documents),
+                  keys.take(picked))  # fmt: skip
+        for index in ranges:
+            self.diffs[index] = RangeDiff()
+        for key, (found, value, index) in read.items():
+            held = stored.pop(key, None)
+            if held is not None and held[0] == found:
+                continue
+            diff = self.diffs[index]
+            (diff.missing if held is None else diff.different).add(key)
+            diff.ids[key] = value
         for key, (_, value, index) in stored.items():
             self.diffs[index].extra.add(key)
             self.diffs[index].ids[key] = value
@@ -318,6 +369,30 @@ class CollectionCheck:
             if report.drift:
                 report.action = action
         return drifted
+
+
+def _keep(
+    kept: dict[str, tuple[tuple[int, int], object, int]],
+    ranges: int | np.ndarray,
+    wanted: np.ndarray,
+    documents: pa.BinaryArray,
+    in_cells: np.ndarray,
+    hashes: np.ndarray,
+    keys: pa.StringArray | None = None,
+) -> None:
+    """Add the documents whose cell is ``wanted`` to ``kept``: key -> (hash, _id, range); ``keys``
+    are their normalised keys where known (the state's), else made from the documents."""
+    rows = np.flatnonzero(np.isin(in_cells, wanted))
+    if not len(rows):
+        return
+    picked = pa.array(rows)
+    documents = documents.take(picked)
+    keys = event_keys(document_keys(documents))[0] if keys is None else keys.take(picked)
+    indexes = ranges[rows].tolist() if isinstance(ranges, np.ndarray) else [ranges] * len(rows)
+    for key, found, document, index in zip(
+        keys.to_pylist(), hashes[rows].tolist(), documents.to_pylist(), indexes, strict=True
+    ):
+        kept[key] = (tuple(found), document_id(document), index)
 
 
 def changed_keys(capture: ReplicaSetCapture, token: dict, until: int) -> tuple[dict[str, set[str]], set[str]]:
