@@ -143,7 +143,7 @@ class ShardScope:
 
 
 class CollectionCheck:
-    """One collection's comparison: range digests, then the differing ranges document by document."""
+    """One collection's comparison: cell digests per range, then the differing cells document by document."""
 
     def __init__(
         self,
