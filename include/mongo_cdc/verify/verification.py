@@ -292,7 +292,7 @@ class CollectionCheck:
                     reread.append(index)
                     continue
                 for documents, in_cells, hashes in held:
-                    _keep(read, index, differing[index], documents, in_cells, hashes)
+                    _keep(read, index, np.isin(in_cells, differing[index]), documents, hashes)
         kept = [index for index in differing if index not in reread]
         if kept:
             self._compare_documents(kept, differing, cells, read)
@@ -317,8 +317,8 @@ class CollectionCheck:
         with ChunkReads(self.capture.client, self.capture.config) as reads:
             for index in ranges:
                 for documents in self._source(reads, index):
-                    in_cells = id_cells(documents, cells)
-                    _keep(read, index, differing[index], documents, in_cells, document_hashes(documents))
+                    wanted = np.isin(id_cells(documents, cells), differing[index])
+                    _keep(read, index, wanted, documents)
         return read
 
     def _compare_documents(
@@ -336,10 +336,9 @@ class CollectionCheck:
             if not len(mine):
                 continue
             picked = pa.array(mine)
-            documents = documents.take(picked)
+            documents, keys = documents.take(picked), keys.take(picked)
             in_cells = ranges_of[mine] * cells + id_cells(documents, cells)
-            _keep(stored, ranges_of[mine], wanted, documents, in_cells, document_hashes(documents),
-                  keys.take(picked))  # fmt: skip
+            _keep(stored, ranges_of[mine], np.isin(in_cells, wanted), documents, keys=keys)
         for index in ranges:
             self.diffs[index] = RangeDiff()
         for key, (found, value, index) in read.items():
@@ -376,23 +375,23 @@ def _keep(
     ranges: int | np.ndarray,
     wanted: np.ndarray,
     documents: pa.BinaryArray,
-    in_cells: np.ndarray,
-    hashes: np.ndarray,
+    hashes: np.ndarray | None = None,
     keys: pa.StringArray | None = None,
 ) -> None:
-    """Add the documents whose cell is ``wanted`` to ``kept``: key -> (hash, _id, range); ``keys``
-    are their normalised keys where known (the state's), else made from the documents."""
-    rows = np.flatnonzero(np.isin(in_cells, wanted))
+    """Add the ``wanted`` documents (a mask) to ``kept``: key -> (hash, _id, range). ``hashes`` and
+    ``keys`` (normalised, the state's) where known, else made from the documents."""
+    rows = np.flatnonzero(wanted)
     if not len(rows):
         return
     picked = pa.array(rows)
     documents = documents.take(picked)
+    found = document_hashes(documents) if hashes is None else hashes[rows]
     keys = event_keys(document_keys(documents))[0] if keys is None else keys.take(picked)
     indexes = ranges[rows].tolist() if isinstance(ranges, np.ndarray) else [ranges] * len(rows)
-    for key, found, document, index in zip(
-        keys.to_pylist(), hashes[rows].tolist(), documents.to_pylist(), indexes, strict=True
+    for key, digest, document, index in zip(
+        keys.to_pylist(), found.tolist(), documents.to_pylist(), indexes, strict=True
     ):
-        kept[key] = (tuple(found), document_id(document), index)
+        kept[key] = (tuple(digest), document_id(document), index)
 
 
 def changed_keys(capture: ReplicaSetCapture, token: dict, until: int) -> tuple[dict[str, set[str]], set[str]]:
