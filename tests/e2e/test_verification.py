@@ -22,7 +22,7 @@ import threading
 import pyarrow as pa
 import pytest
 from bson import DatetimeConversion, Decimal128, Int64, MaxKey, MinKey, ObjectId
-from cdc_support import assert_state_equals_collection
+from cdc_support import assert_state_equals_collection, documents
 from conftest import make_source
 from deltalake import DeltaTable
 from reader_support import duckdb_connection
@@ -210,7 +210,7 @@ def test_damaged_data_files_are_named_with_their_fix_and_the_fixes_heal_them(sce
     assert state_file in rows[0]["note"] and _drift(rows)["missing"] > 0 and _drift(rows)["different"] == 0
     assert_state_equals_collection(source, client, "items", MIXED)  # read by deltalake
     uri = lake.table_uri(LakeLocation(source.lake_root), "state", source.prefix, DB, "items")
-    expected = sorted(extjson.encode_str(doc["_id"]) for doc in client[DB].items.find({}, {"_id": 1}))
+    expected = sorted(extjson.encode_str(doc["_id"]) for doc in documents(client, DB, "items"))
     by_duckdb = [
         row[0] for row in duckdb_connection().sql(f"SELECT __id FROM delta_scan('{uri}')").fetchall()
     ]
