@@ -255,7 +255,8 @@ class ShardSync:
         run is a scheduled one of every ``verify.interval.hours``; skipped otherwise. Its repairs are
         a batch the transform of this run applies. Fails after healing when ``verify.on.drift`` is
         ``fail`` and drift was found, and when a collection could not be verified (the others are)."""
-        from mongo_cdc.verify.verification import FAIL, ShardScope, verify_replica_set
+        from mongo_cdc.verify.comparison import ShardScope
+        from mongo_cdc.verify.verification import FAIL, verify_replica_set
 
         context = get_current_context()
 

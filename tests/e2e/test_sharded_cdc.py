@@ -24,7 +24,7 @@ from conftest import make_source
 
 from mongo_cdc.capture.offsets import offset_key
 from mongo_cdc.capture.topology import discover_shards, make_client
-from mongo_cdc.verify.verification import ShardScope
+from mongo_cdc.verify.comparison import ShardScope
 from mongo_cdc_dev.testing import ReplicaSet
 
 DB = "sharded_shop"
