@@ -223,7 +223,7 @@ def test_each_shard_verifies_the_ranges_it_owns_and_a_chunk_migration_is_no_drif
     assert first.collections[IDS]["example_keys"] == ['["n","1"]']
     assert {namespace: found["source_count"] for namespace, found in first.collections.items()} == {
         IDS: 3,
-        USERS: 301,
+        USERS: 300,
         f"{DB}.notes": 20,
         f"{DB}.empty": 0,
     }
