@@ -119,5 +119,9 @@ def read_rows(
 def scan_rows(table: DeltaTable, columns: Sequence[str]) -> Iterator[pa.Table]:
     """``columns`` of every row of ``table``'s current version, a record batch at a time (in plain
     types): a whole-table pass whose memory stays one batch whatever the table's size."""
-    for batch in table.to_pyarrow_dataset().to_batches(columns=list(columns)):
+    # no read-ahead: pyarrow's default (16 batches, 4 files) held 500 MiB of a state's documents
+    batches = table.to_pyarrow_dataset().to_batches(
+        columns=list(columns), batch_readahead=0, fragment_readahead=0
+    )
+    for batch in batches:
         yield plain(pa.Table.from_batches([batch]))
