@@ -164,9 +164,14 @@ class CollectionCheck:
         applied = applied_batches(self.state, "state", sorted({batch.rs for batch in batches}))
         self.applied = applied.get(self.capture.rs, 0)
         pending = [batch for batch in batches if batch.seq > applied.get(batch.rs, 0)]
-        # a pending snapshot deletes the state's documents it did not read: no state, none to delete
-        manifests = [batch.manifest for batch in pending if batch.manifest is not None]
-        if self.state is not None and any(namespace in manifest.collections for manifest in manifests):
+        # a pending snapshot deletes the state's documents of its replica set it did not read: none to
+        # delete (no state, or a shard's first copy) is no reason to wait
+        copied_by = {
+            batch.rs
+            for batch in pending
+            if batch.manifest is not None and namespace in batch.manifest.collections
+        }
+        if self.state is not None and copied_by and self._holds_rows_of(copied_by):
             return "a snapshot of it is not applied to the state yet"
         window = BatchWindow.of(pending, namespace, applied)
         raw = table_if_exists(self.capture.lake.raw_uri(namespace), self.capture.lake.options)
@@ -178,6 +183,16 @@ class CollectionCheck:
             return "a drop or rename of it is not applied to the state yet"
         self.pending_keys = set(event_keys(rows.column("key"))[0].to_pylist())
         return None
+
+    def _holds_rows_of(self, replica_sets: set[str]) -> bool:
+        """Whether the state has rows whose last event came from one of ``replica_sets``."""
+        assert self.state is not None
+        wanted = pa.array(sorted(replica_sets))
+        with naming_damaged_files(self.state_uri, self.capture.lake.options):
+            return any(
+                pc.any(pc.is_in(rows.column("__rs"), wanted)).as_py()
+                for rows in scan_rows(self.state, ["__rs"])
+            )
 
     def moved(self) -> bool:
         """Whether the shard's ranges of the collection changed since the check began (a chunk
