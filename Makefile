@@ -56,14 +56,27 @@ $(CHROMIUM):
 		echo "ERROR: installing chromium failed (the whole log: $(CHROMIUM_LOG)); try: sudo apt-get install chromium" >&2; \
 		exit 1; }
 
-test: $(STAMP) $(CHROMIUM)
+# Java's class-data archive of a local Spark driver's classes (mongo_cdc_airflow.local_env maps it
+# into the tests' and the demo's spark-submit runs): made once per venv by a tiny job; a failure
+# only leaves those runs slower, so it warns and goes on.
+SPARK_CLASSES := .local/spark-classes.jsa
+SPARK_CLASSES_LOG := .local/spark-classes.log
+
+$(SPARK_CLASSES): $(STAMP)
+	@if [ -z "$$JAVA_HOME" ] && ! command -v java >/dev/null 2>&1; then exit 0; fi; \
+	rm -f $@; \
+	SPARK_SUBMIT_OPTS=-XX:ArchiveClassesAtExit=$@ $(VENV)/bin/spark-submit --master 'local[2]' \
+		include/mongo_cdc_dev/spark_classes_job.py > $(SPARK_CLASSES_LOG) 2>&1 \
+		|| echo "== WARNING: no Spark class archive (see $(SPARK_CLASSES_LOG)): local Spark runs start slower"
+
+test: $(STAMP) $(CHROMIUM) $(SPARK_CLASSES)
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 # The unit tier alone (tests/unit): no mongod, no Java, no Airflow metadata DB; well under 2 minutes.
 test-unit: $(STAMP)
 	$(VENV)/bin/pytest tests/unit $(PYTEST_ARGS)
 
-demo: $(STAMP)
+demo: $(STAMP) $(SPARK_CLASSES)
 	$(VENV)/bin/python -m mongo_cdc_airflow.demo
 
 bench: $(STAMP)

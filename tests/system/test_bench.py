@@ -64,6 +64,12 @@ def test_smoke_run_prints_every_row_of_the_table() -> None:
         r"100 changes on 500 docs\s+[\d.]+ s",
         r"100 changes on 2,000 docs\s+[\d.]+ s\s+[\d.]+x\s+500 docs\s+<= 1.50x and < 30 s",
         r"100 updates adding a field on 2,000 docs\s+[\d.]+ s",
+        r"transform without Spark's start\s+empty PySpark job \(SparkContext, 2 tasks\)\s+[\d.]+ s",
+        r"first build, 2,000 docs, wall\s+[\d.]+ s\s+< 14 s",
+        r"first build, 2,000 docs, less the empty job\s+[\d,.]+ events/s\s+>= 150,000 events/s",
+        r"run_snapshot landing, 100 nested docs\s+[\d,.]+ MB/s",
+        r"first build, 100 nested docs, less the empty job\s+[\d,.]+ MB/s\s+[\d.]+x\s+landing\s+>= 0.25x",
+        r"200 changes spread over 2,000 docs\s+[\d.]+ s\s+[\d.]+x\s+100 changes\s+<= 2.00x",
         r"cdc_transform, largest process \((driver JVM|Python driver|Python worker)\)"
         r"\s+[\d,.]+ MiB\s+< 2,048 MiB",
         r"verify 3,000 x \d+ B, 10 ranges\s+bare RawBSONDocument cursor\s+[\d,.]+ docs/s",

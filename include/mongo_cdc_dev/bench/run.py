@@ -14,7 +14,8 @@ Starts its own single-member replica set in a temporary directory and, section b
   peak RSS;
 * the ``--small`` collection snapshotted in one piece, then in ``CHUNKS`` chunks by one thread and
   by two: chunking's overhead on one worker;
-* the Spark transform (``bench.transform``): first build, incremental runs, a new field;
+* the Spark transform (``bench.transform``): first build, incremental runs, a new field, changes
+  spread over the key range, nested documents, and each first build less an empty PySpark job;
 * ``verify_replica_set`` over the ``--small`` collection against a matching state and one with
   ``DRIFTED`` documents spread over its key range, next to a bare cursor read (``bench.verification``
   writes the states);
@@ -86,6 +87,8 @@ SIZES = {
     "state": 1_000_000,
     "small_state": 100_000,
     "changes": 1_000,
+    "spread_changes": 100_000,
+    "nested_state": 100_000,
     "driver_events": 1_000_000,
 }
 SMOKE_SIZES = {
@@ -96,6 +99,8 @@ SMOKE_SIZES = {
     "state": 2_000,
     "small_state": 500,
     "changes": 100,
+    "spread_changes": 200,
+    "nested_state": 100,
     "driver_events": 2_000,
 }
 
@@ -444,6 +449,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             parser.error(f"--{name.replace('_', '-')} must be positive")
     if args.changes > min(HOT_DOCS, args.small_state):
         parser.error(f"--changes must be at most --small-state and {HOT_DOCS:,}")
+    if args.spread_changes > args.state:
+        parser.error("--spread-changes must be at most --state")
     args.sections = args.only.split(",") if args.only else list(SECTIONS)
     unknown = set(args.sections) - set(SECTIONS)
     if unknown:
