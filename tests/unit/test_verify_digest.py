@@ -26,6 +26,8 @@ def test_hashes_tell_every_byte_apart_and_ignore_how_the_array_is_cut():
     sliced = pa.array([b"junk", *DOCUMENTS], pa.binary()).slice(1)
     assert (document_hashes(sliced) == hashes).all()
     assert (document_hashes(pa.array(DOCUMENTS[50:60], pa.binary())) == hashes[50:60]).all()
+    many = pa.array(DOCUMENTS * 100, pa.binary()).slice(30)  # hashed in blocks, from an offset
+    assert (document_hashes(many) == np.tile(hashes, (100, 1))[30:]).all()
     for document in (DOCUMENTS[3], DOCUMENTS[100]):  # short and long
         for position in (0, len(document) // 2, len(document) - 2):
             changed = bytearray(document)

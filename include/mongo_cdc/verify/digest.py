@@ -24,6 +24,9 @@ import pyarrow as pa
 from mongo_cdc.capture.events import id_elements
 
 _LONG_DOCUMENT = 512
+# documents hashed at once: a block's columns of words and lanes stay in the CPU's caches (a batch of
+# 130 k small documents hashed whole took 2 to 3 times as long)
+_BLOCK_ROWS = 16_384
 _CELLS_PER_RANGE = 4096
 _MAX_CELLS = 1 << 21
 _U64 = np.uint64
@@ -45,17 +48,27 @@ def _mix(x: np.ndarray) -> np.ndarray:
 def document_hashes(documents: pa.BinaryArray) -> np.ndarray:
     """A 128-bit hash of each document's bytes: an (n, 2) array of uint64 (null: the empty document)."""
     count = len(documents)
+    if count <= _BLOCK_ROWS:
+        return _block_hashes(documents)
+    blocks = range(0, count, _BLOCK_ROWS)
+    return np.concatenate([_block_hashes(documents.slice(start, _BLOCK_ROWS)) for start in blocks])
+
+
+def _block_hashes(documents: pa.BinaryArray) -> np.ndarray:
+    count = len(documents)
     hashes = np.zeros((count, 2), _U64)
     if count == 0:
         return hashes
     offsets = np.frombuffer(documents.buffers()[1], np.int32)[documents.offset : documents.offset + count + 1]
     offsets = offsets.astype(np.int64)
     data = documents.buffers()[2]
-    end = int(offsets[-1])
-    # the data the array covers, and 8 zero bytes so a word may start at any of its bytes
+    # the bytes the documents cover (a slice's alone), and 8 zero bytes so a word may start at any
+    # of them
+    base, end = int(offsets[0]), int(offsets[-1] - offsets[0])
+    offsets -= base
     padded = np.zeros(end + 8, np.uint8)
     if end:
-        padded[:end] = np.frombuffer(data, np.uint8, count=end)
+        padded[:end] = np.frombuffer(data, np.uint8, count=end, offset=base)
     words = np.ndarray((end + 1,), _U64, padded, 0, (1,))  # the word starting at each byte
     starts, lengths = offsets[:-1], np.diff(offsets)
     short = lengths <= _LONG_DOCUMENT
