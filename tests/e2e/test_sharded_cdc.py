@@ -15,6 +15,7 @@ import json
 import uuid
 from dataclasses import dataclass
 
+import bson
 import pytest
 from airflow.models import Variable
 from airflow.models.dagrun import DagRun
@@ -302,8 +303,15 @@ def test_added_shard_triggers_a_run_and_is_snapshotted_then_streamed(cluster):
     assert verified == {"shard01": "success", "shard02": "success", "shard03": "success"}
     assert_state_equals_documents(source, "users", cluster.expected_users(["shard01", "shard02", "shard03"]))
     assert_state_equals_documents(source, "ids", _owned_ids(cluster), frozenset({"_id"}))
-    repaired = [row["__rs"] for row in source.change_rows("ids") if row.get("v") == "drifted"]
-    assert repaired == ["shard01"]  # one repair row, on the shard that owns the document
+    # one repair row, landed by the shard that owns the document (changes rows do not name a
+    # replica set: its raw row does), and readers of changes see it
+    repaired = [
+        row["source"]["rs"]
+        for row in source.raw_rows("ids")
+        if row["after"] is not None and bson.decode(row["after"]).get("v") == "drifted"
+    ]
+    assert repaired == ["shard01"]
+    assert [row["__op"] for row in source.change_rows("ids") if row.get("v") == "drifted"] == ["r"]
     assert ("shard03", '"u3101"', "c") in {
         (r["source"]["rs"], json.loads(r["key"])["id"], r["op"]) for r in source.raw_rows("users")
     }
