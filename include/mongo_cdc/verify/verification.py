@@ -95,7 +95,11 @@ def changed_keys(capture: ReplicaSetCapture, token: dict, until: int) -> tuple[d
                 elif change["operationType"] in ("drop", "rename", "dropDatabase", "invalidate"):
                     gone.add(namespace if ns.get("coll") else f"{ns.get('db')}.*")
                 continue
-            if token_cluster_time(stream.resume_token) >= until:
+            # ``until`` (a new stream's position) is one tick past the last write when it was
+            # taken: every event before it has been shown once the token reaches the tick before.
+            # Waiting for ``until`` itself waited for the next write: on a quiet replica set, its
+            # no-op writer's, up to 10 s later
+            if token_cluster_time(stream.resume_token) >= until - 1:
                 return changed, gone
             if time.monotonic() > deadline:
                 raise TimeoutError(
