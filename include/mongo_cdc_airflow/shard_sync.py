@@ -255,6 +255,7 @@ class ShardSync:
         run is a scheduled one of every ``verify.interval.hours``; skipped otherwise. Its repairs are
         a batch the transform of this run applies. Fails after healing when ``verify.on.drift`` is
         ``fail`` and drift was found, and when a collection could not be verified (the others are)."""
+        from mongo_cdc.verify.comparison import ShardScope
         from mongo_cdc.verify.verification import FAIL, verify_replica_set
 
         context = get_current_context()
@@ -275,12 +276,15 @@ class ShardSync:
                 f"not asked (trigger param verify) and not a scheduled run of every {every} h "
                 "(verify.interval.hours)"
             )
-        if not self.shard.via_source:
-            skip("verification of sharded clusters is not supported yet")
         started = time.monotonic()
         try:
             with self.client() as client:
-                result = verify_replica_set(self.capture(client), self.config.verify_on_drift)
+                if self.shard.via_source:
+                    result = verify_replica_set(self.capture(client), self.config.verify_on_drift)
+                else:  # the shard's part of the cluster: the ranges it owns
+                    with self.hook.source_client() as cluster:
+                        scope = ShardScope(cluster, self.shard.id)
+                        result = verify_replica_set(self.capture(client), self.config.verify_on_drift, scope)
         except ConnectionFailure as exc:
             raise unreachable(self.shard, exc) from None
         found = {**result.to_dict(), "seconds": round(time.monotonic() - started, 3)}

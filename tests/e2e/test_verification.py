@@ -2,10 +2,13 @@
 racing a verification are never drift; writes the change stream never shows (``applyOps`` with
 ``fromMigrate``) are found by ``_id`` range, only reported under ``verify.on.drift: report``, and
 healed by the same run's transform under ``fail``, which then fails the verify task. Damaged data
-files met by the verification and by the transform are named with their fix.
+files met by the verification and by the transform are named with their fix, and the fixes heal
+them: a raw file restored, a state file taken out of its table's log by a verifying run, which lands
+its documents again (read back by deltalake and DuckDB, each from the table's log; Spark's reader
+takes its files from delta-rs, so a Spark session here would read what deltalake read).
 
-One module-wide source and two DAG runs serve every test, in order; the ``report`` verifications
-are the core's call the verify task makes, without a DAG run.
+One module-wide source and three DAG runs (and one without Spark) serve every test, in order; the
+``report`` verifications are the core's call the verify task makes, without a DAG run.
 """
 
 from __future__ import annotations
@@ -13,25 +16,22 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import shutil
 import subprocess
 import threading
 
 import pyarrow as pa
 import pytest
-from airflow.models import Variable
 from bson import DatetimeConversion, Decimal128, Int64, MaxKey, MinKey, ObjectId
-from cdc_support import assert_state_equals_collection
+from cdc_support import assert_state_equals_collection, documents
 from conftest import make_source
 from deltalake import DeltaTable
+from reader_support import duckdb_connection
 from statsd_support import airflow_statsd
 
-from mongo_cdc import lake
-from mongo_cdc.capture.offsets import offset_key
-from mongo_cdc.capture.replica_set import ReplicaSetCapture
-from mongo_cdc.config import load_sources
+from mongo_cdc import extjson, lake
 from mongo_cdc.lake.storage import LakeLocation
-from mongo_cdc.verify.verification import VerificationResult, verify_replica_set
-from mongo_cdc_dev.testing.lake import MemoryOffsetStore, memory_keeper
+from mongo_cdc.verify.verification import VerificationResult
 
 DB = "verification"
 FIRST_RUN = dt.datetime(2025, 1, 1, 5, tzinfo=dt.timezone.utc)
@@ -58,13 +58,8 @@ def _source(tmp, replica_set, **settings):
     return make_source(tmp, replica_set.uri, DB, **SETTINGS, **settings)
 
 
-def _reports(source) -> list[dict]:
-    uri = lake.source_table_uri(LakeLocation(source.lake_root), source.prefix, lake.VERIFICATION_LOG)
-    return pa.table(DeltaTable(uri).to_pyarrow_dataset().to_table()).to_pylist()
-
-
 def _last_verification(source, collection: str) -> list[dict]:
-    rows = _reports(source)
+    rows = source.verification_rows()
     last = max(rows, key=lambda row: row["verified_at"])["verification_id"]
     namespace = f"{DB}.{collection}"
     return [row for row in rows if row["verification_id"] == last and row["namespace"] == namespace]
@@ -98,16 +93,8 @@ def _migrate(client, *operations: dict) -> None:
 
 
 def _verify_here(source, replica_set) -> VerificationResult:
-    """The verification the DAG's verify task runs, here with ``verify.on.drift: report`` (which
-    writes no offset: the DAG runs' offset is read into a store of the test's own)."""
-    (config,), errors = load_sources(os.environ["MONGO_CDC_SOURCES_DIR"])
-    assert not errors
-    store = MemoryOffsetStore()
-    key = offset_key(config.name, "rs0")
-    store.set(key, Variable.get(key))
     with replica_set.client(datetime_conversion=DatetimeConversion.DATETIME_MS) as client:
-        capture = ReplicaSetCapture(client, config, memory_keeper(config, "rs0", store))
-        return verify_replica_set(capture, "report")
+        return source.verify_reporting(client, "rs0")
 
 
 def test_writes_racing_a_verification_are_not_drift(scenario, replica_set):
@@ -194,19 +181,37 @@ def _data_files(source, zone: str) -> list[str]:
     return [f"{uri}/{action['path']}" for action in sorted(actions, key=lambda a: -a["modification_time"])]
 
 
-def test_damaged_data_files_are_named_with_their_fix(scenario, replica_set):
-    _, source, client = scenario
+def test_damaged_data_files_are_named_with_their_fix_and_the_fixes_heal_them(scenario, replica_set):
+    tmp, source, client = scenario
     state_file = _data_files(source, "state")[0]
     os.remove(state_file)
     failed = _verify_here(source, replica_set).failed[f"{DB}.items"]
     assert state_file in failed and "(missing)" in failed and '"resnapshot": true' in failed
+    assert '{"verify": true}' in failed  # verify heals a state table
 
     client[DB].items.insert_one({"_id": "after-damage"})
     source.run(logical_date=FIRST_RUN + dt.timedelta(hours=2), skip_spark=True)  # lands it in raw
     raw_file = _data_files(source, "raw")[0]
+    shutil.copy(raw_file, tmp / "raw-backup.parquet")
     with open(raw_file, "r+b") as damaged:
         damaged.truncate(100)
     done = subprocess.run(source.transform_command(), capture_output=True, text=True, check=False)
     failure = json.loads(done.stdout.strip().splitlines()[-1])["failed"][f"{DB}.items"]["error"]
     assert failure.startswith("LakeFileError") and raw_file in failure and "truncated: 100 of" in failure
     assert state_file in done.stdout + done.stderr  # the whole message is logged; the summary has its start
+
+    # the documented fixes: the raw file restored from a backup; the state healed by a run that
+    # verifies (verify.on.drift: repair), which takes the lost file out of the log and lands its
+    # documents again from MongoDB
+    shutil.copy(tmp / "raw-backup.parquet", raw_file)
+    healing = _source(tmp, replica_set)
+    healing.run(logical_date=FIRST_RUN + dt.timedelta(hours=3), conf={"verify": True})
+    rows = _last_verification(source, "items")
+    assert state_file in rows[0]["note"] and _drift(rows)["missing"] > 0 and _drift(rows)["different"] == 0
+    assert_state_equals_collection(source, client, "items", MIXED)  # read by deltalake
+    uri = lake.table_uri(LakeLocation(source.lake_root), "state", source.prefix, DB, "items")
+    expected = sorted(extjson.encode_str(doc["_id"]) for doc in documents(client, DB, "items"))
+    by_duckdb = [
+        row[0] for row in duckdb_connection().sql(f"SELECT __id FROM delta_scan('{uri}')").fetchall()
+    ]
+    assert sorted(by_duckdb) == expected

@@ -71,9 +71,14 @@ class CdcSource:
         expect: str = "success",
         skip_spark: bool = False,
         conf: dict[str, Any] | None = None,
+        scheduled: bool = False,
     ):
-        """One real DAG run through ``dag.test()`` (``conf``: the trigger params); returns the DagRun."""
+        """One real DAG run through ``dag.test()`` (``conf``: the trigger params; ``scheduled``: the
+        run is of type ``scheduled``, as the scheduler makes them, where ``dag.test()`` makes a manual
+        one); returns the DagRun."""
+        import airflow.models.dagrun as dagrun_module
         from airflow.dag_processing.dagbag import DagBag
+        from airflow.utils.types import DagRunType
 
         bag = DagBag(dag_folder=os.environ["AIRFLOW__CORE__DAGS_FOLDER"])
         assert not bag.import_errors, bag.import_errors
@@ -81,9 +86,40 @@ class CdcSource:
         kwargs: dict[str, Any] = {"mark_success_pattern": "^transform$"} if skip_spark else {}
         if logical_date is not None:
             kwargs["logical_date"] = logical_date
-        run = dag.test(run_conf=conf, **kwargs)
+        create_run = dagrun_module.get_or_create_dagrun
+
+        def scheduled_run(**arguments: Any):
+            run = create_run(**arguments)
+            run.run_type = DagRunType.SCHEDULED
+            arguments["session"].commit()
+            return run
+
+        chosen = scheduled_run if scheduled else create_run
+        with mock.patch.object(dagrun_module, "get_or_create_dagrun", chosen):
+            run = dag.test(run_conf=conf, **kwargs)
         assert run.state == expect, [(ti.task_id, ti.state) for ti in run.get_task_instances()]
         return run
+
+    def verify_reporting(self, client, rs: str, shard: Any = None) -> Any:
+        """The verification the DAG's verify task runs on replica set ``rs`` (through ``client``; of a
+        cluster: ``shard``, a ``ShardScope``), with ``verify.on.drift: report``, which writes no offset:
+        the DAG runs' offset is read into a store of the test's own. Returns the VerificationResult."""
+        from airflow.models import Variable
+
+        from mongo_cdc.capture.offsets import offset_key
+        from mongo_cdc.capture.replica_set import ReplicaSetCapture
+        from mongo_cdc.config import load_sources
+        from mongo_cdc.verify.verification import verify_replica_set
+        from mongo_cdc_dev.testing.lake import MemoryOffsetStore, memory_keeper
+
+        configs, errors = load_sources(os.environ["MONGO_CDC_SOURCES_DIR"])
+        assert not errors
+        [config] = [config for config in configs if config.name == self.name]
+        store = MemoryOffsetStore()
+        key = offset_key(config.name, rs)
+        store.set(key, Variable.get(key))
+        capture = ReplicaSetCapture(client, config, memory_keeper(config, rs, store))
+        return verify_replica_set(capture, "report", shard)
 
     def backfill(
         self, from_date: dt.datetime, to_date: dt.datetime, expect: str = "success", skip_spark: bool = False
@@ -150,6 +186,15 @@ class CdcSource:
 
     def change_rows(self, collection: str) -> list[dict]:
         return self.table_rows("changes", collection)
+
+    def verification_rows(self) -> list[dict]:
+        """Every row of the verification log (``raw/<prefix>/_verifications``)."""
+        from mongo_cdc.lake import VERIFICATION_LOG, source_table_uri
+
+        table = table_if_exists(
+            source_table_uri(self.location, self.prefix, VERIFICATION_LOG), dict(self.storage_options)
+        )
+        return [] if table is None else pa.table(table.to_pyarrow_dataset().to_table()).to_pylist()
 
     def raw_rows(self, collection: str) -> list[dict]:
         """The committed raw rows of a collection, in oplog order (a tombstone after its delete)."""

@@ -72,6 +72,11 @@ def test_smoke_run_prints_every_row_of_the_table() -> None:
         r"200 changes spread over 2,000 docs\s+[\d.]+ s\s+[\d.]+x\s+100 changes\s+<= 2.00x",
         r"cdc_transform, largest process \((driver JVM|Python driver|Python worker)\)"
         r"\s+[\d,.]+ MiB\s+< 2,048 MiB",
+        r"verify 3,000 x \d+ B, 10 ranges\s+bare RawBSONDocument cursor\s+[\d,.]+ docs/s",
+        r"mongo-cdc verify, no drift\s+[\d,.]+ docs/s\s+[\d.]+x\s+bare\s+>= 0.50x",
+        r"mongo-cdc verify, 100 drifted, spread\s+[\d.]+ s\s+[\d.]+x\s+no drift\s+<= 1.20x",
+        r"verify_replica_set, no drift .*MiB\s+< 500 MiB",
+        r"verify_replica_set, 100 drifted .*MiB\s+< 500 MiB",
     ]
     for pattern in expected:
         assert re.search(pattern, table), f"no row matching {pattern!r} in:\n{table}"

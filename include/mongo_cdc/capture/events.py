@@ -479,6 +479,15 @@ def document_keys(documents: pa.BinaryArray) -> pa.StringArray:
     return pc.binary_join_element_wise(head, hex_ids.cast(pa.binary()), tail, b"").cast(pa.string())
 
 
+def id_elements(documents: pa.BinaryArray) -> pa.BinaryArray:
+    """The bytes of each raw document's ``_id`` element: sliced in bulk where every ``_id`` is an
+    ObjectId stored first (as MongoDB stores it), found one by one otherwise."""
+    heads = pc.binary_slice(documents, 4, _OBJECT_ID_AT[0])
+    if pc.all(pc.equal(heads, pa.scalar(_OBJECT_ID_HEAD, pa.binary()))).as_py() is not False:
+        return pc.binary_slice(documents, 4, _OBJECT_ID_AT[1])
+    return pa.array([_id_element(document) for document in documents.to_pylist()], pa.binary())
+
+
 def keys_and_documents(
     documents: pa.BinaryArray, fields: CollectionFieldRules | None = None
 ) -> tuple[pa.Array, pa.Array]:

@@ -75,9 +75,14 @@ def fix_for(table_uri: str, version: TableVersion = None) -> str:
     if zone in ("changes", "state"):
         conf = json.dumps({"resnapshot": True, "collections": [f"{db}.{collection}"]})
         lost = " (the changes table keeps the new snapshot's reads; the lost file's events stay lost)"
+        # verify heals the state: the file leaves the table's log, its documents come back as repairs
+        heal = (
+            ', or heal it from MongoDB: trigger the source\'s DAG with {"verify": true} (verify.on.drift '
+            "repair or fail)"
+        )
         return (
-            f"{restore}, or re-snapshot the collection: trigger the source's DAG with {conf}"
-            f"{lost if zone == 'changes' else ''}."
+            f"{restore}{heal if zone == 'state' else ''}, or re-snapshot the collection: trigger the "
+            f"source's DAG with {conf}{lost if zone == 'changes' else ''}."
         )
     return f"{restore}."
 

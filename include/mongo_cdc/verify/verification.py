@@ -17,10 +17,8 @@ usually heals it: an insert or replace carries the whole document; an update wit
 does not); documents are compared by their bytes, so a state folded from update descriptions
 (``capture.mode`` without full documents) may differ in field order and is then replaced.
 
-**Cheap by ranges.** The collection is cut into the snapshot's ``_id`` ranges (``chunking``); per
-range, the count and the sum of a 128-bit hash of (normalised key, document bytes) are computed on
-the source's raw BSON batches and on the state's rows (placed in ranges by ``key_order``), neither
-decoded. Only ranges whose digests differ are read again, document by document.
+**Cheap by ranges** (``comparison``): count and digest per ``_id`` range and cell, MongoDB read
+once, only the documents of differing cells compared one by one.
 
 **Repair** (``verify.on.drift``: ``repair``, ``fail``; not ``report``) re-reads the drifted documents
 and lands them as one raw batch of the replica set at position ``V``, like a snapshot's reads:
@@ -28,8 +26,8 @@ and lands them as one raw batch of the replica set at position ``V``, like a sna
 with the usual ordering, so an event after ``V`` still wins, and the changes table shows one row per
 repaired document. The batch keeps the stored resume position (streaming goes on from it).
 
-Sharded clusters are not verified yet: a shard's state rows are the documents whose last event came
-from it, which chunk migrations (invisible to change streams) move between shards.
+**Sharded clusters:** each shard verifies the shard-key ranges it owns (``comparison.ShardScope``),
+so a chunk migration is never drift and repairs land on the shard that owns the document.
 """
 
 from __future__ import annotations
@@ -38,18 +36,10 @@ import datetime as dt
 import logging
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from hashlib import blake2b as _blake2b
 
-import bson
-import pyarrow as pa
-import pyarrow.compute as pc
-
-from mongo_cdc import extjson, lake
+from mongo_cdc import extjson
 from mongo_cdc.capture.capture_modes import captured_collection_options
-from mongo_cdc.capture.chunk_reads import ChunkReads
-from mongo_cdc.capture.chunking import plan_chunks
 from mongo_cdc.capture.events import (
     RawRow,
     SourceInfo,
@@ -64,16 +54,11 @@ from mongo_cdc.capture.offsets import Offset
 from mongo_cdc.capture.replica_set import ReplicaSetCapture
 from mongo_cdc.capture.snapshot import current_position
 from mongo_cdc.capture.stream_filter import namespace_filter
-from mongo_cdc.extjson import DECODE_OPTIONS
-from mongo_cdc.lake.batch_log import Batch, BatchWindow
-from mongo_cdc.lake.errors import naming_damaged_files
-from mongo_cdc.lake.snapshot_log import Chunk
-from mongo_cdc.lake.storage import table_if_exists
-from mongo_cdc.lake.table_reads import read_rows, scan_rows
+from mongo_cdc.lake.batch_log import Batch
 from mongo_cdc.lake.verification_log import REPAIRED, REPORTED, SKIPPED, RangeReport
 from mongo_cdc.transform.keys import document_key
-from mongo_cdc.transform.raw_events import applied_batches, event_keys
-from mongo_cdc.verify.key_order import RangeFinder
+from mongo_cdc.transform.raw_events import event_keys
+from mongo_cdc.verify.comparison import CollectionCheck, ShardScope
 
 log = logging.getLogger(__name__)
 
@@ -85,164 +70,6 @@ BATCH_KIND = "verify"
 _REREAD_IDS = 1000
 # how long the change stream may take to reach the verification's position
 _STREAM_TIMEOUT_S = 120.0
-
-
-def document_hash(key: str, document: bytes) -> int:
-    """A 128-bit hash of one document's normalised key and bytes: summed, it is the range's digest."""
-    return int.from_bytes(_blake2b(key.encode() + b"\x00" + document, digest_size=16).digest(), "little")
-
-
-@dataclass
-class RangeDigest:
-    """The documents of one ``_id`` range: how many, and the sum of their hashes (any order; a
-    Python int, never reduced: the sum of a billion 128-bit hashes is 158 bits)."""
-
-    count: int = 0
-    total: int = 0
-
-    def add(self, key: str, document: bytes) -> None:
-        self.count += 1
-        self.total += document_hash(key, document)
-
-
-@dataclass
-class RangeDiff:
-    """A range compared document by document: the drifted keys, and the _ids to read them again by."""
-
-    missing: set[str] = field(default_factory=set)
-    extra: set[str] = field(default_factory=set)
-    different: set[str] = field(default_factory=set)
-    ids: dict[str, object] = field(default_factory=dict)
-
-
-class CollectionCheck:
-    """One collection's comparison: range digests, then the differing ranges document by document."""
-
-    def __init__(
-        self, capture: ReplicaSetCapture, namespace: str, options: dict | None, batches: list[Batch]
-    ):
-        self.capture = capture
-        self.namespace = namespace
-        db, _, name = namespace.partition(".")
-        self.collection = capture.client[db][name]
-        self.fields = capture.config.field_filters.for_collection(db, name)
-        source_lake = capture.lake
-        self.state_uri = lake.table_uri(source_lake.location, "state", source_lake.prefix, db, name)
-        self.state = table_if_exists(self.state_uri, source_lake.options)
-        rs = capture.rs
-        self.applied = applied_batches(self.state, "state", [rs]).get(rs, 0)
-        self.pending_keys: set[str] = set()
-        self.skipped = self._pending(batches)
-        self.chunks: list[Chunk] = []
-        self.reports: list[RangeReport] = []
-        self.diffs: dict[int, RangeDiff] = {}
-        if self.skipped is None:
-            self.chunks = plan_chunks(self.collection, capture.config.snapshot_chunk_size, None, options)
-            self.finder = RangeFinder(self.chunks)
-
-    def _pending(self, batches: list[Batch]) -> str | None:
-        """Why the collection cannot be verified now (None: it can); the keys of raw rows the state
-        has not applied yet (``pending_keys``), which the comparison leaves out."""
-        rs, namespace = self.capture.rs, self.namespace
-        own = [batch for batch in batches if batch.rs == rs and batch.seq > self.applied]
-        # a pending snapshot deletes the state's documents it did not read: no state, none to delete
-        manifests = [batch.manifest for batch in own if batch.manifest is not None]
-        if self.state is not None and any(namespace in manifest.collections for manifest in manifests):
-            return "a snapshot of it is not applied to the state yet"
-        window = BatchWindow.of(own, namespace, {rs: self.applied})
-        raw = table_if_exists(self.capture.lake.raw_uri(namespace), self.capture.lake.options)
-        if window.is_empty or raw is None:
-            return None
-        with naming_damaged_files(raw.table_uri, self.capture.lake.options):
-            rows = read_rows(raw, ["key", "op"], window.where())
-        if pc.any(pc.is_in(rows.column("op"), pa.array(sorted(lake.COLLECTION_OPERATIONS)))).as_py():
-            return "a drop or rename of it is not applied to the state yet"
-        self.pending_keys = set(event_keys(rows.column("key"))[0].to_pylist())
-        return None
-
-    def _source(self, reads: ChunkReads, index: int) -> Iterator[tuple[str, bytes]]:
-        following = self.chunks[index + 1] if index + 1 < len(self.chunks) else None
-        for batch in reads.batches(self.chunks[index], following):
-            raw_keys, documents = keys_and_documents(raw_documents(batch), self.fields)
-            yield from zip(event_keys(raw_keys)[0].to_pylist(), documents.to_pylist(), strict=True)
-
-    def _lake(self) -> Iterator[tuple[str, bytes]]:
-        if self.state is None:
-            return
-        with naming_damaged_files(self.state_uri, self.capture.lake.options):
-            for rows in scan_rows(self.state, ["__key", "__doc_bson"]):
-                yield from zip(
-                    rows.column("__key").to_pylist(), rows.column("__doc_bson").to_pylist(), strict=True
-                )
-
-    def compare(self) -> None:
-        """Digests per range on both sides; the ranges that differ, document by document."""
-        count = len(self.chunks)
-        source = [RangeDigest() for _ in range(count)]
-        with ChunkReads(self.capture.client, self.capture.config) as reads:
-            for index in range(count):
-                for key, document in self._source(reads, index):
-                    source[index].add(key, document)
-        state = [RangeDigest() for _ in range(count)]
-        for key, document in self._lake():
-            state[self.finder.index(key)].add(key, document)
-        self.reports = [
-            RangeReport(
-                self.namespace, index, count, chunk.describe(), source[index].count, state[index].count
-            )
-            for index, chunk in enumerate(self.chunks)
-        ]
-        differing = {index for index in range(count) if source[index] != state[index]}
-        if differing:
-            self._compare_documents(differing)
-
-    def _compare_documents(self, ranges: set[int]) -> None:
-        """Read the ``ranges`` again on both sides and tell their documents apart."""
-        stored: dict[str, tuple[int, bytes]] = {}
-        for index in ranges:
-            self.reports[index].lake_count = 0
-        for key, document in self._lake():
-            index = self.finder.index(key)
-            if index in ranges:
-                stored[key] = (document_hash(key, document), document)
-                self.reports[index].lake_count += 1
-        with ChunkReads(self.capture.client, self.capture.config) as reads:
-            for index in sorted(ranges):
-                diff = self.diffs[index] = RangeDiff()
-                seen = 0
-                for key, document in self._source(reads, index):
-                    seen += 1
-                    found = stored.pop(key, None)
-                    if found is not None and found[0] == document_hash(key, document):
-                        continue
-                    (diff.missing if found is None else diff.different).add(key)
-                    diff.ids[key] = _document_id(document)
-                self.reports[index].source_count = seen
-        for key, (_, document) in stored.items():
-            diff = self.diffs[self.finder.index(key)]
-            diff.extra.add(key)
-            diff.ids[key] = _document_id(document)
-
-    def settle(self, changed: set[str], action: str) -> dict[str, object]:
-        """Leave out the keys that changed (``changed`` and the pending raw rows); record the drift
-        in the reports; the drifted keys' _ids."""
-        left_out = changed | self.pending_keys
-        drifted: dict[str, object] = {}
-        for index, diff in self.diffs.items():
-            report = self.reports[index]
-            found = (("missing", diff.missing), ("extra", diff.extra), ("different", diff.different))
-            for name, all_keys in found:
-                keys = all_keys - left_out
-                setattr(report, name, len(keys))
-                report.example_keys.extend(sorted(keys)[: 10 - len(report.example_keys)])
-                drifted.update((key, diff.ids[key]) for key in keys)
-            if report.drift:
-                report.action = action
-        return drifted
-
-
-def _document_id(document: bytes) -> object:
-    return bson.decode(document, DECODE_OPTIONS)["_id"]
 
 
 def changed_keys(capture: ReplicaSetCapture, token: dict, until: int) -> tuple[dict[str, set[str]], set[str]]:
@@ -268,7 +95,11 @@ def changed_keys(capture: ReplicaSetCapture, token: dict, until: int) -> tuple[d
                 elif change["operationType"] in ("drop", "rename", "dropDatabase", "invalidate"):
                     gone.add(namespace if ns.get("coll") else f"{ns.get('db')}.*")
                 continue
-            if token_cluster_time(stream.resume_token) >= until:
+            # ``until`` (a new stream's position) is one tick past the last write when it was
+            # taken: every event before it has been shown once the token reaches the tick before.
+            # Waiting for ``until`` itself waited for the next write: on a quiet replica set, its
+            # no-op writer's, up to 10 s later
+            if token_cluster_time(stream.resume_token) >= until - 1:
                 return changed, gone
             if time.monotonic() > deadline:
                 raise TimeoutError(
@@ -327,9 +158,12 @@ def verified_namespaces(
     return sorted(known)
 
 
-def verify_replica_set(capture: ReplicaSetCapture, on_drift: str) -> VerificationResult:
+def verify_replica_set(
+    capture: ReplicaSetCapture, on_drift: str, shard: ShardScope | None = None
+) -> VerificationResult:
     """Verify every collection of the replica set (each on its own: one that fails leaves the others
-    verified), land the repairs (``on_drift`` ``repair`` or ``fail``) and record the report."""
+    verified), land the repairs (``on_drift`` ``repair`` or ``fail``) and record the report. For a
+    shard of a cluster (``shard``), its part of the collections (``ShardScope``)."""
     keeper, rs = capture.keeper, capture.rs
     now = dt.datetime.now(dt.timezone.utc)
     result = VerificationResult(rs, str(uuid.uuid4()), now.isoformat(timespec="seconds"))
@@ -350,7 +184,12 @@ def verify_replica_set(capture: ReplicaSetCapture, on_drift: str) -> Verificatio
     reports: list[RangeReport] = []
     for namespace in verified_namespaces(capture, options, batches):
         try:
-            check = CollectionCheck(capture, namespace, options.get(namespace), batches)
+            if shard is not None and shard.owned(namespace) is None:
+                if not shard.holds_unsharded(namespace.partition(".")[0]):
+                    continue  # another shard's: its database's primary shard verifies it
+            check = CollectionCheck(
+                capture, namespace, options.get(namespace), batches, shard, heal=on_drift != REPORT
+            )
             if check.skipped is None:
                 check.compare()
                 checks.append(check)
@@ -366,15 +205,28 @@ def verify_replica_set(capture: ReplicaSetCapture, on_drift: str) -> Verificatio
     repairs: dict[str, dict[str, object]] = {}
     for check in checks:
         db = check.namespace.partition(".")[0]
+        note = None
         if check.namespace in gone or f"{db}.*" in gone:
-            reports.append(RangeReport(check.namespace, -1, 0, None, action=SKIPPED,
-                                       note="dropped or renamed while it was verified"))  # fmt: skip
+            note = "dropped or renamed while it was verified"
+        elif check.moved():
+            note = "a chunk of it moved between shards while it was verified"
+        healed = None
+        if check.healed_files:
+            healed = f"damaged state files taken out of its log: {', '.join(check.healed_files)}"
+        if note is not None:
+            note = note if healed is None else f"{note}; {healed}"
+            reports.append(RangeReport(check.namespace, -1, 0, None, action=SKIPPED, note=note))
             continue
         drifted = check.settle(changed.get(check.namespace, set()), action)
         if drifted:
             repairs[check.namespace] = drifted
+        if healed is not None and check.reports:
+            check.reports[0].note = healed
         reports.extend(check.reports)
-        result.collections[check.namespace] = _collection_summary(check.reports)
+        result.collections[check.namespace] = {
+            **_collection_summary(check.reports),
+            "healed_files": check.healed_files,
+        }
     if repairs and on_drift != REPORT:
         result.repair_batch_seq = land_repairs(capture, offset, repairs, result.cluster_time)
     rows = [report.to_row(result.verification_id, rs, result.cluster_time, _applied(checks, report.namespace),

@@ -16,6 +16,9 @@ Starts its own single-member replica set in a temporary directory and, section b
   by two: chunking's overhead on one worker;
 * the Spark transform (``bench.transform``): first build, incremental runs, a new field, changes
   spread over the key range, nested documents, and each first build less an empty PySpark job;
+* ``verify_replica_set`` over the ``--small`` collection against a matching state and one with
+  ``DRIFTED`` documents spread over its key range, next to a bare cursor read (``bench.verification``
+  writes the states);
 * the transform driver's peak RSS for first builds of ``--driver-events`` and 4 times as many events
   (``bench.transform.driver_memory``): it must not grow with the run;
 * peak RSS of the snapshot, pull and transform processes.
@@ -50,6 +53,7 @@ from mongo_cdc.lake.storage import LakeLocation
 from mongo_cdc_dev.bench import data, peers
 from mongo_cdc_dev.bench.table import Row, render
 from mongo_cdc_dev.bench.transform import HOT_DOCS, driver_memory, transform
+from mongo_cdc_dev.bench.verification import write_state
 from mongo_cdc_dev.bench.worker import RAW, bench_config
 from mongo_cdc_dev.testing import ReplicaSet
 from mongo_cdc_dev.testing.lake import memory_keeper
@@ -67,6 +71,12 @@ PULL_CPU_MAX = 2.5  # the pull's client CPU per event against the bare iteration
 MONGOD_CORE, READER_CORE = 0, 1
 CHUNKED_MIN = 0.9  # chunking overhead < 10%
 PEAK_RSS_MAX_MIB = 500.0
+# issue 20: a clean verification within twice a bare cursor read, one with DRIFTED documents spread
+# over the key range within 1.2 times the clean one
+VERIFY_CLEAN_MIN = 0.5
+VERIFY_DRIFTED_MAX = 1.2
+VERIFY_RANGES = 10
+DRIFTED = 1_000
 LARGE_INSERT_BATCH = 200  # documents of ~64 KB per insert: 13 MB, under a message's 48 MB
 CHUNKS = 10  # the chunks section splits the small collection into this many chunks
 SIZES = {
@@ -365,6 +375,36 @@ def chunks(bench: Bench) -> list[Row]:
     ]
 
 
+def verification(bench: Bench) -> list[Row]:
+    """A bare cursor read of the small collection, then ``verify_replica_set`` against a state that
+    matches it and one where ``DRIFTED`` documents spread over its key range differ."""
+    collection, count = "small", bench.args.small
+    stats = bench.loaded(collection, count, data.small_documents)
+    every = count // min(DRIFTED, max(count // 30, 1))
+    drifted = len(range(0, count, every))
+    runs = {}
+    for name, changed in (("no drift", None), (f"{drifted:,} drifted, spread", every)):
+        lake = bench.lake("verify-clean" if changed is None else "verify-drifted")
+        offsets = write_state(bench.client, DB, RS, collection, lake, changed)
+        runs[name] = dict(lake=lake, offsets=offsets, expected_drift=0 if changed is None else drifted)
+    first = bench.worker("bare_cursor", collection)
+    chunk_size = -(-count // VERIFY_RANGES)
+    clean, drift = (bench.worker("verify", collection, chunk_size=chunk_size, **run) for run in runs.values())
+    bare = _best(first, bench.worker("bare_cursor", collection))
+    if not clean.count == drift.count == bare.count == count:
+        raise AssertionError(f"verify read {clean.count} and {drift.count} of {count} documents")
+    bench.peak_rows.append(_peak_row("verify_replica_set, no drift", clean))
+    bench.peak_rows.append(_peak_row(f"verify_replica_set, {drifted:,} drifted", drift))
+    section = f"verify {count:,} x {stats['avgObjSize']:,.0f} B, {VERIFY_RANGES} ranges"
+    return [
+        Row(section, "bare RawBSONDocument cursor", bare.rate(), "docs/s"),
+        Row(section, "mongo-cdc verify, no drift", clean.rate(), "docs/s", clean.rate() / bare.rate(), "bare",
+            VERIFY_CLEAN_MIN),
+        Row(section, f"mongo-cdc verify, {drifted:,} drifted, spread", drift.seconds, "s",
+            drift.seconds / clean.seconds, "no drift", max_ratio=VERIFY_DRIFTED_MAX),
+    ]  # fmt: skip
+
+
 def _peak_row(path: str, measured: Measured) -> Row:
     path = f"{path} ({measured.base_mib:.0f} MiB after imports)"
     return Row("peak RSS of the process", path, measured.peak_mib, "MiB", max_value=PEAK_RSS_MAX_MIB)
@@ -379,6 +419,7 @@ SECTIONS: dict[str, Callable[[Bench], list[Row]]] = {
     "chunks": chunks,
     "transform": transform,
     "driver-memory": driver_memory,
+    "verify": verification,
 }
 
 

@@ -30,6 +30,7 @@ from mongo_cdc.capture.snapshot import run_snapshot
 from mongo_cdc.capture.streaming import last_applied, pull_changes, stream_options
 from mongo_cdc.capture.topology import make_client
 from mongo_cdc.config import SourceConfig
+from mongo_cdc.verify.verification import REPAIR, verify_replica_set
 from mongo_cdc_dev.testing.lake import database_source, memory_keeper
 
 RAW = CodecOptions(document_class=RawBSONDocument)
@@ -98,11 +99,27 @@ def pull(client: MongoClient, task: dict[str, Any]) -> int:
     return result.events_received
 
 
+def verify(client: MongoClient, task: dict[str, Any]) -> int:
+    """``verify_replica_set`` (``verify.on.drift: repair``) from the offset the bench committed with
+    the state; it must find ``expected_drift`` drifted documents. The documents it read."""
+    config = bench_config(task)
+    store = MemoryOffsetStore()
+    store.values.update(task["offsets"])
+    result = verify_replica_set(
+        ReplicaSetCapture(client, config, memory_keeper(config, task["rs"], store)), REPAIR
+    )
+    if result.failed or result.skipped or result.drift != task["expected_drift"]:
+        found = f"{result.drift} drifted documents, not {task['expected_drift']}"
+        raise AssertionError(f"verification found {found}: {result.failed or result.skipped}")
+    return sum(found["source_count"] for found in result.collections.values())
+
+
 PATHS: dict[str, Callable[[MongoClient, dict[str, Any]], int]] = {
     "bare_cursor": bare_cursor,
     "snapshot": snapshot,
     "bare_stream": bare_stream,
     "pull": pull,
+    "verify": verify,
 }
 
 
