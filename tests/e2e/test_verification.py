@@ -4,8 +4,7 @@ racing a verification are never drift; writes the change stream never shows (``a
 healed by the same run's transform under ``fail``, which then fails the verify task. Damaged data
 files met by the verification and by the transform are named with their fix, and the fixes heal
 them: a raw file restored, a state file taken out of its table's log by a verifying run, which lands
-its documents again (read back by deltalake and DuckDB, each from the table's log; Spark's reader
-takes its files from delta-rs, so a Spark session here would read what deltalake read).
+its documents again (read back by deltalake, DuckDB and Spark).
 
 One module-wide source and three DAG runs (and one without Spark) serve every test, in order; the
 ``report`` verifications are the core's call the verify task makes, without a DAG run.
@@ -30,6 +29,7 @@ from reader_support import duckdb_connection
 from statsd_support import airflow_statsd
 
 from mongo_cdc import extjson, lake
+from mongo_cdc.lake.readers import spark_table
 from mongo_cdc.lake.storage import LakeLocation
 from mongo_cdc.verify.verification import VerificationResult
 
@@ -181,7 +181,7 @@ def _data_files(source, zone: str) -> list[str]:
     return [f"{uri}/{action['path']}" for action in sorted(actions, key=lambda a: -a["modification_time"])]
 
 
-def test_damaged_data_files_are_named_with_their_fix_and_the_fixes_heal_them(scenario, replica_set):
+def test_damaged_data_files_are_named_with_their_fix_and_the_fixes_heal_them(scenario, replica_set, spark):
     tmp, source, client = scenario
     state_file = _data_files(source, "state")[0]
     os.remove(state_file)
@@ -215,3 +215,4 @@ def test_damaged_data_files_are_named_with_their_fix_and_the_fixes_heal_them(sce
         row[0] for row in duckdb_connection().sql(f"SELECT __id FROM delta_scan('{uri}')").fetchall()
     ]
     assert sorted(by_duckdb) == expected
+    assert sorted(row["__id"] for row in spark_table(spark, uri).select("__id").collect()) == expected
