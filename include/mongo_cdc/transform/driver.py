@@ -29,7 +29,9 @@ per collection (``CollectionTransform.update``):
 
 Collections fail alone (``transform_collections``): a collection whose transform raises is logged
 (its namespace, the committed batches its tables are behind, ``backlog.collection_backlog``, and the
-traceback) and the job carries on with the others; the ``JobSummary`` says which failed.
+traceback) and the job carries on with the others; the ``JobSummary`` says which failed. Collections
+run side by side (``COLLECTION_THREADS``): each one's Spark jobs and commits are its own, and the
+SparkContext takes jobs from many threads.
 """
 
 from __future__ import annotations
@@ -39,7 +41,9 @@ import json
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from deltalake import CommitProperties, DeltaTable, Transaction
@@ -68,6 +72,8 @@ if TYPE_CHECKING:
 # How many times in all a collection's run is made (``CollectionTransform.converged``) while it keeps
 # losing commit races to other writers of its tables, before the job fails.
 COMMIT_RACE_ATTEMPTS = 4
+# How many collections are transformed at once (``transform_collections``).
+COLLECTION_THREADS = 8
 
 
 class CollectionTransform:
@@ -104,10 +110,15 @@ class CollectionTransform:
         self.deletions_uri = lake.deletions_uri(self.location, source_lake.prefix, db, collection)
         self.deletions_path = lake.deletions_path(source_lake.prefix, db, collection)
         self.changes_uri = lake.table_uri(self.location, "changes", source_lake.prefix, db, collection)
-        raw = table_if_exists(self.raw_uri, self.options)
-        self.files = raw_files(raw, self.raw_path) if raw is not None else []
         # MERGE sources and rebuilt tables are written here first (never read as the tables' data)
         self.staging = f"{self.state_path}/{lake.STAGING_DIR}/{uuid.uuid4()}"
+
+    @cached_property
+    def files(self) -> list[RawFile]:
+        """The raw table's files, read only when the collection has batches to apply or hours to
+        rebuild: an idle collection's run reads no raw table."""
+        raw = table_if_exists(self.raw_uri, self.options)
+        return raw_files(raw, self.raw_path) if raw is not None else []
 
     def run(self, maintenance: dict[str, int] | None) -> dict[str, Any]:
         summary = self.converged()
@@ -314,23 +325,30 @@ def transform_collections(
     rebuild_hours: tuple[str, ...],
     maintenance: dict[str, int] | None,
 ) -> JobSummary:
-    """Every collection of the committed ``batches`` brought up to them, one at a time; a collection
-    that fails is logged and holds back no other."""
+    """Every collection of the committed ``batches`` brought up to them, COLLECTION_THREADS at a time;
+    a collection that fails is logged and holds back no other."""
     namespaces = sorted({ns for batch in batches for ns in (*batch.namespaces, *(batch.collections or ()))})
-    summary = JobSummary()
-    for namespace in namespaces:
+
+    def transformed(namespace: str) -> dict[str, Any]:
         log.info("transforming %s", namespace)
-        try:
-            transform = CollectionTransform(
-                context, source_lake, namespace, batches, flattening, rebuild_hours
-            )
-            summary.collections[namespace] = transform.run(maintenance)
-        except Exception as failure:  # one collection's failure holds back no other collection
-            # a damaged data file is named with its fix, whatever the reader's own message says
-            error = _named_damage(source_lake, namespace) or failure
-            behind = collection_backlog(source_lake, namespace, batches).batches
-            log.exception("FAILED: %s; the other collections carry on", behind_text({namespace: behind}))
-            summary.failed[namespace] = {"error": _error_line(error), "batches_behind": behind}
+        transform = CollectionTransform(context, source_lake, namespace, batches, flattening, rebuild_hours)
+        return transform.run(maintenance)
+
+    summary = JobSummary()
+    # A collection's run is mostly waiting (Spark's job round trips, delta-rs reading and committing
+    # logs), little work when it is small: collections run side by side, each the only writer of its
+    # own tables, so a source of many small collections costs about what their data does.
+    with ThreadPoolExecutor(COLLECTION_THREADS, thread_name_prefix="collection") as pool:
+        runs = {namespace: pool.submit(transformed, namespace) for namespace in namespaces}
+        for namespace, run in runs.items():
+            try:
+                summary.collections[namespace] = run.result()
+            except Exception as failure:  # one collection's failure holds back no other collection
+                # a damaged data file is named with its fix, whatever the reader's own message says
+                error = _named_damage(source_lake, namespace) or failure
+                behind = collection_backlog(source_lake, namespace, batches).batches
+                log.exception("FAILED: %s; the other collections carry on", behind_text({namespace: behind}))
+                summary.failed[namespace] = {"error": _error_line(error), "batches_behind": behind}
     if maintenance is not None:  # any table's, a collection of no batch's too: a source-wide listing
         removed = remove_uncommitted_leftovers(
             source_lake.location,
