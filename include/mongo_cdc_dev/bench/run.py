@@ -17,6 +17,8 @@ Starts its own single-member replica set in a temporary directory and, section b
 * the Spark transform (``bench.transform``): first build, incremental runs, a new field;
 * the transform driver's peak RSS for first builds of ``--driver-events`` and 4 times as many events
   (``bench.transform.driver_memory``): it must not grow with the run;
+* many small collections against one of as many documents (``bench.many``): first run, a change in
+  every collection, an idle run;
 * peak RSS of the snapshot, pull and transform processes.
 
 Each path runs in a process of its own (``worker``). Other processes may share the machine, so
@@ -47,6 +49,7 @@ from mongo_cdc.capture.snapshot import start_without_snapshot
 from mongo_cdc.lake.landing import SourceLake
 from mongo_cdc.lake.storage import LakeLocation
 from mongo_cdc_dev.bench import data, peers
+from mongo_cdc_dev.bench.many import many_collections
 from mongo_cdc_dev.bench.table import Row, render
 from mongo_cdc_dev.bench.transform import HOT_DOCS, driver_memory, transform
 from mongo_cdc_dev.bench.worker import RAW, bench_config
@@ -77,6 +80,8 @@ SIZES = {
     "small_state": 100_000,
     "changes": 1_000,
     "driver_events": 1_000_000,
+    "collections": 300,
+    "collection_docs": 10,
 }
 SMOKE_SIZES = {
     "small": 3_000,
@@ -87,6 +92,8 @@ SMOKE_SIZES = {
     "small_state": 500,
     "changes": 100,
     "driver_events": 2_000,
+    "collections": 12,
+    "collection_docs": 3,
 }
 
 
@@ -374,6 +381,7 @@ SECTIONS: dict[str, Callable[[Bench], list[Row]]] = {
     "chunks": chunks,
     "transform": transform,
     "driver-memory": driver_memory,
+    "many-collections": many_collections,
 }
 
 
