@@ -150,7 +150,9 @@ def _spark() -> Iterator[SparkContext]:
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     conf = SparkConf().setMaster("local[*]").setAppName("bench-many-collections")
-    context = SparkContext(conf=conf.set("spark.ui.enabled", "false"))
+    context = SparkContext(
+        conf=conf.set("spark.ui.enabled", "false").set("spark.ui.showConsoleProgress", "false")
+    )
     context.setLogLevel("WARN")
     try:
         yield context
