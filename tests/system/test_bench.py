@@ -64,6 +64,11 @@ def test_smoke_run_prints_every_row_of_the_table() -> None:
         r"100 changes on 500 docs\s+[\d.]+ s",
         r"100 changes on 2,000 docs\s+[\d.]+ s\s+[\d.]+x\s+500 docs\s+<= 1.50x and < 30 s",
         r"100 updates adding a field on 2,000 docs\s+[\d.]+ s",
+        r"3 collections x 2 docs\s+first run, 1 collection\s+[\d.]+ s",
+        r"first run, 3 collections\s+[\d.]+ s\s+[\d.]+x\s+1 x 6 docs\s+<= 2.00x",
+        r"one change in every collection, 3 collections\s+[\d.]+ s\s+[\d.]+x\s+1 x 6 docs\s+<= 2.00x",
+        r"idle run, 3 collections\s+[\d.]+ s\s+[\d.]+x\s+1 x 6 docs\s+<= 1.20x",
+        r"idle run, overhead per collection\s+-?[\d,.]+ ms",
         r"cdc_transform, largest process \((driver JVM|Python driver|Python worker)\)"
         r"\s+[\d,.]+ MiB\s+< 2,048 MiB",
     ]

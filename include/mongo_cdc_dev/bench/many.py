@@ -154,6 +154,8 @@ def _spark() -> Iterator[SparkContext]:
         conf=conf.set("spark.ui.enabled", "false").set("spark.ui.showConsoleProgress", "false")
     )
     context.setLogLevel("WARN")
+    # the first jobs start the Python workers: a cost of neither source
+    context.parallelize(range(2), 2).map(abs).collect()
     try:
         yield context
     finally:

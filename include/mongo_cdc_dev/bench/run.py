@@ -92,8 +92,8 @@ SMOKE_SIZES = {
     "small_state": 500,
     "changes": 100,
     "driver_events": 2_000,
-    "collections": 12,
-    "collection_docs": 3,
+    "collections": 3,
+    "collection_docs": 2,
 }
 
 
