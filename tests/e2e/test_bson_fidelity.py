@@ -6,12 +6,17 @@ updated."""
 
 from __future__ import annotations
 
+import bson
 import orjson
 import pytest
-from bson.raw_bson import RawBSONDocument
-from bson_corpus import CASES, INVALID_UTF8_CASES, RAW, document, documents, element
+from bson_by_hand import CASES, INVALID_UTF8_CASES, RAW, document, documents, embedded, raw
 
+from mongo_cdc import extjson
 from mongo_cdc.capture.events import document_id
+from mongo_cdc.lake import table_uri
+from mongo_cdc.lake.storage import table_if_exists
+from mongo_cdc.transform.state_commit import STATE_METADATA_COLUMNS
+from mongo_cdc.transform.table_layout import TableLayout
 
 IMAGES_ON = {"changeStreamPreAndPostImages": {"enabled": True}}
 AFTER_SNAPSHOT = 1000  # _ids of the documents inserted after the snapshot start here
@@ -23,11 +28,6 @@ MODES = (*LOOKUP_MODES, "change_streams", "change_streams_with_pre_image")
 # the state is built and compared in these (a transform each): with the full document looked up,
 # and from updatedFields applied to the stored version by BSON elements
 STATE_EXACT_MODES = (*LOOKUP_MODES, "change_streams")
-
-
-def _renamed(element_bytes: bytes, name: str) -> bytes:
-    """A hand-made element (``bson_corpus.element``) under another name: same type, same value bytes."""
-    return element(element_bytes[0], name, element_bytes[element_bytes.index(b"\x00", 1) + 1 :])
 
 
 def _stored(collection) -> dict[int, bytes]:
@@ -51,10 +51,10 @@ def test_every_bson_type_name_and_invalid_utf8_string_lands_as_mongodbs_bytes(
         items.insert_many(after)
         for first_id in (0, AFTER_SNAPSHOT):
             for index, (_, elements) in enumerate(cases):
-                updated = document(_renamed(elements[0], "updated"))
-                update = RawBSONDocument(document(element(0x03, "$set", updated)))
+                updated = [("updated", elements[0][1])]  # the case's first value, as it was
+                update = raw([("$set", embedded(updated))])
                 items.update_one({"_id": first_id + index}, update)
-                updates[first_id + index] = updated
+                updates[first_id + index] = document(updated)
         items.update_one({"_id": AFTER_SNAPSHOT}, {"$unset": {"v": ""}})
         items.update_one({"_id": AFTER_SNAPSHOT + [n for n, _ in cases].index("array")},
                          [{"$set": {"v": {"$slice": ["$v", 1]}}}])  # fmt: skip
@@ -87,6 +87,7 @@ def test_every_bson_type_name_and_invalid_utf8_string_lands_as_mongodbs_bytes(
     assert {key: row["__doc_bson"] for key, row in state.items()} == stored
     for row in state.values():
         orjson.loads(row["__doc"])  # JSON, whatever the document holds
+    _assert_lossless_columns(source)
     invalid = state[AFTER_SNAPSHOT + len(CASES)]
     # a string that is not valid UTF-8 reads with U+FFFD in the typed columns; its bytes stay in __doc_bson
     assert (invalid["text"], invalid["ok"], invalid["inner"], invalid["texts"]) == (
@@ -95,3 +96,18 @@ def test_every_bson_type_name_and_invalid_utf8_string_lands_as_mongodbs_bytes(
         {"w": "\ufffd\ufffd"},
         ["\ufffd\ufffd"],
     )
+
+
+def _assert_lossless_columns(source) -> None:
+    """Issue 21: whichever path the Spark job took for each document, every state row's typed and
+    fallback columns are what the lossless path makes of its ``__doc_bson``, and ``__doc`` is
+    ``extjson``'s text of it."""
+    uri = table_uri(source.location, "state", source.prefix, source.database, "items")
+    table = table_if_exists(uri, dict(source.storage_options)).to_pyarrow_dataset().to_table()
+    layout = TableLayout.from_arrow(table.schema, STATE_METADATA_COLUMNS)
+    documents = [bson.decode(data, extjson.READ_OPTIONS) for data in table.column("__doc_bson").to_pylist()]
+    metadata = {name: table.column(name).combine_chunks() for name, _ in STATE_METADATA_COLUMNS}
+    lossless = layout.record_batch(metadata, documents)
+    for name in [column.column for column in layout.document_columns]:
+        assert repr(table.column(name).to_pylist()) == repr(lossless.column(name).to_pylist()), name
+    assert table.column("__doc").to_pylist() == [extjson.encode_str(document) for document in documents]

@@ -1,6 +1,6 @@
 """Documents stay the bytes MongoDB stores, through the DAG, under ``capture.mode: change_streams``.
 
-Documents of every BSON type (tests/support/bson_corpus.py) are snapshotted, then updated: the
+Documents of every BSON type (tests/support/bson_by_hand.py) are snapshotted, then updated: the
 state applies each ``updatedFields`` to the stored version, and its ``__doc_bson`` must be the
 collection's bytes, the deprecated types in untouched fields included. A second collection has
 field rules, which must leave every other element's bytes as they were (issue 19, acceptance c).
@@ -12,11 +12,11 @@ tests/integration/test_update_fidelity.py, from the server's own bytes.
 
 from __future__ import annotations
 
-from bson.codec_options import CodecOptions, DatetimeConversion
 from bson.raw_bson import RawBSONDocument
 from bson_by_hand import (
     ARRAY_VALUES,
     DOCUMENT_FIELDS,
+    RAW,
     UNDEFINED,
     VALUES,
     array,
@@ -29,7 +29,6 @@ from bson_by_hand import (
     string,
 )
 
-RAW = CodecOptions(document_class=RawBSONDocument, datetime_conversion=DatetimeConversion.DATETIME_MS)
 KEPT = [name for name, value in VALUES.items() if round_trips(value)]  # what the pull can set today
 NAME = [("first", (0x02, string("Ada"))), ("last", UNDEFINED)]
 

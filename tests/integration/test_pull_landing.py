@@ -1,5 +1,5 @@
-"""The pull lands each micro-batch on a thread of its own while it reads the next (``streaming._Landing``),
-and a landing that fails stops the pull at the batch before it."""
+"""The pull lands each micro-batch on a thread of its own while it reads the next
+(``landing_thread.LandingThread``), and a landing that fails stops the pull at the batch before it."""
 
 from __future__ import annotations
 

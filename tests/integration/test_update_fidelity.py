@@ -1,6 +1,6 @@
 """Updates applied to BSON (``transform.document_state``) give what mongod itself stores.
 
-Each update runs against a real mongod, on a document of the corpus (tests/support/bson_corpus.py:
+Each update runs against a real mongod, on a document of the corpus (tests/support/bson_by_hand.py:
 every BSON type, the deprecated ones, odd bits and field names); its change event is read raw
 (``updatedFields`` as the server's own bytes) and applied to the document's bytes before it. The
 result must be the collection's bytes after it, byte for byte.

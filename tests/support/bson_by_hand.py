@@ -1,9 +1,11 @@
-"""BSON built byte by byte, and a corpus of values of every type and edge case.
+"""BSON built byte by byte, and corpora of values and documents of every type and edge case.
 
 A value is ``(type byte, value bytes)``: how it stands in a document after its name. pymongo's
 ``bson`` cannot write the deprecated types (Symbol, DBPointer, Undefined) and would change some
-bits a document may hold (a decode and encode turns them into other types), so the corpus is
-built here; ``round_trips`` says which values pymongo would keep.
+bits a document may hold (a decode and encode turns them into other types), so the corpora are
+built here; ``round_trips`` says which values pymongo would keep. ``VALUES`` holds one value per
+type and edge case (a document of all: ``corpus_document``); ``CASES`` one document per case
+(``documents``), and ``INVALID_UTF8_CASES`` strings that are not valid UTF-8.
 """
 
 from __future__ import annotations
@@ -12,11 +14,17 @@ import struct
 from collections.abc import Iterable
 
 import bson
+from bson import DatetimeConversion
+from bson.codec_options import CodecOptions
 from bson.raw_bson import RawBSONDocument
 
 from mongo_cdc.bson_elements import ARRAY, DOCUMENT, document_bytes, element_bytes
 
 Value = tuple[int, bytes]
+Elements = list[tuple[str | bytes, Value]]
+
+# reading these documents raw: dates (some beyond datetime's years) as milliseconds
+RAW = CodecOptions(document_class=RawBSONDocument, datetime_conversion=DatetimeConversion.DATETIME_MS)
 
 
 def int32(value: int) -> bytes:
@@ -151,3 +159,71 @@ def corpus_document(document_id: int) -> list[tuple[str, Value]]:
         ("long", array(LONG)),
         ("nested", embedded([("long", array(LONG)), ("tail", UNDEFINED)])),
     ]
+
+
+def _double(value: float) -> Value:
+    return 0x01, struct.pack("<d", value)
+
+
+def _int32_value(value: int) -> Value:
+    return 0x10, int32(value)
+
+
+_OID = bytes.fromhex("0123456789abcdef01234567")
+
+# (name, the elements after _id and "case") of each document of ``documents``
+CASES: tuple[tuple[str, Elements], ...] = (
+    ("double", [("v", _double(1.5)), ("negative_zero", _double(-0.0))]),
+    ("nan_payloads", [("v", double_bits(0x7FF8000000000123)), ("signalling", double_bits(0x7FF0000000000001)),
+                      ("negative", double_bits(0xFFF8000000000000)), ("infinity", _double(float("inf")))]),
+    ("unicode_string", [("v", (0x02, string("café ☕ 名前")))]),
+    ("embedded", [("v", embedded([("a", _int32_value(1))])), ("empty", embedded([]))]),
+    ("array", [("v", array([_int32_value(1), (0x02, string("x"))])), ("empty", array([]))]),
+    ("binaries", [(f"b{subtype}", binary(subtype, data)) for subtype, data in (
+        (0, b"\x00\x01"), (1, b"f"), (2, b"ab"), (3, bytes(range(16))), (4, bytes(range(16, 32))),
+        (5, bytes(16)), (6, b"enc"), (7, b"\x01col"), (8, b"sens"), (9, b"\x03\x00"), (0x80, b"user"))]),
+    ("undefined", [("v", UNDEFINED)]),
+    ("object_id", [("v", (0x07, _OID))]),
+    ("booleans", [("t", (0x08, b"\x01")), ("f", (0x08, b"\x00"))]),
+    ("dates", [("v", (0x09, struct.pack("<q", 1_700_000_000_123))),
+               ("far_future", (0x09, struct.pack("<q", 253_402_300_800_000 * 3))),
+               ("before_epoch", (0x09, struct.pack("<q", -62_135_596_800_001)))]),
+    ("null", [("v", (0x0A, b""))]),
+    ("regex", [("v", (0x0B, cstring("^a.*b$") + cstring("imsx")))]),
+    ("db_pointer", [("v", (0x0C, string("db.collection") + _OID))]),
+    ("code", [("v", (0x0D, string("function () { return 1; }")))]),
+    ("symbol", [("v", SYMBOL)]),
+    ("code_with_scope", [("v", code_with_scope("x + y", [("x", _int32_value(1))]))]),
+    ("int32", [("v", _int32_value(-7))]),
+    ("timestamp", [("v", (0x11, struct.pack("<II", 5, 1_700_000_000)))]),
+    ("int64", [("v", (0x12, struct.pack("<q", 2**40)))]),
+    ("decimals", [("v", (0x13, struct.pack("<QQ", 100, 0x303C000000000000))),  # 1.00
+                  # coefficient over 34 digits: non-canonical, read as zero
+                  ("non_canonical", (0x13, struct.pack("<QQ", 0xFFFFFFFFFFFFFFFF, 0x3041FFFFFFFFFFFF))),
+                  ("nan_payload", (0x13, struct.pack("<QQ", 12, 0x7C00000000000000)))]),
+    ("min_max_keys", [("min", (0xFF, b"")), ("max", (0x7F, b""))]),
+    ("field_names", [("a.b", _int32_value(1)), ("", _int32_value(2)), ("名前", _int32_value(3)),
+                     ("$dollar", _int32_value(4)),
+                     ("nested", embedded([("$inner", _int32_value(5)), ("x.y", _int32_value(6))]))]),
+    ("dbref_like", [("$ref", (0x02, string("not-a-dbref"))), ("$id", (0x07, _OID)),
+                    ("$banana", (0x02, string("peel")))]),
+    ("nested_dbref_like", [("v", embedded([("$ref", (0x02, string("x"))), ("$id", _int32_value(1)),
+                                           ("$extra", _int32_value(2))]))]),
+)  # fmt: skip
+
+# strings that are not valid UTF-8: a lone continuation byte, a cut sequence, an overlong one
+INVALID_UTF8_CASES: tuple[tuple[str, Elements], ...] = (
+    # fields of their own: typed string, struct and list columns
+    ("invalid_utf8", [("text", (0x02, string(b"caf\xc3"))), ("ok", (0x02, string("fine"))),
+                      ("inner", embedded([("w", (0x02, string(b"\xff\xfe")))])),
+                      ("texts", array([(0x02, string(b"\xc0\xaf"))]))]),
+)  # fmt: skip
+
+
+def documents(cases: tuple[tuple[str, Elements], ...], first_id: int) -> list[RawBSONDocument]:
+    """One document per case, ``_id`` from ``first_id`` on (MongoDB keeps ``_id`` first)."""
+    return [
+        RawBSONDocument(document([("_id", _int32_value(first_id + index)), ("case", (0x02, string(name))),
+                                  *elements]), RAW)
+        for index, (name, elements) in enumerate(cases)
+    ]  # fmt: skip

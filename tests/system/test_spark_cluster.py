@@ -126,9 +126,10 @@ class StandaloneCluster:
                 process.wait()
 
 
-@pytest.fixture
-def spark_cluster(tmp_path: Path) -> Iterator[StandaloneCluster]:
-    cluster = StandaloneCluster(tmp_path / "spark")
+# One cluster, executor Python and probe for the module: both lakes' runs share them.
+@pytest.fixture(scope="module")
+def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneCluster]:
+    cluster = StandaloneCluster(tmp_path_factory.mktemp("cluster") / "spark")
     try:
         cluster.start()
         yield cluster
@@ -136,10 +137,10 @@ def spark_cluster(tmp_path: Path) -> Iterator[StandaloneCluster]:
         cluster.stop()
 
 
-@pytest.fixture
-def executor_python(tmp_path: Path) -> str:
+@pytest.fixture(scope="module")
+def executor_python(tmp_path_factory: pytest.TempPathFactory) -> str:
     """A Python with only EXECUTOR_PACKAGES (symlinked from this venv) besides the standard library."""
-    venv = tmp_path / "executor-venv"
+    venv = tmp_path_factory.mktemp("executor") / "executor-venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     python = str(venv / "bin" / "python")
     site_packages = subprocess.run(
@@ -183,8 +184,18 @@ PROBE = textwrap.dedent(
 )
 
 
+@pytest.fixture(scope="module")
+def probe(
+    spark_cluster: StandaloneCluster, executor_python: str, tmp_path_factory: pytest.TempPathFactory
+) -> dict:
+    """What a Python worker on the cluster's executor can import when nothing is shipped, and the
+    probe's application directory on the worker (``app``)."""
+    found = probe_executor(spark_cluster, cluster_conf(executor_python), tmp_path_factory.mktemp("probe"))
+    (app,) = spark_cluster.work_dir.glob("app-*")
+    return {**found, "app": app}
+
+
 def probe_executor(cluster: StandaloneCluster, conf: dict[str, str], directory: Path) -> dict:
-    """What a Python worker on the cluster's executor can import when nothing is shipped."""
     script = directory / "probe.py"
     script.write_text(PROBE)
     conf_args = [arg for key, value in conf.items() for arg in ("--conf", f"{key}={value}")]
@@ -201,14 +212,25 @@ def probe_executor(cluster: StandaloneCluster, conf: dict[str, str], directory: 
 
 @pytest.mark.parametrize("lake", ["local", "s3"])
 def test_transform_runs_on_a_standalone_cluster_whose_executors_lack_mongo_cdc(
-    spark_cluster, executor_python, cdc_source, replica_set, db_name, tmp_path, monkeypatch, request, lake
+    spark_cluster,
+    executor_python,
+    probe,
+    cdc_source,
+    replica_set,
+    db_name,
+    tmp_path,
+    monkeypatch,
+    request,
+    lake,
 ):
     conf = cluster_conf(executor_python)
-    assert probe_executor(spark_cluster, conf, tmp_path) == {
+    assert probe == {
         "python": executor_python,
         "mongo_cdc": False,
         **dict.fromkeys(EXECUTOR_PACKAGES, True),
+        "app": probe["app"],
     }
+    apps_before = set(spark_cluster.work_dir.glob("app-*"))
 
     monkeypatch.setenv(
         "AIRFLOW_CONN_SPARK_DEFAULT",
@@ -232,8 +254,8 @@ def test_transform_runs_on_a_standalone_cluster_whose_executors_lack_mongo_cdc(
 
     # the transform's executor ran on this cluster and fetched the package the task shipped; the
     # probe's executor, with nothing shipped, did not get it
-    probe_app, transform_app = sorted(spark_cluster.work_dir.glob("app-*"))
-    assert not list(probe_app.glob("*/mongo_cdc-*.zip"))
+    (transform_app,) = set(spark_cluster.work_dir.glob("app-*")) - apps_before
+    assert not list(probe["app"].glob("*/mongo_cdc-*.zip"))
     assert list(transform_app.glob("*/mongo_cdc-*.zip")), sorted(transform_app.rglob("*"))
     if lake == "s3":  # nor is the secret in the master's, the worker's or the executors' logs
         secret = location.storage_options["AWS_SECRET_ACCESS_KEY"]

@@ -31,7 +31,7 @@ from mongo_cdc.capture.events import (
     event_fields,
     open_change_stream,
     plain_token,
-    rows_to_table,
+    raw_rows_table,
     token_cluster_time,
 )
 from mongo_cdc.capture.offsets import Offset
@@ -198,7 +198,7 @@ def _write_history(
     source_lake: SourceLake, rs: str, hour: str, batch: MicroBatch, counts: dict[str, dict[str, int]]
 ) -> None:
     for namespace, rows in batch.rows.items():
-        source_lake.write_history(rs, namespace, hour, rows_to_table(rows, HISTORY_SEQ))
+        source_lake.write_history(rs, namespace, hour, raw_rows_table(rows, HISTORY_SEQ))
     for namespace, ops in batch.events_by_op.items():
         for op, count in ops.items():
             counts[namespace][op] += count

@@ -28,8 +28,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import bson
 import pyarrow as pa
 from bson.codec_options import CodecOptions
@@ -39,12 +37,14 @@ from mongo_cdc.capture import chunk_reads
 from mongo_cdc.capture.chunk_reads import _elements, _int32
 from mongo_cdc.capture.chunking import ID_INDEX, _id_index_ordered
 from mongo_cdc.capture.events import (
+    RawRow,
     SnapshotColumns,
     SourceInfo,
     bson_bytes,
     event_position,
     now_ms,
     raw_documents,
+    raw_row,
 )
 from mongo_cdc.capture.offsets import Offset, OffsetKeeper
 from mongo_cdc.config import SourceConfig
@@ -53,21 +53,21 @@ from mongo_cdc.lake.batch_log import Batch
 from mongo_cdc.lake.snapshot_log import Chunk
 
 
-def collection_row(change: dict, source: SourceInfo) -> dict[str, Any]:
+def collection_row(change: dict, source: SourceInfo) -> RawRow:
     """The raw row of a drop or rename, in the namespace the event names."""
     cluster_time, source_ts_ms = event_position(change)
     to = change.get("to")
-    return {
-        "key": COLLECTION_KEY,
-        "op": change["operationType"],
-        "ts_ms": now_ms(),
-        "before": None,
-        "after": bson_bytes(to) if to is not None else None,
-        "updateDescription": None,
-        "source": source.block(change["ns"]["db"], change["ns"]["coll"], cluster_time, source_ts_ms, False),
-        "cluster_time": cluster_time,
-        "event_order": change["_id"]["_data"],
-    }
+    return RawRow(
+        COLLECTION_KEY,
+        change["operationType"],
+        now_ms(),
+        None,
+        bson_bytes(to) if to is not None else None,
+        None,
+        source.values(change["ns"]["db"], change["ns"]["coll"], cluster_time, source_ts_ms, False),
+        cluster_time,
+        change["_id"]["_data"],
+    )
 
 
 def land_renamed_copy(
@@ -77,7 +77,7 @@ def land_renamed_copy(
     source: SourceInfo,
     change: dict,
     offset: Offset,
-) -> tuple[Offset, list[dict[str, Any]], int]:
+) -> tuple[Offset, list[RawRow], int]:
     """Copy the collection ``change`` (a rename) names under its new name as snapshot reads at the
     rename's position: each server reply as a batch of its own, committed after ``offset`` (see the
     module's docstring), going on after the ``_id`` the last batch recorded if it copied this rename.
@@ -120,7 +120,8 @@ def land_renamed_copy(
                   namespaces=(chunk.namespace,), open_transaction=offset.open_transaction,
                   renamed_copy={"rename": rename, "after": _id_bound(reply, last=True).hex()}),
         )  # fmt: skip
-    return offset, pa.Table.from_batches(kept, RAW_SCHEMA).to_pylist() if kept else [], landed
+    copied = pa.Table.from_batches(kept, RAW_SCHEMA).to_pylist() if kept else []
+    return offset, [raw_row(row) for row in copied], landed
 
 
 def _id_bound(reply: bytes, last: bool = False) -> bytes:

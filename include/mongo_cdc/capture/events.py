@@ -18,7 +18,8 @@ import struct
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from functools import lru_cache
+from typing import Any, NamedTuple
 
 import bson
 import pyarrow as pa
@@ -32,7 +33,14 @@ from pymongo.change_stream import ClusterChangeStream
 from mongo_cdc import __version__, extjson
 from mongo_cdc.capture.field_filters import CollectionFieldRules
 from mongo_cdc.extjson import DECODE_OPTIONS
-from mongo_cdc.lake import RAW_SCHEMA, hour_partition, pack_cluster_time
+from mongo_cdc.lake import (
+    RAW_SCHEMA,
+    SOURCE_TYPE,
+    TRANSACTION_TYPE,
+    UPDATE_DESCRIPTION_TYPE,
+    hour_partition,
+    pack_cluster_time,
+)
 
 CONNECTOR = "mongodb"
 VERSION = f"mongo-cdc-{__version__}"
@@ -45,9 +53,23 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+class DecodedRawDocument(RawBSONDocument):
+    """A ``RawBSONDocument`` the C decoder made from bytes it checked already (a reply's events,
+    an event's embedded documents): made without ``RawBSONDocument``'s own Python checks of its
+    options and size, which cost more than decoding the event (one per event and per document in
+    it)."""
+
+    __slots__ = ()
+
+    def __init__(self, bson_bytes: bytes, codec_options: Any = None) -> None:
+        self._RawBSONDocument__raw = bson_bytes
+        self._RawBSONDocument__inflated_doc = None
+        self._RawBSONDocument__codec_options = codec_options or RAW_EVENT_OPTIONS
+
+
 # Change events as RawBSONDocuments: the top level decodes on first use (dates as exact milliseconds),
 # every embedded document stays a RawBSONDocument over the server's bytes.
-RAW_EVENT_OPTIONS = DECODE_OPTIONS.with_options(document_class=RawBSONDocument)
+RAW_EVENT_OPTIONS = DECODE_OPTIONS.with_options(document_class=DecodedRawDocument)
 
 
 def open_change_stream(client: MongoClient, **options: Any) -> ClusterChangeStream:
@@ -76,8 +98,9 @@ def plain_token(token: Any) -> dict | None:
     return bson.decode(token.raw) if isinstance(token, RawBSONDocument) else token
 
 
-# the small documents of an event's metadata, which every event reads: decoded with the top level
-_METADATA_DOCUMENTS = ("_id", "ns", "to", "updateDescription")
+# the small documents of an event's metadata, decoded with the top level (the resume token and the
+# namespace, which every event has, have quicker ways: ``_resume_token``, ``_namespace``)
+_METADATA_DOCUMENTS = ("to", "updateDescription")
 
 
 def event_fields(event: RawBSONDocument) -> dict[str, Any]:
@@ -87,11 +110,36 @@ def event_fields(event: RawBSONDocument) -> dict[str, Any]:
     (to read the resume token): its ``items`` are taken as they are, so no dict lookup goes through
     RawBSONDocument's per-access path."""
     fields = dict(event.items())
+    fields["_id"] = _resume_token(fields["_id"].raw)  # the stream refuses an event without one
+    ns = fields.get("ns")
+    if ns is not None:
+        fields["ns"] = _namespace(ns.raw)
     for name in _METADATA_DOCUMENTS:
         value = fields.get(name)
-        if isinstance(value, RawBSONDocument):
+        if value is not None:
             fields[name] = dict(value.items())
     return fields
+
+
+_TOKEN_HEAD = b"\x02_data\x00"
+_TOKEN_TEXT_AT = 4 + len(_TOKEN_HEAD) + 4
+
+
+def _resume_token(raw: bytes) -> dict[str, Any]:
+    """A resume token's BSON as a dict: ``{"_data": <hex>}`` sliced out of it (every token since
+    MongoDB 4.2 is that one string), any other layout decoded."""
+    if raw[4 : _TOKEN_TEXT_AT - 4] == _TOKEN_HEAD:
+        text_end = _TOKEN_TEXT_AT + _document_size(raw, _TOKEN_TEXT_AT - 4)[0] - 1
+        if text_end + 2 == len(raw):  # the string, its NUL and the document's: nothing else in it
+            return {"_data": raw[_TOKEN_TEXT_AT:text_end].decode()}
+    return bson.decode(raw, DECODE_OPTIONS)
+
+
+@lru_cache(maxsize=1024)
+def _namespace(raw: bytes) -> dict[str, Any]:
+    """An event's ``ns`` (``{db, coll}``), decoded once per namespace: a batch's events share a few.
+    Read-only: the same dict serves every event of its namespace."""
+    return bson.decode(raw, DECODE_OPTIONS)
 
 
 def bson_bytes(document: Any) -> bytes:
@@ -116,7 +164,7 @@ class SourceInfo:
     name: str  # topic.prefix
     rs: str
 
-    def block(
+    def values(
         self,
         db: str,
         collection: str,
@@ -126,26 +174,31 @@ class SourceInfo:
         lsid: str | None = None,
         txn_number: int | None = None,
         wall_time: int | None = None,
-    ) -> dict[str, Any]:
-        return {
-            "version": VERSION,
-            "connector": CONNECTOR,
-            "name": self.name,
-            "ts_ms": ts_ms,
-            "snapshot": snapshot,
-            "db": db,
-            "rs": self.rs,
-            "collection": collection,
-            "ord": cluster_time & 0xFFFFFFFF,
-            "lsid": lsid,
-            "txnNumber": txn_number,
+    ) -> tuple[Any, ...]:
+        """The ``source`` block's values, in ``SOURCE_TYPE``'s order (``SOURCE_NAMES``)."""
+        return (
+            VERSION,
+            CONNECTOR,
+            self.name,
+            ts_ms,
+            snapshot,
+            db,
+            self.rs,
+            collection,
+            cluster_time & 0xFFFFFFFF,  # ord
+            lsid,
+            txn_number,
             # Debezium's common source fields: sequence is for connectors with a multi-part position
             # (never set by its MongoDB connector); ts_us/ts_ns are ts_ms at finer units
-            "sequence": None,
-            "ts_us": ts_ms * 1000,
-            "ts_ns": ts_ms * 1_000_000,
-            "wallTime": wall_time,
-        }
+            None,  # sequence
+            ts_ms * 1000,
+            ts_ms * 1_000_000,
+            wall_time,
+        )
+
+    def block(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """The ``source`` block as a dict (arguments as ``values``)."""
+        return dict(zip(SOURCE_NAMES, self.values(*args, **kwargs), strict=True))
 
 
 def event_position(change: dict) -> tuple[int, int]:
@@ -155,46 +208,76 @@ def event_position(change: dict) -> tuple[int, int]:
     return pack_cluster_time(ts.time, ts.inc), int(wall) if wall is not None else ts.time * 1000
 
 
+class RawRow(NamedTuple):
+    """A raw row as a pull gathers it (``RAW_SCHEMA`` less ``batch_seq`` and ``hour``, which a table of
+    rows gets in bulk: ``raw_rows_table``)."""
+
+    # the key payload, or the BSON of the event's documentKey, keyed in bulk with the others
+    key: str | bytes
+    op: str | None
+    ts_ms: int
+    before: bytes | None
+    after: bytes | None
+    update_description: dict[str, Any] | None
+    source: tuple[Any, ...]  # SourceInfo.values
+    cluster_time: int
+    event_order: str
+    transaction: dict[str, Any] | None = None
+
+    @property
+    def source_ts_ms(self) -> int:
+        return self.source[_SOURCE_TS_MS]
+
+
 def change_rows(
-    change: RawBSONDocument, source: SourceInfo, tombstones: bool, fields: CollectionFieldRules | None = None
-) -> list[dict[str, Any]]:
+    change: dict,
+    source: SourceInfo,
+    tombstones: bool,
+    fields: CollectionFieldRules | None = None,
+    transaction: dict[str, Any] | None = None,
+) -> list[RawRow]:
     """Raw rows for one insert/update/replace/delete change-stream event, read raw
     (``open_change_stream``): its documents land as the server's bytes (``fields``: its collection's
-    ``field.exclude.list`` / ``field.renames``, which rewrite them)."""
+    ``field.exclude.list`` / ``field.renames``, which rewrite them; ``transaction``: the event's
+    transaction block)."""
     op = DATA_OPERATIONS[change["operationType"]]
     cluster_time, source_ts_ms = event_position(change)
     wall = change.get("wallTime")
     lsid = change.get("lsid")
     txn_number = change.get("txnNumber")
-    after = _raw_bytes(change.get("fullDocument"))
+    after = change.get("fullDocument")
+    if after is not None:
+        after = after.raw
     # only with a pre-image capture.mode, and never for inserts
-    before = _raw_bytes(change.get("fullDocumentBeforeChange"))
+    before = change.get("fullDocumentBeforeChange")
+    if before is not None:
+        before = before.raw
     description = change.get("updateDescription")
     update_description = _update_description(description) if description is not None else None
     if fields is not None:
         after, before, update_description = apply_field_rules(fields, after, before, update_description)
-    row = {
-        "key": extjson.document_key(document_id(bson_bytes(change["documentKey"]))),
-        "op": op,
-        "ts_ms": now_ms(),
-        "before": before,
-        "after": after,
-        "updateDescription": update_description,
-        "source": source.block(
-            change["ns"]["db"],
-            change["ns"]["coll"],
+    ns = change["ns"]
+    row = RawRow(
+        bson_bytes(change["documentKey"]),  # keyed in bulk with the batch's others (raw_rows_table)
+        op,
+        now_ms(),
+        before,
+        after,
+        update_description,
+        source.values(
+            ns["db"],
+            ns["coll"],
             cluster_time,
             source_ts_ms,
-            snapshot=False,
-            lsid=extjson.encode_str(bson.decode(bson_bytes(lsid), DECODE_OPTIONS))
-            if lsid is not None
-            else None,
-            txn_number=int(txn_number) if txn_number is not None else None,
-            wall_time=int(wall) if wall is not None else None,
+            False,
+            extjson.encode_str(bson.decode(bson_bytes(lsid), DECODE_OPTIONS)) if lsid is not None else None,
+            int(txn_number) if txn_number is not None else None,
+            int(wall) if wall is not None else None,
         ),
-        "cluster_time": cluster_time,
-        "event_order": change["_id"]["_data"],
-    }
+        cluster_time,
+        change["_id"]["_data"],
+        transaction,
+    )
     if op == "d" and tombstones:
         return [row, tombstone_of(row)]
     return [row]
@@ -217,22 +300,9 @@ def apply_field_rules(
     return rewritten(after), rewritten(before), update_description
 
 
-def _raw_bytes(document: RawBSONDocument | None) -> bytes | None:
-    return document.raw if document is not None else None
-
-
-def tombstone_of(row: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "key": row["key"],
-        "op": None,
-        "ts_ms": row["ts_ms"],
-        "before": None,
-        "after": None,
-        "updateDescription": None,
-        "source": row["source"],
-        "cluster_time": row["cluster_time"],
-        "event_order": row["event_order"],
-    }
+def tombstone_of(row: RawRow) -> RawRow:
+    """The tombstone after a delete's row: same key, every value column null."""
+    return RawRow(row.key, None, row.ts_ms, None, None, None, row.source, row.cluster_time, row.event_order)
 
 
 def _update_description(description: Any) -> dict[str, Any]:
@@ -248,30 +318,79 @@ def _update_description(description: Any) -> dict[str, Any]:
     }
 
 
+def raw_row(row: dict[str, Any]) -> RawRow:
+    """A raw row given as a dict of ``RAW_SCHEMA``'s columns (``source`` a dict too) as a ``RawRow``."""
+    source = row.get("source")
+    return RawRow(
+        row["key"],
+        row.get("op"),
+        row.get("ts_ms"),  # type: ignore[arg-type]
+        row.get("before"),
+        row.get("after"),
+        row.get("updateDescription"),
+        tuple(source.get(name) for name in SOURCE_NAMES) if source is not None else None,  # type: ignore[arg-type]
+        row["cluster_time"],
+        row["event_order"],
+        row.get("transaction"),
+    )
+
+
 def rows_to_table(rows: list[dict[str, Any]], seq: int) -> pa.Table:
+    """Raw rows given as dicts (``raw_row``) as a table of batch ``seq``."""
+    return raw_rows_table([raw_row(row) for row in rows], seq)
+
+
+def raw_rows_table(rows: list[RawRow], seq: int) -> pa.Table:
     """Raw rows as a table of batch ``seq`` (``lake.HISTORY_SEQ`` for backfilled history), built
-    column by column (converting the ``source`` struct row by row dominated a pull's CPU)."""
-    columns = []
-    for name, arrow_type in _RAW_COLUMNS:
-        if name == "source" and all(row.get("source") is not None for row in rows):
-            sources = [row["source"] for row in rows]
-            children = [
-                pa.array([source.get(child) for source in sources], kind) for child, kind in _SOURCE_FIELDS
-            ]
-            columns.append(pa.StructArray.from_arrays(children, fields=list(arrow_type)))
-        elif name == "batch_seq":
-            columns.append(pa.repeat(pa.scalar(seq, pa.int64()), len(rows)))
-        elif name == "hour":
-            columns.append(pa.array([hour_partition(row["cluster_time"]) for row in rows], pa.string()))
-        else:
-            columns.append(pa.array([row.get(name) for row in rows], arrow_type))
+    column by column from the rows' columns (``zip``), the ``source`` struct from its fields'."""
+    count = len(rows)
+    keys, ops, ts_ms, befores, afters, descriptions, sources, cluster_times, orders, transactions = (
+        zip(*rows, strict=True) if rows else ((),) * len(RawRow._fields)
+    )
+    columns = [
+        _key_column(keys),
+        pa.array(ops, pa.string()),
+        pa.array(ts_ms, pa.int64()),
+        pa.array(befores, pa.binary()),
+        pa.array(afters, pa.binary()),
+        _struct_column(descriptions, UPDATE_DESCRIPTION_TYPE),
+        _source_column(sources),
+        pa.array(cluster_times, pa.int64()),
+        pa.array(orders, pa.string()),
+        _struct_column(transactions, TRANSACTION_TYPE),
+        pa.repeat(pa.scalar(seq, pa.int64()), count),
+        pa.array([hour_partition(cluster_time) for cluster_time in cluster_times], pa.string()),
+    ]
     return pa.Table.from_arrays(columns, schema=RAW_SCHEMA)
 
 
-# (name, type) of RAW_SCHEMA's columns and of its source struct's fields, read once (a pyarrow
-# field's name is a new string at every access)
-_RAW_COLUMNS = tuple((field.name, field.type) for field in RAW_SCHEMA)
-_SOURCE_FIELDS = tuple((field.name, field.type) for field in RAW_SCHEMA.field("source").type)
+def _key_column(keys: tuple[str | bytes, ...]) -> pa.Array:
+    """The ``key`` column: key payloads as they are, documentKeys' BSON keyed (``document_keys``),
+    in bulk when they all are."""
+    if all(isinstance(key, bytes) for key in keys) and keys:
+        return document_keys(pa.array(keys, pa.binary()))
+    key = extjson.document_key
+    return pa.array([raw if isinstance(raw, str) else key(document_id(raw)) for raw in keys], pa.string())
+
+
+def _struct_column(values: tuple[dict[str, Any] | None, ...], arrow_type: pa.StructType) -> pa.Array:
+    if all(value is None for value in values):
+        return pa.nulls(len(values), arrow_type)
+    return pa.array(values, arrow_type)
+
+
+def _source_column(sources: tuple[tuple[Any, ...] | None, ...]) -> pa.Array:
+    """The ``source`` struct from each field's values (converting it row by row dominated a pull's CPU)."""
+    if any(source is None for source in sources):
+        blocks = [dict(zip(SOURCE_NAMES, source, strict=True)) if source else None for source in sources]
+        return pa.array(blocks, SOURCE_TYPE)
+    fields = zip(*sources, strict=True) if sources else ((),) * len(SOURCE_NAMES)
+    children = [pa.array(values, field.type) for values, field in zip(fields, SOURCE_TYPE, strict=True)]
+    return pa.StructArray.from_arrays(children, fields=list(SOURCE_TYPE))
+
+
+SOURCE_NAMES = tuple(field.name for field in SOURCE_TYPE)
+_SOURCE_TS_MS = SOURCE_NAMES.index("ts_ms")
 _EMPTY_DOCUMENT = bson.encode({})
 
 # A document whose first element is an ObjectId named _id (as MongoDB stores nearly every one): its

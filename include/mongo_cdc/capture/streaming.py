@@ -23,11 +23,12 @@ pull's result (Debezium's ``NumberOfDisconnects`` / ``NumberOfPrimaryElections``
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -40,13 +41,15 @@ from mongo_cdc.capture.capture_modes import require_images, watch_options
 from mongo_cdc.capture.collection_events import collection_row, land_renamed_copy, rename_namespaces
 from mongo_cdc.capture.events import (
     DATA_OPERATIONS,
+    RawRow,
     SourceInfo,
     change_rows,
     open_change_stream,
-    rows_to_table,
+    raw_rows_table,
     token_cluster_time,
 )
 from mongo_cdc.capture.heartbeats import Heartbeats
+from mongo_cdc.capture.landing_thread import LandingThread
 from mongo_cdc.capture.offsets import Offset, OffsetError, OffsetKeeper
 from mongo_cdc.capture.oplog_window import describe as describe_oplog
 from mongo_cdc.capture.oplog_window import guard as oplog_guard
@@ -141,7 +144,7 @@ class MicroBatch:
 
     def __init__(self) -> None:
         # raw rows by the raw table they land in: <db>.<collection>
-        self.rows: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        self.rows: dict[str, list[RawRow]] = defaultdict(list)
         self.events = 0
         # BSON bytes of the documents in ``rows``: what a batch of large documents holds in memory
         self.document_bytes = 0
@@ -155,20 +158,32 @@ class MicroBatch:
         self.copied: tuple[str, ...] = ()
         self.copy_position = 0
 
-    def add(self, namespace: str, op: str, rows: list[dict[str, Any]], events: int = 1) -> None:
+    def add(self, namespace: str, op: str, rows: list[RawRow], events: int = 1) -> None:
         self.rows[namespace].extend(rows)
         self.events += events
         for row in rows:
-            description = row.get("updateDescription")
+            description = row.update_description
             self.document_bytes += (
-                len(row.get("after") or b"")
-                + len(row.get("before") or b"")
+                len(row.after or b"")
+                + len(row.before or b"")
                 + (len(description["updatedFields"]) if description else 0)
             )
         self.events_by_op[namespace][op] += events
-        ts_ms = rows[0]["source"]["ts_ms"]
+        ts_ms = rows[0].source_ts_ms
         if self.newest_source_ts_ms is None or ts_ms > self.newest_source_ts_ms:
             self.newest_source_ts_ms = ts_ms
+
+
+@contextlib.contextmanager
+def _older_objects_frozen() -> Iterator[None]:
+    """The objects made before a pull (modules, the task's) kept out of the cyclic garbage collector
+    while it reads: they outlive it, and each full collection (every few micro-batches, as a
+    batch's rows age) would scan them all again, a fifth of a pull's CPU per event."""
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def last_applied(client: MongoClient) -> int:
@@ -194,7 +209,7 @@ def _land(
     its resume token (``landing``)."""
     seq = offset.batch_seq + 1
     for namespace, rows in batch.rows.items():
-        keeper.lake.write_raw(rs, seq, namespace, rows_to_table(rows, seq))
+        keeper.lake.write_raw(rs, seq, namespace, raw_rows_table(rows, seq))
     if transaction_records is not None:
         lake = keeper.lake
         lake.write(lake.source_uri(TRANSACTION_DIR), rs, seq, transaction_records, TRANSACTION_SCHEMA, "rs")
@@ -247,40 +262,6 @@ def _address(address: tuple[str, int]) -> str:
     return f"{address[0]}:{address[1]}"
 
 
-class _Landing:
-    """Micro-batches landed one at a time on a thread of their own: a batch's files, Delta commits
-    and offset are written while the pull reads and builds the next one, instead of one after the
-    other.
-
-    At most one batch is in flight. ``settle`` waits for it and hands its committed offset to
-    ``landed`` on the caller's thread; a landing's error is raised there, in the pull, so nothing
-    after a failed batch lands. Leaving the ``with`` settles.
-    """
-
-    def __init__(self, landed: Callable[[Offset], None]) -> None:
-        self._landed = landed
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="land")
-        self._in_flight: Future[Offset] | None = None
-
-    def start(self, land: Callable[[], Offset]) -> None:
-        self.settle()
-        self._in_flight = self._thread.submit(land)
-
-    def settle(self) -> None:
-        in_flight, self._in_flight = self._in_flight, None
-        if in_flight is not None:
-            self._landed(in_flight.result())
-
-    def __enter__(self) -> _Landing:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        try:
-            self.settle()
-        finally:
-            self._thread.shutdown(wait=True)
-
-
 class _ChangeReader:
     """One pull's progress, kept across reopened change streams."""
 
@@ -293,7 +274,7 @@ class _ChangeReader:
         self.keeper = keeper
         # the last landed position: every (re)opened stream starts here
         self.offset = offset
-        self.landing: _Landing | None = None  # the open stream's (``read``)
+        self.landing: LandingThread | None = None  # the open stream's (``read``)
         self.source = SourceInfo(config.topic_prefix, rs)
         self.result = PullResult(rs=rs)
         self.progress = PullProgress(self.result)
@@ -326,7 +307,8 @@ class _ChangeReader:
         with (
             open_change_stream(self.client, **options) as stream,
             ReadAhead(stream, self.config.max_batch_size, self.target) as reads,
-            _Landing(self._landed) as self.landing,
+            LandingThread(self._landed) as self.landing,
+            _older_objects_frozen(),
         ):
             opened_with_primary = self.client.primary
             while True:
@@ -418,7 +400,7 @@ class _ChangeReader:
         self.result.add_counts(batch)
 
     def _landed(self, offset: Offset) -> None:
-        """A batch landed (``_Landing.settle``, on the pull's thread): streams reopen at it."""
+        """A batch landed (``LandingThread.settle``, on the pull's thread): streams reopen at it."""
         self.offset = offset
         self.heartbeats.beat(offset)
 
@@ -579,8 +561,8 @@ def collect_change(
     if op in config.skipped_operations or not config.captures_collection(db, collection):
         return
     fields = config.field_filters.for_collection(db, collection)
-    rows = change_rows(change, source, config.tombstones_on_delete, fields)
-    transactions.annotate(change, rows[0])
+    transaction = transactions.annotate(change)
+    rows = change_rows(change, source, config.tombstones_on_delete, fields, transaction)
     batch.add(f"{db}.{collection}", op, rows)
 
 

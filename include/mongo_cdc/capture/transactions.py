@@ -27,7 +27,8 @@ from typing import Any
 import pyarrow as pa
 from bson.binary import Binary
 
-from mongo_cdc.lake import hour_partition, pack_cluster_time
+from mongo_cdc.capture.events import event_position
+from mongo_cdc.lake import hour_partition
 
 TRANSACTION_SCHEMA = pa.schema(
     [
@@ -116,19 +117,20 @@ class TransactionTracker:
         if self.current is not None and transaction_id(change) != self.current.id:
             self.finish()
 
-    def annotate(self, change: dict, row: dict[str, Any]) -> None:
-        """Give a captured data event's row its ``transaction`` block (counting it); others keep null."""
+    def annotate(self, change: dict) -> dict[str, Any] | None:
+        """The ``transaction`` block of a captured data event's row (counting it); None outside a
+        transaction."""
         txn_id = transaction_id(change) if self.enabled else None
         if txn_id is None:
-            return
+            return None
         if self.current is None:
-            ts = change["clusterTime"]
-            self.current = OpenTransaction(txn_id, pack_cluster_time(ts.time, ts.inc), row["source"]["ts_ms"])
+            # the commit's position and time: its events' source cluster time and ts_ms
+            self.current = OpenTransaction(txn_id, *event_position(change))
             self.records.append(self._record("BEGIN", self.current))
         namespace = f"{change['ns']['db']}.{change['ns']['coll']}"
         self.current.total_order += 1
         self.current.data_collections[namespace] += 1
-        row["transaction"] = {
+        return {
             "id": txn_id,
             "total_order": self.current.total_order,
             "data_collection_order": self.current.data_collections[namespace],

@@ -352,6 +352,23 @@ class FieldValues:
             array = self._arrays[key] = to_arrow(self[name], column, arrow)
         return array
 
+    def split(self, name: str, column: ColumnType, arrow: pa.DataType) -> tuple[pa.Array, pa.Array]:
+        """Field ``name``'s values as (a column of type ``column``, its fallback sibling): a value that
+        does not fit ``column`` is null in the first and its Extended JSON text in the second."""
+        typed, texts = [], []
+        for value in self[name]:
+            if value is None or fits(column, value):
+                typed.append(value)
+                texts.append(None)
+            else:
+                typed.append(None)
+                texts.append(fallback_text(value))
+        return to_arrow(typed, column, arrow), pa.array(texts, type=pa.string())
+
+    def typed(self, name: str) -> bool:
+        """Whether some document holds a value of field ``name`` that is not null-typed."""
+        return without_nulls(column_type(self[name])) != NULL
+
 
 class BatchTypes(NamedTuple):
     """What a batch of documents needs from a table's stored fields (``survey``); merge the
@@ -371,7 +388,7 @@ def survey(stored: StructFields, documents: list[dict] | FieldValues) -> BatchTy
     """The additions and conflicting top-level fields of ``documents`` against ``stored``."""
     if not documents:
         return NO_CHANGES
-    return (documents if isinstance(documents, FieldValues) else FieldValues(documents)).survey(stored)
+    return (FieldValues(documents) if isinstance(documents, list) else documents).survey(stored)
 
 
 def widen(

@@ -46,7 +46,7 @@ from mongo_cdc.bson_elements import (
     element_bytes,
 )
 from mongo_cdc.lake import SnapshotManifest
-from mongo_cdc.transform.raw_events import ChangeEvent
+from mongo_cdc.transform.raw_events import ChangeEvent, WholeDocument, as_dict
 
 
 class DocumentVersion(NamedTuple):
@@ -106,12 +106,13 @@ def fold_events(
 _SAME_TYPE_IDS = ('{"$oid":', '"')
 
 
-def current_id_json(document: dict | None, event_id_json: str) -> str:
+def current_id_json(document: dict | WholeDocument | None, event_id_json: str) -> str:
     """The Extended JSON of ``document``'s own _id (a replace may change its type, not its value),
     else the event's (``ChangeEvent.document_id_json``)."""
-    if document is None or "_id" not in document or event_id_json.startswith(_SAME_TYPE_IDS):
+    if document is None or event_id_json.startswith(_SAME_TYPE_IDS):
         return event_id_json
-    return extjson.encode_str(document["_id"])
+    values = as_dict(document)
+    return extjson.encode_str(values["_id"]) if "_id" in values else event_id_json
 
 
 def reconcile_with_snapshots(

@@ -53,7 +53,7 @@ import pyarrow.compute as pc
 from mongo_cdc.extjson import READ_OPTIONS
 from mongo_cdc.lake import COLLECTION_OPERATIONS
 from mongo_cdc.transform.flatten_options import FlatteningOptions
-from mongo_cdc.transform.raw_events import ChangeEvent, event_from_row
+from mongo_cdc.transform.raw_events import ChangeEvent, WholeDocument, as_dict, event_from_row
 
 
 def change_document(event: ChangeEvent) -> dict[str, Any] | None:
@@ -138,13 +138,13 @@ def _event_value(event: ChangeEvent, path: tuple[str, ...]) -> Any:
 
 
 def change_rows(
-    events: pa.Table, decoded: Sequence[dict | None], options: FlatteningOptions
-) -> tuple[pa.Array, dict[str, pa.Array], list[dict[str, Any]]]:
+    events: pa.Table, decoded: Sequence[dict | WholeDocument | None], options: FlatteningOptions
+) -> tuple[pa.Array, dict[str, pa.Array], list[dict[str, Any] | WholeDocument]]:
     """``change_row`` of each raw row of ``events``, column-wise: (indices of the rows that have a
     change row, values of each of ``options.metadata_columns``, encoded documents).
 
-    ``decoded``: each row's ``change_document``, decoded already where it is a whole document (a
-    row's ``after``, or a delete's ``before``), else None. A row of ``EVENT_ROW`` shape takes it as
+    ``decoded``: each row's ``change_document`` where it is a whole document (a row's ``after``, or a
+    delete's ``before``; a dict or a ``WholeDocument``), else None. A row of ``EVENT_ROW`` shape takes it as
     its document; the other rows (tombstones, updates without ``after``, deletes without
     ``before``) are read as ``ChangeEvent``s, one by one. An added field's column is the raw
     column at its path (``_event_value``'s values)."""
@@ -176,8 +176,13 @@ def change_rows(
     return indices, metadata, documents
 
 
-def encode_document(document: dict[str, Any], options: FlatteningOptions) -> dict[str, Any]:
-    """``document`` with ``array.encoding`` and ``flatten.struct`` applied."""
+def encode_document(
+    document: dict[str, Any] | WholeDocument, options: FlatteningOptions
+) -> dict[str, Any] | WholeDocument:
+    """``document`` with ``array.encoding`` and ``flatten.struct`` applied (itself if neither)."""
+    if options.array_encoding != "document" and not options.flatten_struct:
+        return document
+    document = as_dict(document)
     if options.array_encoding == "document":
         document = _arrays_as_documents(document)
     if options.flatten_struct:

@@ -121,18 +121,25 @@ def event_keys(raw_keys: pa.Array | pa.ChunkedArray) -> tuple[pa.Array, pa.Array
     return keys, ids
 
 
-def decode_documents(data: pa.BinaryArray) -> list[dict]:
-    """The BSON documents of ``data`` (no nulls), decoded (``READ_OPTIONS``) in one call: its
-    values lie end to end in one buffer, which is a BSON stream."""
-    if not len(data):
-        return []
-    _, offsets, values = data.buffers()
-    width = 8 if pa.types.is_large_binary(data.type) else 4
-    first, last = (
-        int.from_bytes(offsets[(data.offset + at) * width : (data.offset + at + 1) * width], "little")
-        for at in (0, len(data))
-    )
-    return bson.decode_all(memoryview(values)[first:last], READ_OPTIONS)
+class WholeDocument:
+    """A whole document as the raw zone holds it (BSON), decoded (``READ_OPTIONS``) the first time
+    its values are asked for: the fast path (``transform.bson_columns``) reads the bytes only."""
+
+    __slots__ = ("bson", "_decoded")
+
+    def __init__(self, data: bytes) -> None:
+        self.bson = data
+        self._decoded: dict | None = None
+
+    def decoded(self) -> dict:
+        if self._decoded is None:
+            self._decoded = bson.decode(self.bson, READ_OPTIONS)
+        return self._decoded
+
+
+def as_dict(document: dict | WholeDocument | None) -> dict | None:
+    """``document``'s values: a whole document decoded."""
+    return document.decoded() if isinstance(document, WholeDocument) else document
 
 
 def _document_id(id_json: str | None) -> Any:

@@ -12,8 +12,9 @@
 * ``keyed_rows``: the rows of given document keys in a keyed table's files (``KeyedFile``: the state
   table, for stored versions, and the deletion markers), read by the task that needs them.
 
-Runs on the executors, which have only pyarrow, orjson and bson: no pyspark or deltalake import
-here. The driver's side is ``transform.driver``.
+Runs on the executors, which have only pyarrow, orjson and bson (numpy too where it is installed:
+the fast path, ``transform.split_values``): no pyspark or deltalake import here. The driver's side is
+``transform.driver``.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import NamedTuple
 
-import bson
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -46,12 +46,18 @@ from mongo_cdc.transform.flatten_options import FlatteningOptions
 from mongo_cdc.transform.raw_events import (
     RAW_COLUMNS,
     ChangeEvent,
-    decode_documents,
+    WholeDocument,
+    as_dict,
     event_from_row,
     event_keys,
 )
 from mongo_cdc.transform.slices import RawSlice, collection_operations, lake_path, read_slice
 from mongo_cdc.transform.table_layout import TableLayout
+
+try:  # the fast path needs numpy; executors without it take the lossless path
+    from mongo_cdc.transform.split_values import SplitValues, split_documents
+except ImportError:
+    SplitValues, split_documents = columns.FieldValues, None
 
 # The deletion markers' columns (lake.deletions_uri): a deleted document's last position.
 DELETION_COLUMNS = ("__key", "__cluster_time", "__event_order", "__rs")
@@ -298,15 +304,15 @@ def transform_slice(
             pc.invert(pc.is_in(keys, pa.array(sorted(folded_keys), pa.string()))),
         )
     # each row's whole document where a table takes one: its after, or a change row's before-image
-    documents: list[dict | None] = [None] * rows.num_rows
+    documents: list[WholeDocument | None] = [None] * rows.num_rows
     deletes = pc.fill_null(pc.equal(rows.column("op"), "d"), False)
     wanted = [(after_column, pc.and_(pc.or_(in_changes, single), pc.invert(deletes)))]
     if before_images:
         wanted.append((rows.column("before").combine_chunks(), pc.and_(in_changes, deletes)))
     for column, selected in wanted:
-        decoded = pc.indices_nonzero(pc.and_(selected, pc.is_valid(column)))
-        for index, document in zip(decoded.to_pylist(), decode_documents(column.take(decoded)), strict=True):
-            documents[index] = document
+        taken = pc.indices_nonzero(pc.and_(selected, pc.is_valid(column)))
+        for index, data in zip(taken.to_pylist(), column.take(taken).to_pylist(), strict=True):
+            documents[index] = WholeDocument(data)
     state_output, state_values = StateOutput(None, None), None
     if state is not None:
         # an older event landed after a delete does not bring the document back: its marker says so
@@ -363,12 +369,12 @@ def write_state(
     location: LakeLocation,
     spec: StateSpec,
     versions: list[DocumentVersion],
-    documents: list[dict | None],
+    documents: list[dict | WholeDocument | None],
     markers: dict[str, DocumentVersion],
-) -> tuple[StateOutput, columns.FieldValues | None]:
-    """Write ``versions`` as state rows (``documents``: theirs, decoded), and as deletion marker rows
-    (``write_markers``) those deleted and those of documents with a marker; returns the output and the
-    documents' field values (for ``write_changes``)."""
+) -> tuple[StateOutput, columns.FieldValues | SplitValues | None]:
+    """Write ``versions`` as state rows (``documents``: theirs, dicts or ``WholeDocument``s), and as
+    deletion marker rows (``write_markers``) those deleted and those of documents with a marker;
+    returns the output and the documents' field values (for ``write_changes``)."""
     marker_file = write_markers(
         location,
         spec.markers_directory,
@@ -379,17 +385,17 @@ def write_state(
         versions, documents = [versions[i] for i in live], [documents[i] for i in live]
     if not versions:
         return StateOutput(None, marker_file), None
-    values = columns.FieldValues([document if document is not None else {} for document in documents])
+    document_bson = pa.array([v.document for v in versions], pa.binary())
+    values = field_values(
+        spec.layout, document_bson, [document if document is not None else {} for document in documents]
+    )
     survey = columns.NO_CHANGES if spec.forced else spec.layout.survey(values)
     layout = spec.layout if spec.forced else spec.layout.evolved(survey)
     metadata = {
         "__key": pa.array([v.key for v in versions], pa.string()),
         "__id": pa.array([v.document_id_json for v in versions], pa.string()),
-        "__doc": pa.array(
-            [extjson.encode_str(document) if document is not None else None for document in documents],
-            pa.string(),
-        ),
-        "__doc_bson": pa.array([v.document for v in versions], pa.binary()),
+        "__doc": document_texts(values, documents),
+        "__doc_bson": document_bson,
         "__cluster_time": pa.array([v.cluster_time for v in versions], pa.int64()),
         "__event_order": pa.array([v.event_order for v in versions], pa.string()),
         "__rs": pa.array([v.rs for v in versions], pa.string()),
@@ -425,20 +431,24 @@ def write_changes(
     location: LakeLocation,
     spec: ChangesSpec,
     events: pa.Table,
-    decoded: list[dict | None],
-    state_values: columns.FieldValues | None = None,
+    decoded: list[dict | WholeDocument | None],
+    state_values: columns.FieldValues | SplitValues | None = None,
 ) -> Output | None:
     """Write the change rows of raw ``events`` (``decoded``: their documents, as ``change_rows``
     takes them), a file per hour. ``state_values``: the state rows' field values, shared when they
     are of the same documents."""
-    _, metadata, documents = change_rows(events, decoded, spec.options)
+    indices, metadata, documents = change_rows(events, decoded, spec.options)
     if not documents:
         return None
     same = state_values is not None and len(state_values.documents) == len(documents)
-    if same and all(a is b for a, b in zip(state_values.documents, documents, strict=True)):
+    if (
+        same
+        and getattr(state_values, "stored", spec.layout.stored_fields) == spec.layout.stored_fields
+        and all(a is b for a, b in zip(state_values.documents, documents, strict=True))
+    ):
         values = state_values  # a snapshot's: each field's values are extracted once
     else:
-        values = columns.FieldValues(documents)
+        values = field_values(spec.layout, _change_bson(events, indices, decoded, documents), documents)
     survey = columns.NO_CHANGES if spec.forced else spec.layout.survey(values)
     layout = spec.layout if spec.forced else spec.layout.evolved(survey)
     rows = pa.Table.from_batches([layout.record_batch(metadata, values)])
@@ -452,6 +462,48 @@ def write_changes(
             )
         )
     return Output(tuple(files), survey)
+
+
+def field_values(
+    layout: TableLayout, document_bson: pa.BinaryArray, documents: list[dict | WholeDocument]
+) -> columns.FieldValues | SplitValues:
+    """The field values of rows for ``layout``: ``documents`` and each one's BSON (null where it is
+    not those bytes), split between the fast and the lossless path where numpy is installed
+    (``transform.bson_columns``), else all lossless."""
+    if split_documents is None:
+        return columns.FieldValues([as_dict(document) for document in documents])
+    return split_documents(layout.stored_fields, document_bson, documents, as_dict)
+
+
+def document_texts(
+    values: columns.FieldValues | SplitValues, documents: list[dict | WholeDocument | None]
+) -> pa.Array:
+    """``__doc``: each document's Extended JSON text (null for none), from its bytes on the fast path."""
+
+    def render(row: int) -> str | None:
+        document = documents[row]
+        return extjson.encode_str(as_dict(document)) if document is not None else None
+
+    if isinstance(values, columns.FieldValues):
+        return pa.array([render(row) for row in range(len(documents))], pa.string())
+    return values.ejson(render)
+
+
+def _change_bson(
+    events: pa.Table, indices: pa.Array, decoded: list[dict | None], documents: list[dict]
+) -> pa.BinaryArray:
+    """The BSON of each change row's document (``change_rows``' ``indices`` and documents): the
+    event's after (a delete's before) where the row's document is that one decoded, else null."""
+    rows = events.take(indices)
+    source = rows.column("after").combine_chunks()
+    if "before" in rows.column_names:
+        deletes = pc.fill_null(pc.equal(rows.column("op"), "d"), False)
+        source = pc.if_else(deletes, rows.column("before").combine_chunks(), source)
+    whole = [
+        decoded[index] is not None and document is decoded[index]
+        for index, document in zip(indices.to_pylist(), documents, strict=True)
+    ]
+    return pc.if_else(pa.array(whole, pa.bool_()), source, pa.nulls(len(source), source.type))
 
 
 def hour_partitions(cluster_times: pa.Array) -> pa.Array:
@@ -499,10 +551,8 @@ def fold_documents(
             versions.append(
                 drop_with_collection(reconcile_with_snapshots(version, spec.manifests), spec.drops)
             )
-    decoded = [
-        bson.decode(v.document, extjson.READ_OPTIONS) if v.document is not None else None for v in versions
-    ]
-    state, _ = write_state(location, spec, versions, decoded, markers)
+    documents = [WholeDocument(v.document) if v.document is not None else None for v in versions]
+    state, _ = write_state(location, spec, versions, documents, markers)
     return state
 
 

@@ -174,7 +174,7 @@ class TableLayout:
     ) -> pa.RecordBatch:
         """The rows of ``documents`` (each with its metadata values, ``metadata_arrays`` keyed by
         metadata column) in this layout, which must hold them: ``evolved(survey(documents))``."""
-        values_of = documents if isinstance(documents, types.FieldValues) else types.FieldValues(documents)
+        values_of = types.FieldValues(documents) if isinstance(documents, list) else documents
         count = len(values_of)
         arrays = []
         for field in list(self.schema)[: len(self.metadata_columns)]:
@@ -187,19 +187,18 @@ class TableLayout:
                 )
             arrays.append(array if array.type == field.type else array.cast(field.type))
         self._check_fields(values_of)
+        document_fields = list(self.schema)[len(self.metadata_columns) :]
         # a field with a fallback sibling: (its typed values, the texts of those that do not fit)
         split = {
-            name: _split_fallbacks(column.field_type, values_of[name])
-            for name, column in self.typed_columns.items()
-            if name in self.fallback_columns
+            column.field: values_of.split(column.field, column.field_type, field.type)
+            for column, field in zip(self.document_columns, document_fields, strict=True)
+            if not column.fallback and column.field in self.fallback_columns
         }
-        for column, field in zip(
-            self.document_columns, list(self.schema)[len(self.metadata_columns) :], strict=True
-        ):
+        for column, field in zip(self.document_columns, document_fields, strict=True):
             if column.fallback:
-                arrays.append(pa.array(split[column.field][1], type=pa.string()))
+                arrays.append(split[column.field][1])
             elif column.field in split:
-                arrays.append(types.to_arrow(split[column.field][0], column.field_type, field.type))
+                arrays.append(split[column.field][0])
             else:
                 arrays.append(values_of.arrow(column.field, column.field_type, field.type))
         return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
@@ -207,7 +206,7 @@ class TableLayout:
     def _check_fields(self, values_of: types.FieldValues) -> None:
         """Refuse documents with a typed field this layout has no column for (not surveyed)."""
         for name in values_of.names - set(self.typed_columns):
-            if types.without_nulls(types.column_type(values_of[name])) != types.NULL:
+            if values_of.typed(name):
                 raise ValueError(
                     f"documents have a field {name!r} this table layout has no column for: "
                     "build the layout with evolved(survey(documents)) first"
@@ -233,19 +232,6 @@ def widened(rows: pa.Table, schema: pa.Schema) -> pa.Table:
         for field in schema
     ]
     return pa.Table.from_arrays(arrays, schema=schema)
-
-
-def _split_fallbacks(field_type: types.ColumnType, values: list) -> tuple[list, list]:
-    """(typed values, fallback texts): each value that does not fit goes to the fallback."""
-    typed, texts = [], []
-    for value in values:
-        if value is None or types.fits(field_type, value):
-            typed.append(value)
-            texts.append(None)
-        else:
-            typed.append(None)
-            texts.append(types.fallback_text(value))
-    return typed, texts
 
 
 def _arrow_field(column: DocumentColumn) -> pa.Field:

@@ -51,11 +51,12 @@ from mongo_cdc.capture.capture_modes import captured_collection_options
 from mongo_cdc.capture.chunk_reads import ChunkReads
 from mongo_cdc.capture.chunking import plan_chunks
 from mongo_cdc.capture.events import (
+    RawRow,
     SourceInfo,
     keys_and_documents,
     now_ms,
     raw_documents,
-    rows_to_table,
+    raw_rows_table,
     token_cluster_time,
     tombstone_of,
 )
@@ -423,9 +424,9 @@ def land_repairs(
     seq = offset.batch_seq + 1
     for namespace, drifted in sorted(repairs.items()):
         db, _, name = namespace.partition(".")
-        block = source.block(db, name, cluster_time, (cluster_time >> 32) * 1000, snapshot=True)
+        block = source.values(db, name, cluster_time, (cluster_time >> 32) * 1000, snapshot=True)
         fields = config.field_filters.for_collection(db, name)
-        rows: list[dict] = []
+        rows: list[RawRow] = []
         ids = list(drifted.items())
         found: set[str] = set()
         for start in range(0, len(ids), _REREAD_IDS):
@@ -443,14 +444,12 @@ def land_repairs(
             if key not in found:
                 row = _repair_row(extjson.document_key(value), "d", None, block, cluster_time)
                 rows.extend([row, tombstone_of(row)] if config.tombstones_on_delete else [row])
-        keeper.lake.write_raw(capture.rs, seq, namespace, rows_to_table(rows, seq))
+        keeper.lake.write_raw(capture.rs, seq, namespace, raw_rows_table(rows, seq))
     batch = Batch(capture.rs, seq, BATCH_KIND, offset.resume_token, offset.cluster_time,
                   namespaces=tuple(sorted(repairs)), open_transaction=offset.open_transaction)  # fmt: skip
     keeper.commit_batch(offset, batch)
     return seq
 
 
-def _repair_row(raw_key: str, op: str, document: bytes | None, block: dict, cluster_time: int) -> dict:
-    return {"key": raw_key, "op": op, "ts_ms": now_ms(), "before": None, "after": document,
-            "updateDescription": None, "source": block, "cluster_time": cluster_time,
-            "event_order": "", "transaction": None}  # fmt: skip
+def _repair_row(raw_key: str, op: str, document: bytes | None, block: tuple, cluster_time: int) -> RawRow:
+    return RawRow(raw_key, op, now_ms(), None, document, None, block, cluster_time, "")

@@ -14,7 +14,8 @@ Starts its own single-member replica set in a temporary directory and, section b
   peak RSS;
 * the ``--small`` collection snapshotted in one piece, then in ``CHUNKS`` chunks by one thread and
   by two: chunking's overhead on one worker;
-* the Spark transform (``bench.transform``): first build, incremental runs, a new field;
+* the Spark transform (``bench.transform``): first build, incremental runs, a new field, changes
+  spread over the key range, nested documents, and each first build less an empty PySpark job;
 * the transform driver's peak RSS for first builds of ``--driver-events`` and 4 times as many events
   (``bench.transform.driver_memory``): it must not grow with the run;
 * many small collections against one of as many documents (``bench.many``): first run, a change in
@@ -79,6 +80,8 @@ SIZES = {
     "state": 1_000_000,
     "small_state": 100_000,
     "changes": 1_000,
+    "spread_changes": 100_000,
+    "nested_state": 100_000,
     "driver_events": 1_000_000,
     "collections": 300,
     "collection_docs": 10,
@@ -91,6 +94,8 @@ SMOKE_SIZES = {
     "state": 2_000,
     "small_state": 500,
     "changes": 100,
+    "spread_changes": 200,
+    "nested_state": 100,
     "driver_events": 2_000,
     "collections": 3,
     "collection_docs": 2,
@@ -411,6 +416,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             parser.error(f"--{name.replace('_', '-')} must be positive")
     if args.changes > min(HOT_DOCS, args.small_state):
         parser.error(f"--changes must be at most --small-state and {HOT_DOCS:,}")
+    if args.spread_changes > args.state:
+        parser.error("--spread-changes must be at most --state")
     args.sections = args.only.split(",") if args.only else list(SECTIONS)
     unknown = set(args.sections) - set(SECTIONS)
     if unknown:

@@ -12,7 +12,15 @@ a lake of their own. Then, one step after the other:
    documents, landed by a real ``streaming.pull_changes``), applied to each state; the ratio of the
    large state's cost to the small one's;
 4. the same number of updates that add a new field to the large source: how many of the changes
-   table's files Delta removed (old change files are never rewritten: 0).
+   table's files Delta removed (old change files are never rewritten: 0);
+5. ``--spread-changes`` changes spread over the whole key range of the large source (updates,
+   deletes and inserts), against the ``--changes`` of step 3 on the same state (issue 21);
+6. ``--nested-state`` ~4 KB nested documents in a third source: their snapshot's landing MB/s and
+   their first build's, in MB of BSON per second after subtracting the empty job (issue 21).
+
+An empty PySpark job (``empty_spark_job.py``: a ``SparkContext`` and two tasks, submitted the same
+way) is timed first: the first builds' rates are also given with its time subtracted, the transform's
+own work.
 
 Each run is checked (events applied, state rows equal to the collection's documents). Every
 transform time includes Spark's start. The memory figure is the peak RSS (``VmHWM``) of the largest
@@ -39,7 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pymongo import MongoClient
+from pymongo import DeleteOne, MongoClient, UpdateOne
 from pymongo.collection import Collection
 
 import mongo_cdc
@@ -51,7 +59,7 @@ from mongo_cdc.capture.streaming import pull_changes
 from mongo_cdc.config import SourceConfig
 from mongo_cdc.lake import table_uri
 from mongo_cdc.lake.storage import LakeLocation, table_if_exists
-from mongo_cdc_dev.bench.data import load, small_documents
+from mongo_cdc_dev.bench.data import load, nested_documents, small_documents
 from mongo_cdc_dev.bench.table import Row
 from mongo_cdc_dev.testing.lake import database_source, memory_keeper
 
@@ -61,12 +69,18 @@ if TYPE_CHECKING:
 COLLECTION = "docs"
 HOT_DOCS = 10_000  # the changes touch the most recent documents, as an application's writes mostly do
 APP = Path(mongo_cdc.__file__).resolve().parents[2] / "spark_apps" / "cdc_transform.py"
+EMPTY_JOB = Path(__file__).with_name("empty_spark_job.py")
 RSS_INTERVAL_S = 0.2
 # budgets (issue 9)
 FIRST_BUILD_MIN_EVENTS_S = 100_000
 CHANGES_MAX_SECONDS = 30
 CHANGES_LARGE_VS_SMALL_MAX = 1.5
 TRANSFORM_RSS_MAX_MIB = 2_048
+# issue 21: the transform's own work, Spark's start (the empty job) subtracted
+FIRST_BUILD_MIN_OWN_EVENTS_S = 150_000
+FIRST_BUILD_MAX_SECONDS = 14
+NESTED_VS_LANDING_MIN = 0.25
+SPREAD_VS_CHANGES_MAX = 2.0
 # issue 25: the driver's memory is bounded by the batch, not the run
 DRIVER_GROWTH = 4  # the larger first build has this many times the events of the smaller one
 DRIVER_RSS_GROWTH_MAX = 1.25
@@ -252,17 +266,37 @@ def spark_submit() -> str:
     return found
 
 
-def run_transform(lake: str, prefix: str) -> TransformRun:
-    """One run of the Spark job over a lake, timed from spark-submit's start to its exit."""
-    if not APP.is_file():
-        raise RuntimeError(f"{APP} not found: run the benchmark from a checkout of mongo-cdc")
+def _spark_env() -> dict[str, str]:
     include = str(Path(mongo_cdc.__file__).resolve().parents[1])
-    env = {
+    return {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(p for p in (include, os.environ.get("PYTHONPATH")) if p),
         "PYSPARK_PYTHON": sys.executable,
         "PYSPARK_DRIVER_PYTHON": sys.executable,
     }
+
+
+def run_empty_job() -> float:
+    """Seconds of the empty PySpark job, from spark-submit's start to its exit."""
+    started = time.perf_counter()
+    done = subprocess.run(
+        [spark_submit(), "--master", "local[*]", str(EMPTY_JOB)],
+        capture_output=True,
+        text=True,
+        env=_spark_env(),
+    )
+    seconds = time.perf_counter() - started
+    if done.returncode != 0:
+        raise RuntimeError(f"the empty PySpark job exited with {done.returncode}:\n{done.stderr[-3000:]}")
+    print(f"  empty PySpark job: {seconds:.1f}s", flush=True)
+    return seconds
+
+
+def run_transform(lake: str, prefix: str) -> TransformRun:
+    """One run of the Spark job over a lake, timed from spark-submit's start to its exit."""
+    if not APP.is_file():
+        raise RuntimeError(f"{APP} not found: run the benchmark from a checkout of mongo-cdc")
+    env = _spark_env()
     command = [
         spark_submit(),
         "--master",
@@ -325,6 +359,25 @@ def apply_changes(collection: Collection, count: int, first_new: int, seed: int)
     return {"u": updates, "d": deletes, "c": inserts}
 
 
+def spread_changes(collection: Collection, count: int, first_new: int, seed: int) -> dict[str, int]:
+    """``count`` writes spread over the whole key range, in bulk: 70% updates, 10% deletes, 20%
+    inserts of new documents (numbered from ``first_new``)."""
+    rnd = random.Random(seed)
+    inserts, deletes = count // 5, count // 10
+    updates = count - inserts - deletes
+    ids = [doc["_id"] for doc in collection.find({}, {"_id": 1})]
+    chosen = rnd.sample(ids, updates + deletes)
+    writes: list[UpdateOne | DeleteOne] = [
+        UpdateOne({"_id": _id}, {"$set": {"price": round(rnd.random() * 1000, 2)}, "$inc": {"n": 1}})
+        for _id in chosen[:updates]
+    ]
+    writes += [DeleteOne({"_id": _id}) for _id in chosen[updates:]]
+    for start in range(0, len(writes), 5_000):
+        collection.bulk_write(writes[start : start + 5_000], ordered=False)
+    load(collection, inserts, lambda start, size: small_documents(first_new + start, size))
+    return {"u": updates, "d": deletes, "c": inserts}
+
+
 def add_a_field(collection: Collection, count: int, seed: int) -> dict[str, int]:
     """``count`` updates that each give a recent document a field no document had."""
     rnd = random.Random(seed)
@@ -343,7 +396,12 @@ class Results:
     docs: int
     small_docs: int
     changes: int
+    spread: int
+    nested_docs: int
+    empty_job_seconds: float = 0.0
     landed_rate: float = 0.0
+    nested_mb: float = 0.0  # the nested documents' BSON
+    nested_landed_mb_s: float = 0.0
     runs: dict[str, TransformRun] = field(default_factory=dict)
     removed_change_files: int = 0
     added_change_files: int = 0
@@ -369,6 +427,29 @@ class Results:
                 "s"),
             Row(section, f"old change files removed by the new field ({self.added_change_files} added)",
                 self.removed_change_files, "files", max_value=1),
+        ] + self._own_work_rows()  # fmt: skip
+
+    def _own_work_rows(self) -> list[Row]:
+        """Issue 21's rows: the empty job, the first builds without it, spread changes, nested documents."""
+        empty = self.empty_job_seconds
+        large, nested = self.runs["first large"], self.runs["first nested"]
+        spread, changes = self.runs["spread large"], self.runs["changes large"]
+        section = "transform without Spark's start"
+        nested_rate = self.nested_mb / max(nested.seconds - empty, 1e-9)
+        return [
+            Row(section, "empty PySpark job (SparkContext, 2 tasks)", empty, "s"),
+            Row(section, f"first build, {self.docs:,} docs, wall", large.seconds, "s",
+                max_value=FIRST_BUILD_MAX_SECONDS),
+            Row(section, f"first build, {self.docs:,} docs, less the empty job",
+                self.docs / max(large.seconds - empty, 1e-9), "events/s",
+                min_value=FIRST_BUILD_MIN_OWN_EVENTS_S),
+            Row(section, f"run_snapshot landing, {self.nested_docs:,} nested docs", self.nested_landed_mb_s,
+                "MB/s"),
+            Row(section, f"first build, {self.nested_docs:,} nested docs, less the empty job", nested_rate,
+                "MB/s", nested_rate / self.nested_landed_mb_s, "landing", min_ratio=NESTED_VS_LANDING_MIN),
+            Row(section, f"{self.spread:,} changes spread over {self.docs:,} docs", spread.seconds, "s",
+                spread.seconds / changes.seconds, f"{self.changes:,} changes",
+                max_ratio=SPREAD_VS_CHANGES_MAX),
         ]  # fmt: skip
 
     def peak_row(self) -> Row:
@@ -393,7 +474,9 @@ def _step(name: str) -> Iterator[None]:
 def transform(bench: Bench) -> list[Row]:
     """Every step of the module docstring; the section's rows (its peak RSS row goes with the others)."""
     args = bench.args
-    results = Results(args.state, args.small_state, args.changes)
+    results = Results(args.state, args.small_state, args.changes, args.spread_changes, args.nested_state)
+    with _step("empty PySpark job"):
+        results.empty_job_seconds = run_empty_job()
     # the bench's mongod has a small oplog: its headroom warnings say nothing about the transform
     oplog_log = logging.getLogger("mongo_cdc.capture.oplog_window")
     level = oplog_log.level
@@ -427,6 +510,20 @@ def transform(bench: Bench) -> list[Row]:
         after = large.change_files()
         results.removed_change_files = len(before - after)
         results.added_change_files = len(after - before)
+        first_new = large.documents + args.changes // 5
+        rows = large.pull(spread_changes(large.collection, args.spread_changes, first_new, seed=4))
+        with _step(f"{args.spread_changes:,} changes spread over {large.namespace}"):
+            run = results.runs["spread large"] = large.transform()
+        _check(run, large, rows)
+        nested = Source("nested", client, bench.rs.name, lake, args.nested_state)
+        with _step(f"loading {nested.documents:,} nested documents into {nested.namespace}"):
+            load(nested.collection, nested.documents, nested_documents)
+        results.nested_mb = nested.collection.database.command("collStats", COLLECTION)["size"] / 1e6
+        with _step(f"snapshot of {nested.namespace}"):
+            results.nested_landed_mb_s = results.nested_mb / nested.snapshot()
+        with _step(f"first build of {nested.namespace}"):
+            run = results.runs["first nested"] = nested.transform()
+        _check(run, nested, nested.documents)
     finally:
         client.close()
         oplog_log.setLevel(level)

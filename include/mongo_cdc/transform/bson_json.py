@@ -1,0 +1,159 @@
+"""``__doc`` of fast documents (``transform.bson_columns``) straight from their BSON bytes.
+
+The text is what ``extjson.encode`` writes of the document decoded, byte for byte: every element is
+a piece of text at its offset in the buffer (a key and its value; a document or array an opening
+piece there and a closing one at its last byte), so the pieces in offset order, joined per
+document, are the document's text. Pieces are made per kind with Arrow's string kernels, doubles by
+orjson (which writes a numpy array as it writes floats). A document holding a binary (base64) or a
+string with a control character is left to ``extjson`` (its text is null here).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from mongo_cdc.transform.bson_columns import (
+    _ARRAY,
+    _BOOL,
+    _DATE,
+    _DOCUMENT,
+    _DOUBLE,
+    _HEX,
+    _INT32,
+    _INT64,
+    _NULL,
+    _OBJECT_ID,
+    _STRING,
+    FastDocuments,
+    Values,
+    kinds_in,
+)
+
+
+def document_texts(fast: FastDocuments) -> tuple[pa.StringArray, np.ndarray]:
+    """Each fast document's Extended JSON text, as ``extjson.encode`` writes it decoded, and a
+    mask of those left to it (null here): documents holding a binary, or a string with a control
+    character. Every element becomes a piece of text at its offset in the buffer (a document or
+    array an opening piece there and a closing one at its last byte), so the pieces in offset
+    order, joined per document, are the document's text."""
+    documents = fast.documents
+    ends = documents.at + fast.buffer.int32(documents.at) - 1
+    offsets = [documents.at, ends]
+    pieces = [_repeat("{", len(documents)), _repeat("}", len(documents))]
+    python = np.zeros(len(fast.fast), bool)
+    for level in fast.levels.values():
+        if not len(level.container):
+            continue
+        first = level.first
+        if level.documents:
+            keys = [orjson.dumps(name.decode()).decode() + ":" for name in level.names]
+            prefixes = pa.array([f",{key}" for key in keys] + keys, pa.string())
+            prefix = prefixes.take(pa.array(level.key + first * len(keys)))
+        else:
+            prefix = pa.array([",", ""], pa.string()).take(pa.array(first.view(np.int8)))
+        text, unrendered = _value_texts(fast, level.values)
+        python[level.values.root[unrendered]] = True
+        offsets.append(level.offset)
+        pieces.append(pc.binary_join_element_wise(prefix, text, ""))
+        containers = (level.values.kind == _DOCUMENT) | (level.values.kind == _ARRAY)
+        if containers.any():
+            closing = np.where(level.values.kind[containers] == _DOCUMENT, "}", "]")
+            offsets.append(level.values.at[containers] + level.values.size[containers] - 1)
+            pieces.append(pa.array(closing, pa.string()))
+    at = np.concatenate(offsets)
+    order = np.argsort(at, kind="stable")
+    ordered = pa.concat_arrays(pieces).take(pa.array(order))
+    bounds = np.searchsorted(at[order], documents.at)
+    lists = pa.ListArray.from_arrays(pa.array(np.append(bounds, len(at)), pa.int32()), ordered)
+    texts = pc.binary_join(lists, "")
+    unrendered = python[documents.root]
+    if unrendered.any():
+        texts = pc.if_else(pa.array(unrendered), pa.nulls(len(texts), pa.string()), texts)
+    return texts, unrendered
+
+
+def _value_texts(fast: FastDocuments, values: Values) -> tuple[pa.Array, np.ndarray]:
+    """Each value's Extended JSON text (a document's or array's opening bracket), and the
+    indexes of those left to ``extjson`` (a binary, a string with a control character)."""
+    parts, positions = [], []
+    unrendered = []
+    for kind in kinds_in(values.kind):
+        where = np.flatnonzero(values.kind == kind)
+        at = values.at[where]
+        if kind == _DOUBLE:
+            numbers = fast.gather(at, 8).view("<f8").reshape(-1)
+            text = _doubles(numbers)
+        elif kind == _STRING:
+            raw = fast.ranges(at + 4, values.size[where] - 5, pa.string())
+            control = pc.match_substring_regex(raw, "[\\x00-\\x1f]").to_numpy(zero_copy_only=False)
+            unrendered.append(where[control])
+            escaped = pc.replace_substring(pc.replace_substring(raw, "\\", "\\\\"), '"', '\\"')
+            text = pc.binary_join_element_wise('"', escaped, '"', "")
+        elif kind in (_DOCUMENT, _ARRAY):
+            text = _repeat("{" if kind == _DOCUMENT else "[", len(where))
+        elif kind == _OBJECT_ID:
+            text = _fixed_width(b'{"$oid":"', _HEX[fast.gather(at, 12)].reshape(len(at), 24), b'"}')
+        elif kind == _BOOL:
+            text = pa.array(["false", "true"], pa.string()).take(
+                pa.array(fast.buffer.data[at] != 0, pa.int8())
+            )
+        elif kind == _DATE:
+            millis = pa.array(fast.int64(at), pa.int64()).cast(pa.string())
+            text = pc.binary_join_element_wise('{"$date":{"$numberLong":"', millis, '"}}', "")
+        elif kind == _NULL:
+            text = _repeat("null", len(where))
+        elif kind == _INT32:
+            text = pa.array(fast.int32(at), pa.int64()).cast(pa.string())
+        elif kind == _INT64:
+            number = pa.array(fast.int64(at), pa.int64()).cast(pa.string())
+            text = pc.binary_join_element_wise('{"$numberLong":"', number, '"}', "")
+        else:  # a binary: base64 is left to extjson
+            unrendered.append(where)
+            text = _repeat("", len(where))
+        parts.append(text)
+        positions.append(where)
+    order = np.argsort(np.concatenate(positions), kind="stable")
+    texts = pa.concat_arrays([part.cast(pa.string()) for part in parts]).take(pa.array(order))
+    return texts, np.concatenate(unrendered) if unrendered else np.zeros(0, np.int64)
+
+
+_NON_FINITE = {"NaN": '{"$numberDouble":"NaN"}', "Infinity": '{"$numberDouble":"Infinity"}',
+               "-Infinity": '{"$numberDouble":"-Infinity"}'}  # fmt: skip
+
+
+def _doubles(numbers: np.ndarray) -> pa.Array:
+    """Doubles as orjson writes them (it writes a numpy array as it writes floats), non-finite ones
+    as Extended JSON's ``$numberDouble``."""
+    finite = np.isfinite(numbers)
+    listed = orjson.dumps(np.where(finite, numbers, 0.0), option=orjson.OPT_SERIALIZE_NUMPY)
+    text = pc.split_pattern(pa.array([listed[1:-1].decode()]), ",").flatten()
+    if finite.all():
+        return text
+    spelled = np.where(np.isnan(numbers), "NaN", np.where(numbers > 0, "Infinity", "-Infinity"))
+    named = pa.array(spelled.tolist(), pa.string())  # only the non-finite ones are read
+    replaced = pa.array([_NON_FINITE[name] for name in named.filter(pa.array(~finite)).to_pylist()])
+    positions = np.cumsum(~finite) - 1
+    return pc.if_else(pa.array(finite), text, replaced.take(pa.array(np.maximum(positions, 0))))
+
+
+def _fixed_width(prefix: bytes, middle: np.ndarray, suffix: bytes) -> pa.Array:
+    """Strings of ``prefix``, a row of ``middle`` (uint8) and ``suffix`` each."""
+    count = len(middle)
+    rows = np.concatenate(
+        [
+            np.tile(np.frombuffer(prefix, np.uint8), (count, 1)),
+            middle,
+            np.tile(np.frombuffer(suffix, np.uint8), (count, 1)),
+        ],
+        axis=1,
+    )
+    width = rows.shape[1]
+    offsets = np.arange(count + 1, dtype=np.int32) * width
+    return pa.StringArray.from_buffers(count, pa.py_buffer(offsets), pa.py_buffer(rows.tobytes()))
+
+
+def _repeat(text: str, count: int) -> pa.Array:
+    return pa.array([text], pa.string()).take(pa.array(np.zeros(count, np.int64)))

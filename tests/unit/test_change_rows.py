@@ -1,0 +1,62 @@
+"""Change events read raw become raw rows without decoding their documents (issue 19): the resume
+token and the namespace are read from their bytes, documents land as the event's bytes, and the
+rows' keys are built in bulk, the same as one by one."""
+
+from __future__ import annotations
+
+import bson
+from bson import ObjectId, Timestamp
+from bson.datetime_ms import DatetimeMS
+
+from mongo_cdc import extjson
+from mongo_cdc.capture.collection_events import collection_row
+from mongo_cdc.capture.events import RAW_EVENT_OPTIONS, SourceInfo, change_rows, event_fields, raw_rows_table
+from mongo_cdc.lake import COLLECTION_KEY
+
+SOURCE = SourceInfo("prefix", "rs0")
+WALL_MS = 1_700_000_000_123
+
+
+def _event(token: dict, document_id: object, operation: str = "insert") -> dict:
+    event = {
+        "_id": token,
+        "operationType": operation,
+        "clusterTime": Timestamp(1_700_000_000, 3),
+        "wallTime": DatetimeMS(WALL_MS),
+        "ns": {"db": "db", "coll": "items"},
+        "documentKey": {"_id": document_id},
+    }
+    if operation == "insert":
+        event["fullDocument"] = {"_id": document_id, "x": 1}
+    raw = bson.decode(bson.encode(event), RAW_EVENT_OPTIONS)
+    raw["_id"]  # what the change stream reads of every event
+    return event_fields(raw)
+
+
+def test_a_raw_events_resume_token_and_namespace_read_as_the_server_sent_them() -> None:
+    sliced = _event({"_data": "8265A1B2C3000000012B"}, 1)
+    assert sliced["_id"] == {"_data": "8265A1B2C3000000012B"}
+    assert _event({"_data": "82", "more": 1}, 2)["_id"] == {"_data": "82", "more": 1}  # another layout
+    assert sliced["ns"] == {"db": "db", "coll": "items"}
+
+
+def test_rows_of_a_batch_are_keyed_in_bulk_as_one_by_one() -> None:
+    object_id = ObjectId()
+    inserted = _event({"_data": "8201"}, object_id)
+    deleted = _event({"_data": "8202"}, 5, "delete")
+    dropped = _event({"_data": "8203"}, 6, "drop")
+    rows = [
+        *change_rows(inserted, SOURCE, tombstones=False),
+        *change_rows(deleted, SOURCE, tombstones=True),
+        collection_row(dropped, SOURCE),
+    ]
+    ids = (object_id, 5, 5)
+    expected = [extjson.document_key(document_id) for document_id in ids]
+    for keyed in (rows[:1], rows[:3]):  # ObjectIds in bulk; other _id types one by one
+        assert raw_rows_table(keyed, 1).column("key").to_pylist() == expected[: len(keyed)]
+    table = raw_rows_table(rows, 1)
+    assert table.column("key").to_pylist() == [*expected, COLLECTION_KEY]
+    assert table.column("op").to_pylist() == ["c", "d", None, "drop"]
+    assert table.column("after").to_pylist()[0] == inserted["fullDocument"].raw
+    source = table.column("source").to_pylist()[0]
+    assert (source["ts_ms"], source["ord"], source["wallTime"], source["rs"]) == (WALL_MS, 3, WALL_MS, "rs0")
