@@ -56,7 +56,7 @@ from mongo_cdc.lake.landing import COMMIT_RETRIES, SourceLake
 from mongo_cdc.lake.maintenance import maintain_table, remove_uncommitted_leftovers
 from mongo_cdc.lake.storage import row_count, table_if_exists
 from mongo_cdc.transform.backlog import behind_text, collection_backlog
-from mongo_cdc.transform.changes_commit import ChangesRun, recorded_flattening
+from mongo_cdc.transform.changes_commit import ChangesRun
 from mongo_cdc.transform.data_files import delete_directory
 from mongo_cdc.transform.flatten_options import FlatteningOptions
 from mongo_cdc.transform.raw_events import applied_app_id, applied_batches
@@ -64,6 +64,7 @@ from mongo_cdc.transform.slice_tasks import transform_slice
 from mongo_cdc.transform.slices import RawFile, RawSlice, raw_files, raw_slices
 from mongo_cdc.transform.state_commit import StateRun
 from mongo_cdc.transform.table_commits import LostCommitRace, log
+from mongo_cdc.transform.work import CollectionWork
 
 if TYPE_CHECKING:
     from pyspark import SparkContext
@@ -228,33 +229,20 @@ class CollectionTransform:
 
     def update(self) -> dict[str, Any]:
         state_table = self.read("state")
-        state_applied = self.applied(state_table, "state")
-        state_window = BatchWindow.of(self.batches, self.namespace, state_applied)
-        # a copy that found no document (an empty collection renamed over this one) lands no rows
-        # here, yet its manifest still deletes the stored documents it did not find
-        manifest_pending = state_table is not None and any(
-            m.seq > state_applied.get(m.rs, 0) for m in self.manifests
-        )
         changes_table = self.read("changes")
-        rebuilt = (
-            changes_table is not None and recorded_flattening(changes_table) != self.flattening.to_json()
+        work = CollectionWork.of(
+            self.batches, self.namespace, state_table, changes_table, self.flattening, self.rebuild_hours
         )
+        rebuilt = work.changes_rebuilt
         if rebuilt:
             log.warning(
                 "%s: other flattening options than the changes table's: rebuilding it", self.namespace
             )
-        changes_window = BatchWindow.of(
-            self.batches, self.namespace, {} if rebuilt else self.applied(changes_table, "changes")
-        )
-        state = (
-            None
-            if state_window.is_empty and not manifest_pending
-            else StateRun(self, state_table, state_window)
-        )
+        state = StateRun(self, state_table, work.state_window) if work.updates_state else None
         changes = (
-            None
-            if changes_window.is_empty
-            else ChangesRun(self, None if rebuilt else changes_table, rebuilt, changes_window)
+            ChangesRun(self, None if rebuilt else changes_table, rebuilt, work.changes_window)
+            if work.updates_changes
+            else None
         )
         windows = [run.window for run in (state, changes) if run is not None]
         slices = self.slices(windows) if windows else []
@@ -282,6 +270,7 @@ class CollectionTransform:
         if changes is not None:
             written = changes.finish(slices, [output.changes for output in outputs])
             changes_table = self.read("changes")
+        # a changes table this run created too: the hours' history rows are only in the rebuild
         if self.rebuild_hours and changes_table is not None:
             every = BatchWindow.of(self.batches, self.namespace, include_history=True)
             written += ChangesRun(self, changes_table, False, every).rebuild(set(self.rebuild_hours))
@@ -321,13 +310,14 @@ def transform_collections(
     context: SparkContext,
     source_lake: SourceLake,
     batches: list[Batch],
+    namespaces: list[str],
     flattening: FlatteningOptions,
     rebuild_hours: tuple[str, ...],
     maintenance: dict[str, int] | None,
 ) -> JobSummary:
-    """Every collection of the committed ``batches`` brought up to them, COLLECTION_THREADS at a time;
-    a collection that fails is logged and holds back no other."""
-    namespaces = sorted({ns for batch in batches for ns in (*batch.namespaces, *(batch.collections or ()))})
+    """The collections ``namespaces`` (those with work, ``work.source_work``) brought up to the
+    committed ``batches``, COLLECTION_THREADS at a time; a collection that fails is logged and holds
+    back no other."""
 
     def transformed(namespace: str) -> dict[str, Any]:
         log.info("transforming %s", namespace)
