@@ -172,8 +172,13 @@ class CollectionTransform:
         it lost a commit race, or its rows must be written again in a settled layout."""
         try:
             return self.finished_shared(run, output)
-        except (CommitFailedError, LostCommitRace, SharedRunMisfit) as reason:
-            log.warning("%s: %s; running it again with Spark jobs of its own", self.namespace, reason)
+        except (CommitFailedError, LostCommitRace) as race:
+            log.warning(
+                "%s: lost a commit race to another writer of its tables (%s); running it again with Spark "
+                "jobs of its own from a fresh read of the batch log and the tables", self.namespace, race,
+            )  # fmt: skip
+        except SharedRunMisfit as misfit:
+            log.info("%s", misfit)
         finally:
             delete_directory(self.location, self.staging)
         return self.again().converged()
