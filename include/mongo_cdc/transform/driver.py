@@ -317,7 +317,11 @@ class CollectionTransform:
     def finished_shared(self, run: PreparedRun, output: SharedOutput) -> dict[str, Any]:
         """The run whose one slice a task of a shared job transformed (``output``), committed."""
         if output.error is not None:
-            raise SharedTaskFailed(f"{self.namespace}: its task of the shared job failed:\n{output.error}")
+            # first the exception the task raised (the summary's error line), then its traceback
+            raised = output.error.strip().splitlines()[-1]
+            raise SharedTaskFailed(
+                f"{raised} (in its task of the job shared by small collections)\n{output.error}"
+            )
         assert output.transformed is not None
         if run.state is not None:
             assert output.plan is not None
