@@ -21,12 +21,10 @@ from mongo_cdc import lake
 from mongo_cdc.lake.batch_log import Batch, BatchWindow
 from mongo_cdc.lake.landing import SourceLake
 from mongo_cdc.lake.storage import table_if_exists
+from mongo_cdc.transform.backlog import READ_THREADS
 from mongo_cdc.transform.changes_commit import recorded_flattening
 from mongo_cdc.transform.flatten_options import FlatteningOptions
 from mongo_cdc.transform.raw_events import applied_batches
-
-# How many collections' tables are read at once (each read is mostly waiting on the lake's storage).
-READ_THREADS = 8
 
 
 @dataclass(frozen=True)
