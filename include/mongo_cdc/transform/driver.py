@@ -82,6 +82,9 @@ if TYPE_CHECKING:
 COMMIT_RACE_ATTEMPTS = 4
 # How many collections are transformed at once (``transform_collections``).
 COLLECTION_THREADS = 8
+# How many Spark tasks per core the job shared by small collections has (``_shared_job``): each takes
+# its share of the collections in turn, and the tasks take the cores in turn as they finish.
+SHARED_TASKS_PER_CORE = 4
 
 
 class CollectionTransform:
@@ -473,8 +476,10 @@ def _shared_job(
         return {}
     started = time.monotonic()
     try:
+        # a few collections per Spark task: a task's own round trip costs more than a small collection
+        partitions = min(len(tasks), context.defaultParallelism * SHARED_TASKS_PER_CORE)
         done = (
-            context.parallelize(list(tasks.items()), len(tasks))
+            context.parallelize(list(tasks.items()), partitions)
             .map(lambda item: (item[0], item[1]()))
             .collect()
         )
