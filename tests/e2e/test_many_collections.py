@@ -7,7 +7,6 @@ while the others, transformed side by side, land."""
 
 from __future__ import annotations
 
-import pytest
 from cdc_support import assert_state_equals_collection, truncate_state_files
 
 COLLECTIONS = 200
@@ -23,7 +22,6 @@ def summary_of(run) -> dict:
     return run.get_task_instance("summary").xcom_pull(task_ids="summary")
 
 
-@pytest.mark.slow
 def test_many_collections_land_exactly_and_one_failing_holds_back_none_of_the_others(
     cdc_source, replica_set, db_name, capfd
 ):
