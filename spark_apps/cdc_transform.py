@@ -7,8 +7,10 @@ The entry point: the job's arguments and ``main``. How a run goes is ``mongo_cdc
 ``mongo_cdc.transform.slice_tasks`` (what each Spark task does with its ``slices``). Object-store
 credentials come from the environment (``storage.LakeLocation.from_env``).
 
-Collections fail alone: the job carries on with the others, then exits 1 after one stderr line
-(right before the summary) naming each failed collection and its batches behind. Output: the last
+Only the collections with work run (``mongo_cdc.transform.work``): a run where none has any starts no
+SparkContext and prints an empty summary. Collections fail alone: the job carries on with the
+others, then exits 1 after one stderr line (right before the summary) naming each failed collection
+and its batches behind. Output: the last
 stdout line is the JSON summary (``driver.JobSummary``). Bad arguments print one line to stderr and
 exit 2 before Spark starts.
 """
@@ -26,8 +28,9 @@ from pyspark import SparkConf, SparkContext
 from mongo_cdc.lake.errors import refuse_legacy_layout
 from mongo_cdc.lake.landing import SourceLake
 from mongo_cdc.lake.storage import LakeLocation
-from mongo_cdc.transform.driver import transform_collections
+from mongo_cdc.transform.driver import JobSummary, transform_collections
 from mongo_cdc.transform.flatten_options import FlatteningOptions
+from mongo_cdc.transform.work import source_work
 
 HOUR_NAME = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}")
 
@@ -126,15 +129,28 @@ def main(argv: list[str] | None = None, context: SparkContext | None = None) -> 
     source_lake = SourceLake(LakeLocation.from_env(args.lake_root), args.topic_prefix)
     refuse_legacy_layout(source_lake.location, args.topic_prefix)
     batches = source_lake.batches()
-    own_context = context is None
-    context = start_spark() if context is None else context
-    try:
-        summary = transform_collections(
-            context, source_lake, batches, args.flattening, args.rebuild_hours, args.maintain
-        )
-    finally:
-        if own_context:
-            context.stop()
+    work = source_work(source_lake, batches, args.flattening, args.rebuild_hours, args.maintain is not None)
+    for namespace, collection_work in work.items():
+        logging.info("%s: %s", namespace, ", ".join(collection_work.reasons))
+    summary = JobSummary()
+    if not work:
+        logging.info("no collection has work: Spark is not started")
+    else:
+        own_context = context is None
+        context = start_spark() if context is None else context
+        try:
+            summary = transform_collections(
+                context,
+                source_lake,
+                batches,
+                sorted(work),
+                args.flattening,
+                args.rebuild_hours,
+                args.maintain,
+            )
+        finally:
+            if own_context:
+                context.stop()
     if summary.failed:  # before the summary: spark-submit passes the driver's stderr on in its stdout
         sys.stderr.write(summary.failure_line())
         sys.stderr.flush()

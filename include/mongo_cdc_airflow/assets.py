@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
 from urllib.parse import quote
 
@@ -26,7 +27,7 @@ from mongo_cdc.config import SourceConfig
 from mongo_cdc.lake.batch_log import Batch, last_batches
 from mongo_cdc.lake.landing import SourceLake
 from mongo_cdc.lake.storage import LakeLocation, row_count, table_if_exists
-from mongo_cdc.transform.backlog import Backlog, collections_behind
+from mongo_cdc.transform.backlog import READ_THREADS, Backlog, collections_behind
 
 log = logging.getLogger(__name__)
 
@@ -147,13 +148,28 @@ def emit_table_events(
     emitted = []
     touched = touched_namespaces(run_summary["events"], batches, committed_before)
     verified = run_summary.get("verification") or {}
-    for namespace in sorted({*touched, *pending, *collections_behind(backlogs), *verified}):
-        db, _, collection = namespace.partition(".")
+    namespaces = sorted({*touched, *pending, *collections_behind(backlogs), *verified})
+    uris = {
+        (namespace, zone): lake.table_uri(
+            source_lake.location, zone, source_lake.prefix, *namespace.split(".", 1)
+        )
+        for namespace in namespaces
+        for zone in zones
+    }
+    # read side by side: a source of many collections has as many table logs to read
+    with ThreadPoolExecutor(READ_THREADS, thread_name_prefix="asset-tables") as pool:
+        tables = dict(
+            zip(
+                uris,
+                pool.map(lambda uri: table_if_exists(uri, source_lake.options), uris.values()),
+                strict=True,
+            )
+        )
+    for namespace in namespaces:
         new_events = sum(run_summary["events"].get(namespace, {}).values())
         backlog = backlogs.get(namespace, Backlog())
         for zone in zones:
-            uri = lake.table_uri(source_lake.location, zone, source_lake.prefix, db, collection)
-            table = table_if_exists(uri, source_lake.options)
+            uri, table = uris[namespace, zone], tables[namespace, zone]
             if table is None:  # the transform wrote nothing for it (nothing to write yet)
                 log.info("%s: no %s table yet, so no asset event for it", namespace, zone)
                 continue

@@ -17,6 +17,7 @@ from mongo_cdc.capture.topology import Shard, discover_shards, reconcile
 from mongo_cdc.config import SourceConfig
 from mongo_cdc.lake.errors import LegacyLakeError, refuse_legacy_layout
 from mongo_cdc.transform.backlog import Backlog, behind_text, collections_behind, source_backlogs
+from mongo_cdc.transform.work import source_work
 from mongo_cdc_airflow import task_ids
 from mongo_cdc_airflow.assets import TABLE_ZONES, emit_table_events
 from mongo_cdc_airflow.failures import deterministic_failures, fail_at_once
@@ -107,26 +108,36 @@ def plan_transform(config: SourceConfig) -> list[str]:
         raise AirflowFailException(
             "every shard failed before committing a batch (see their tasks): nothing new to transform"
         )
-    # the collections the transform is to bring up to date, for the summary's asset events: one
-    # catching up after a failed run has tables that change although no batch of it landed now
-    lake = source_lake(config)
-    ti.xcom_push(
-        key=task_ids.PENDING_KEY, value=list(collections_behind(source_backlogs(lake, lake.batches())))
-    )
-    rebuild: list[str] = []
+    hours: tuple[str, ...] = ()
     if is_backfill():
         from mongo_cdc.capture.backfill import hour_partitions
 
-        hours = hour_partitions(context["data_interval_start"], context["data_interval_end"])
-        rebuild = ["--rebuild-hours", json.dumps(hours)]
+        hours = tuple(hour_partitions(context["data_interval_start"], context["data_interval_end"]))
+    maintenance = maintenance_arguments(config, context.get("data_interval_start"))  # none for manual runs
+    # What the job will find to do, asked as it asks it: a run with nothing starts no Spark (the
+    # transform task reads the work key). The collections behind, for the summary's asset events:
+    # one catching up after a failed run has tables that change although no batch of it landed now.
+    lake = source_lake(config)
+    work = source_work(lake, lake.batches(), config.flattening, hours, bool(maintenance))
+    for namespace, collection_work in work.items():
+        log.info("transform work for %s: %s", namespace, ", ".join(collection_work.reasons))
+    if not work:
+        log.info("no collection has transform work: the transform starts no Spark")
+    ti.xcom_push(key=task_ids.WORK_KEY, value=sorted(work))
+    ti.xcom_push(
+        key=task_ids.PENDING_KEY,
+        value=sorted(
+            namespace for namespace, collection_work in work.items() if collection_work.applies_batches
+        ),
+    )
     return [
         "--lake-root",
         config.lake_root,
         "--topic-prefix",
         config.topic_prefix,
         *config.flattening.spark_arguments(),
-        *rebuild,
-        *maintenance_arguments(config, context.get("data_interval_start")),  # none for manual runs
+        *(["--rebuild-hours", json.dumps(list(hours))] if hours else []),
+        *maintenance,
     ]
 
 

@@ -127,6 +127,8 @@ class CdcTransformOperator(SparkSubmitOperator):
 
     Both happen in ``execute``: building the zip at DAG-parse time would slow every parse, and the
     Python paths are the worker's, not the DAG processor's.
+    A run whose ``plan_transform`` found no collection with work (``task_ids.WORK_KEY``) starts no
+    spark-submit: the task succeeds at once.
     """
 
     def __init__(self, *, config: SourceConfig, **kwargs: Any) -> None:
@@ -144,6 +146,11 @@ class CdcTransformOperator(SparkSubmitOperator):
         location = lake_location(self.config.lake_root, self.config.lake_conn_id)
         if location.storage_options and (self._deploy_mode or extra.get("deploy-mode")) == "cluster":
             raise ValueError(cluster_mode_credentials_error(self.config.lake_conn_id, self._conn_id))
+        # after the checks of the settings: a wrong one fails every run, idle or not
+        work = context["ti"].xcom_pull(task_ids=task_ids.PLAN_TRANSFORM, key=task_ids.WORK_KEY)
+        if work == []:  # plan_transform found no collection with work (``work.source_work``)
+            log.info("no collection has transform work (see plan_transform's log): Spark is not started")
+            return
         log.info("shipping %s to the executors; Spark properties: %s", self.py_files, sorted(self.conf))
         # Not env_vars: on YARN and Kubernetes the hook turns those into --conf arguments.
         started = time.monotonic()

@@ -16,5 +16,7 @@ TRANSFORM = "transform"
 COMMITTED_KEY = "committed"
 # plan_transform: the collections behind the committed batches before the transform ran
 PENDING_KEY = "pending"
+# plan_transform: the collections the transform has work for (none: it starts no Spark)
+WORK_KEY = "work"
 # verify: what the verification found (pushed before a verify.on.drift: fail fails the task)
 VERIFICATION_KEY = "verification"

@@ -119,7 +119,7 @@ def test_work_is_cut_into_at_most_max_tasks_even_runs():
 def test_a_run_cut_short_re_reads_only_the_chunks_that_did_not_commit(
     cdc_source, replica_set, db_name, monkeypatch
 ):
-    """The copy dies right after chunk 5's rows committed but before the snapshot log recorded it
+    """The copy dies right after chunk 5's rows committed, before the snapshot log recorded any chunk
     (the worst moment): the next run reads only chunks 6-10, and chunk 5's rows are not doubled."""
     source = cdc_source(db_name, **{"snapshot.chunk.size": 150, "snapshot.max.tasks": 1})
     with replica_set.client() as client:
@@ -132,16 +132,16 @@ def test_a_run_cut_short_re_reads_only_the_chunks_that_did_not_commit(
             return raw_batches(collection, fetch_size, chunk)
 
         monkeypatch.setattr(chunk_reads, "_raw_batches", reading)
-        record_copied = SourceLake.record_copied
-        recorded = []
+        write_chunk = SourceLake.write_chunk
+        written = []
 
-        def dying(lake, rs, seq, chunk, documents):
-            if len(recorded) == 4:
+        def dying(lake, rs, seq, chunk, data):
+            write_chunk(lake, rs, seq, chunk, data)
+            written.append(chunk)
+            if len(written) == 5:
                 raise RuntimeError("injected crash: chunk 5 committed, not recorded")
-            recorded.append(chunk)
-            record_copied(lake, rs, seq, chunk, documents)
 
-        monkeypatch.setattr(SourceLake, "record_copied", dying)
+        monkeypatch.setattr(SourceLake, "write_chunk", dying)
         run = source.run(expect="failed", skip_spark=True)
         states = _states(run)
         assert states[("snapshot_copy", 0)] == "failed"
@@ -154,7 +154,7 @@ def test_a_run_cut_short_re_reads_only_the_chunks_that_did_not_commit(
         assert read[:5] == names[:5] and read[5:] in ([], names[5:6])
         assert source.lake.batches() == [] and source.raw_rows("orders") == []  # nothing committed yet
 
-        monkeypatch.setattr(SourceLake, "record_copied", record_copied)
+        monkeypatch.setattr(SourceLake, "write_chunk", write_chunk)
         read.clear()
         client[db_name].orders.insert_one({"_id": 10**6, "status": "written between the runs"})
         source.run()

@@ -31,7 +31,7 @@ from deltalake import DeltaTable
 from mongo_cdc import lake
 from mongo_cdc.capture.backfill import HOUR, hour_partitions
 from mongo_cdc.transform.changes_commit import ChangesRun
-from mongo_cdc.transform.driver import CollectionTransform
+from mongo_cdc.transform.driver import CollectionTransform, transform_collections
 from mongo_cdc.transform.flatten_options import FlatteningOptions
 from mongo_cdc.transform.state_commit import StateRun
 
@@ -316,3 +316,38 @@ def test_backfill_transforms_racing_live_runs_keep_state_equal_to_mongodb_and_ev
         source.transform()  # nothing new: both runs applied every batch between them
         assert_state_equals_collection(source, client, "items")
         assert_every_event_once(source)
+
+
+def test_a_run_in_the_job_shared_by_small_collections_that_loses_a_commit_race_runs_again_on_its_own(
+    cdc_source, replica_set, db_name, spark_context, monkeypatch, lost_races
+):
+    """A small collection runs in the job shared by small collections (``transform_collections``: one
+    task for the whole collection); another writer commits its state first: the shared run's commit
+    loses, and it runs again with jobs of its own from a fresh read, applying every batch once."""
+    source = cdc_source(db_name)
+    with replica_set.client() as client:
+        items = client[db_name].items
+        started(source, items, transformed_by=spark_context)
+        items.update_many({"_id": {"$lt": 10}}, {"$inc": {"v": 1}})
+        source.run(skip_spark=True)
+        live_log = source.lake.batches()
+        items.insert_many([{"_id": i, "v": 2} for i in range(30, 35)])
+        items.update_one({"_id": 31}, {"$set": {"v": 3}})  # a document with two events: folded in the task
+        source.run(skip_spark=True)
+        shared = []  # the runs committed from a shared job's task
+        finished_shared = CollectionTransform.finished_shared
+        monkeypatch.setattr(
+            CollectionTransform,
+            "finished_shared",
+            lambda self, run, output: shared.append(output) or finished_shared(self, run, output),
+        )
+        just_before_the_first(
+            monkeypatch, StateRun, "merge", lambda: transform(spark_context, source, live_log)
+        )
+        namespace = f"{db_name}.items"
+        summary = transform_collections(
+            spark_context, source.lake, source.lake.batches(), [namespace], FlatteningOptions(), (), None
+        )
+        assert summary.failed == {} and summary.collections[namespace]["state_rows"] == 35
+        assert len(shared) == 1 and shared[0].folded_documents >= 1  # _id 31: inserted, then updated
+        assert_converged(source, client, lost_races)

@@ -66,12 +66,22 @@ def _outputs(source):
     return outputs
 
 
-def test_clearing_and_rerunning_a_finished_run_changes_nothing(scenario):
+def test_clearing_and_rerunning_a_finished_run_changes_nothing(scenario, monkeypatch):
+    from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+
     source, _, shared = scenario
     assert "writes" in shared, "runs after the streaming test"
     before = _outputs(source)
-    source.run(logical_date=RUN_DATE)
+    submitted = []
+    submit = SparkSubmitOperator.execute
+    monkeypatch.setattr(
+        SparkSubmitOperator, "execute", lambda self, context: submitted.append(1) or submit(self, context)
+    )
+    run = source.run(logical_date=RUN_DATE)
     assert _outputs(source) == before
+    # no collection had work (transform.work): the transform task succeeded without spark-submit
+    assert run.get_task_instance("plan_transform").xcom_pull(task_ids="plan_transform", key="work") == []
+    assert run.get_task_instance("transform").state == "success" and submitted == []
 
 
 def test_deleting_the_offset_takes_a_new_snapshot_that_reaches_state(scenario):

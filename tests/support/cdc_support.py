@@ -12,6 +12,7 @@ import sys
 import time
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 from unittest import mock
@@ -243,6 +244,20 @@ def overwrite_the_oplog_past(client, cluster_time: int) -> None:
         assert time.monotonic() < deadline, "the oplog was not truncated in time"
         client.oplog_filler.blobs.replace_one({"_id": writes % 4}, {"blob": f"{blob}{writes}"}, upsert=True)
         writes += 1
+
+
+def truncate_state_files(source: CdcSource, collection: str) -> dict[Path, bytes]:
+    """Cut every data file of the collection's state table in half (its next MERGE fails reading
+    them); their bytes, to restore them."""
+    table = table_if_exists(table_uri(source.location, "state", source.prefix, source.database, collection))
+    assert table is not None
+    originals = {}
+    for uri in table.file_uris():
+        path = Path(uri.removeprefix("file://"))
+        originals[path] = path.read_bytes()
+        path.write_bytes(originals[path][: len(originals[path]) // 2])
+    assert originals
+    return originals
 
 
 def documents(client, database: str, collection: str) -> list[dict]:

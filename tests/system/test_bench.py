@@ -70,6 +70,11 @@ def test_smoke_run_prints_every_row_of_the_table() -> None:
         r"run_snapshot landing, 100 nested docs\s+[\d,.]+ MB/s",
         r"first build, 100 nested docs, less the empty job\s+[\d,.]+ MB/s\s+[\d.]+x\s+landing\s+>= 0.25x",
         r"200 changes spread over 2,000 docs\s+[\d.]+ s\s+[\d.]+x\s+100 changes\s+<= 2.00x",
+        r"3 collections x 2 docs\s+first run, 1 collection\s+[\d.]+ s",
+        r"first run, 3 collections\s+[\d.]+ s\s+[\d.]+x\s+1 x 6 docs\s+<= 2.00x",
+        r"one change in every collection, 3 collections\s+[\d.]+ s\s+[\d.]+x\s+1 x 6 docs\s+<= 2.00x",
+        r"idle run, 3 collections\s+[\d.]+ s\s+[\d.]+x\s+1 x 6 docs\s+<= 1.20x",
+        r"idle run, overhead per collection\s+-?[\d,.]+ ms",
         r"cdc_transform, largest process \((driver JVM|Python driver|Python worker)\)"
         r"\s+[\d,.]+ MiB\s+< 2,048 MiB",
         r"verify 3,000 x \d+ B, 10 ranges\s+bare RawBSONDocument cursor\s+[\d,.]+ docs/s",

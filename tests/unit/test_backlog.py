@@ -1,5 +1,6 @@
 """``transform.backlog``: the committed batches with rows of a collection that its tables have not
-applied, read from a real lake (delta-rs tables, the batch log, the tables' app transactions)."""
+applied, and ``transform.work``: whether the transform has anything to do for it, read from a real
+lake (delta-rs tables, the batch log, the tables' app transactions)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ from mongo_cdc.transform.backlog import (
     collections_behind,
     source_backlogs,
 )
+from mongo_cdc.transform.flatten_options import FlatteningOptions
 from mongo_cdc.transform.raw_events import applied_app_id
+from mongo_cdc.transform.work import source_work
 
 ORDERS, USERS, EMPTY = "shop.orders", "shop.users", "shop.empty"
 
@@ -32,7 +35,7 @@ def record_applied(source_lake: SourceLake, zone: str, namespace: str, applied: 
     db, _, collection = namespace.partition(".")
     write_deltalake(
         lake.table_uri(source_lake.location, zone, source_lake.prefix, db, collection),
-        pa.table({"__key": ["k"]}),
+        pa.table({"__key": ["k"], lake.HOUR_COLUMN: ["2024-05-01T13"]}),  # no flattening recorded: defaults
         mode="append",
         commit_properties=CommitProperties(
             app_transactions=[Transaction(applied_app_id(zone, rs), seq) for rs, seq in applied.items()]
@@ -87,3 +90,50 @@ def test_a_collection_is_behind_by_the_committed_batches_with_its_rows_that_a_ta
 
 def test_behind_text_names_each_collection_with_its_count():
     assert behind_text({USERS: 1, ORDERS: 3}) == "shop.orders (3 batches behind), shop.users (1 batch behind)"
+
+
+def test_a_collection_has_transform_work_for_batches_a_manifest_other_flattening_hours_or_maintenance(
+    tmp_path,
+):
+    source_lake = SourceLake(LakeLocation(str(tmp_path)), "shop")
+    commit(source_lake, "rs0", 1, (ORDERS, USERS), snapshot_cluster_time=1 << 32, collections=(ORDERS, USERS))
+    defaults = FlatteningOptions()
+    work = source_work(source_lake, source_lake.batches(), defaults)
+    assert {namespace: w.reasons for namespace, w in work.items()} == {
+        namespace: ["state batches to apply", "changes batches to apply"] for namespace in (ORDERS, USERS)
+    }
+    assert all(w.applies_batches for w in work.values())
+    for namespace in (ORDERS, USERS):
+        for zone in ("state", "changes"):
+            record_applied(source_lake, zone, namespace, {"rs0": 1})
+    # every table caught up: an idle run, which starts no Spark
+    assert source_work(source_lake, source_lake.batches(), defaults) == {}
+
+    # a copy that found no document of users lands no row of it, yet its manifest deletes them
+    commit(source_lake, "rs0", 2, (ORDERS,), snapshot_cluster_time=2 << 32, collections=(ORDERS, USERS))
+    work = source_work(source_lake, source_lake.batches(), defaults)
+    assert work[USERS].reasons == ["a copy's manifest to apply"] and not work[USERS].applies_batches
+    assert work[ORDERS].reasons == [
+        "state batches to apply",
+        "a copy's manifest to apply",
+        "changes batches to apply",
+    ]
+    for namespace in (ORDERS, USERS):
+        for zone in ("state", "changes"):
+            record_applied(source_lake, zone, namespace, {"rs0": 2})
+    batches = source_lake.batches()
+    assert source_work(source_lake, batches, defaults) == {}
+
+    # no new batch, yet other flattening options, hours to rewrite, maintenance: each is work
+    flattened = source_work(source_lake, batches, FlatteningOptions(flatten_struct=True))
+    assert {namespace: w.reasons for namespace, w in flattened.items()} == {
+        namespace: ["changes table written with other flattening options"] for namespace in (ORDERS, USERS)
+    }
+    assert {
+        namespace: w.reasons
+        for namespace, w in source_work(source_lake, batches, defaults, ("2024-05-01T13",)).items()
+    } == {namespace: ["hours of change rows to rewrite"] for namespace in (ORDERS, USERS)}
+    assert {
+        namespace: w.reasons
+        for namespace, w in source_work(source_lake, batches, defaults, maintain=True).items()
+    } == {namespace: ["maintenance"] for namespace in (ORDERS, USERS)}

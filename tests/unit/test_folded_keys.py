@@ -15,7 +15,13 @@ from mongo_cdc.capture.events import rows_to_table
 from mongo_cdc.lake.batch_log import BatchWindow
 from mongo_cdc.lake.storage import LakeLocation
 from mongo_cdc.transform import keys
-from mongo_cdc.transform.folded_keys import KeyCount, folded_keys, key_bucket, slice_key_buckets
+from mongo_cdc.transform.folded_keys import (
+    KeyCount,
+    folded_in_slice,
+    folded_keys,
+    key_bucket,
+    slice_key_buckets,
+)
 from mongo_cdc.transform.slices import RawPiece
 
 SEQ = 1
@@ -85,3 +91,14 @@ def test_a_key_falls_in_the_same_bucket_in_every_process() -> None:
     # a fixed function of the key's UTF-8 (zlib.crc32), where Python's own str hash changes with
     # each process's seed: executors must agree on it
     assert key_bucket('["s","a"]', 1_000_003) == BUCKET_OF_A
+
+
+def test_a_run_in_one_slice_folds_apart_the_keys_it_repeats(tmp_path: Path) -> None:
+    location = LakeLocation(str(tmp_path))
+    [one_slice, only_a_drop] = slices_of(
+        tmp_path,
+        [event(1, "a", "c"), event(2, "b", "c"), event(3, "b", "u")],
+        [{**event(4, None, lake.DROP), "key": COLLECTION_KEY}],
+    )
+    assert folded_in_slice(location, one_slice, WINDOW) == {keys.document_key("b")}
+    assert folded_in_slice(location, only_a_drop, WINDOW) == frozenset()

@@ -10,9 +10,10 @@ A snapshot is three steps; the DAG runs them as separate tasks, ``run_snapshot``
 1. ``start_snapshot`` records the position (the offset's running snapshot), splits each collection
    into chunks of about ``snapshot.chunk.size`` documents (``chunking``) and records that plan in
    the lake, or returns the plan of an unfinished snapshot that can still be resumed;
-2. ``copy_chunks`` copies chunks, each one Delta commit of its raw table (``landing``). A chunk
-   already committed is skipped, so a retry re-reads only the missing ones; chunks are
-   independent, so several tasks, and ``snapshot.max.threads`` threads in each, copy one snapshot;
+2. ``copy_chunks`` copies chunks, each one Delta commit of its raw table (``landing``), and records
+   them in the snapshot log a copier's worth at a time. A chunk already committed is skipped, so a
+   retry re-reads only the missing ones; chunks are independent, so several tasks, and
+   ``snapshot.max.threads`` threads in each, copy one snapshot;
 3. ``commit_snapshot``, once every chunk is copied, commits the snapshot's batch with its manifest
    (the collections it copied completely), so the transform can drop the documents that no longer
    exist, and moves the offset.
@@ -56,6 +57,8 @@ log = logging.getLogger(__name__)
 # BSON behind it is at most one reply (16 MiB).
 ROW_GROUP_ROWS = 50_000
 PROGRESS_INTERVAL_S = 10.0
+# How often a copier records the chunks it copied in the snapshot log (``copy_chunks``), besides at its end.
+RECORD_COPIED_SECONDS = 30.0
 
 
 @dataclass
@@ -366,36 +369,46 @@ def copy_chunks(
     failed = threading.Event()
     documents: dict[Chunk, int | None] = {}
 
-    def claim() -> Chunk | None:
-        """The next chunk to read, none once a copy failed; those an earlier attempt committed are
-        recorded on the way."""
+    def claim(unrecorded: dict[Chunk, int | None]) -> Chunk | None:
+        """The next chunk to read, none once a copy failed; those an earlier attempt committed go
+        into ``unrecorded`` on the way."""
         while not failed.is_set():
             with claiming:
                 chunk = next(pending, None)
             if chunk is None or not source_lake.chunk_landed(plan.rs, plan.seq, chunk):
                 return chunk
             log.info("%s: chunk %s was committed by an earlier attempt", name, chunk.label)
-            source_lake.record_copied(plan.rs, plan.seq, chunk, None)
-            documents[chunk] = None
+            unrecorded[chunk] = documents[chunk] = None
             progress.add(0, chunk_done=True)
         return None
 
     def copier() -> None:
-        """Copy chunks in turn until none is left, claiming the next one early so it is read ahead."""
+        """Copy chunks in turn until none is left, claiming the next one early so it is read ahead.
+
+        The chunks it copied go into the snapshot log in one commit when it is done (and every
+        RECORD_COPIED_SECONDS on the way): a source of many small collections has as many chunks, and
+        a commit each cost more than their copy. A chunk committed but not recorded yet (a copy cut
+        short) is found by its raw table's app transaction at the next attempt (``claim``), not
+        read again."""
+        unrecorded: dict[Chunk, int | None] = {}
+        recorded_at = time.monotonic()
         try:
             with ChunkReads(client, config) as reads:
-                chunk = claim()
+                chunk = claim(unrecorded)
                 while chunk is not None:
-                    following = claim()
+                    following = claim(unrecorded)
                     log.info("%s: copying chunk %s, %s", name, chunk.label, chunk.describe())
                     batches = reads.batches(chunk, following)
                     copied = _copy_chunk(
                         config, source_lake, source, chunk, batches, plan.seq, plan.cluster_time, progress
                     )
-                    source_lake.record_copied(plan.rs, plan.seq, chunk, copied)
-                    documents[chunk] = copied
+                    unrecorded[chunk] = documents[chunk] = copied
                     progress.add(0, chunk_done=True)
+                    if time.monotonic() - recorded_at >= RECORD_COPIED_SECONDS:
+                        source_lake.record_copied(plan.rs, plan.seq, unrecorded)
+                        unrecorded, recorded_at = {}, time.monotonic()
                     chunk = following
+            source_lake.record_copied(plan.rs, plan.seq, unrecorded)
         except BaseException:
             failed.set()
             raise

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+from collections.abc import Mapping
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -357,14 +358,28 @@ class SourceLake:
         )
         self._append(uri, self._table(uri), data, lake.RAW_SCHEMA, transaction)
 
-    def record_copied(self, rs: str, seq: int, chunk: Chunk, documents: int | None) -> None:
-        """The snapshot log's ``copied`` row of a chunk whose rows are committed (or that had none)."""
+    def record_copied(self, rs: str, seq: int, copied: Mapping[Chunk, int | None]) -> None:
+        """The snapshot log's ``copied`` rows, in one commit, of chunks whose rows are committed (or
+        that had none): ``copied``, each chunk's documents (None: unknown)."""
+        if not copied:
+            return
         now = dt.datetime.now(dt.timezone.utc)
-        row = {"rs": rs, "seq": seq, "kind": COPIED, "namespace": chunk.namespace, "chunk": chunk.index,
-               "chunks": chunk.count, "documents": documents, "recorded_at": now}  # fmt: skip
+        rows = [
+            {
+                "rs": rs,
+                "seq": seq,
+                "kind": COPIED,
+                "namespace": chunk.namespace,
+                "chunk": chunk.index,
+                "chunks": chunk.count,
+                "documents": documents,
+                "recorded_at": now,
+            }  # fmt: skip
+            for chunk, documents in copied.items()
+        ]
         write_deltalake(
             self.source_uri(lake.SNAPSHOT_LOG),
-            pa.Table.from_pylist([row], schema=SNAPSHOT_LOG_SCHEMA),
+            pa.Table.from_pylist(rows, schema=SNAPSHOT_LOG_SCHEMA),
             mode="append",
             storage_options=self.options,
             commit_properties=CommitProperties(max_commit_retries=COMMIT_RETRIES),

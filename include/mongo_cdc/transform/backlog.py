@@ -12,6 +12,7 @@ first run that catches the collection up.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from mongo_cdc import lake
@@ -20,6 +21,9 @@ from mongo_cdc.lake.landing import SourceLake
 from mongo_cdc.lake.storage import table_if_exists
 from mongo_cdc.transform.raw_events import applied_batches
 
+# How many collections' tables are read at once (each read is mostly waiting on the lake's storage):
+# a source of thousands of collections has as many table logs to read.
+READ_THREADS = 8
 # The tables the transform derives from a collection's raw rows.
 DERIVED_TABLES = ("state", "changes")
 
@@ -65,7 +69,9 @@ def collection_backlog(source_lake: SourceLake, namespace: str, batches: Sequenc
 def source_backlogs(source_lake: SourceLake, batches: Sequence[Batch]) -> dict[str, Backlog]:
     """The backlog of every collection the committed ``batches`` wrote raw rows to, by namespace."""
     namespaces = sorted({namespace for batch in batches for namespace in batch.namespaces})
-    return {namespace: collection_backlog(source_lake, namespace, batches) for namespace in namespaces}
+    with ThreadPoolExecutor(READ_THREADS, thread_name_prefix="backlog") as pool:
+        found = pool.map(lambda namespace: collection_backlog(source_lake, namespace, batches), namespaces)
+        return dict(zip(namespaces, found, strict=True))
 
 
 def collections_behind(backlogs: Mapping[str, Backlog]) -> dict[str, int]:

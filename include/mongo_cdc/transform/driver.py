@@ -27,9 +27,17 @@ per collection (``CollectionTransform.update``):
    of the written files, an existing one by MERGE of the (staged) rows (``state_commit``); change
    files appended in one commit (new columns first, in a commit of their own; ``changes_commit``).
 
+Small collections share a job (``transform_collections``): a collection whose new raw rows are one
+slice is run whole by one task (``shared_tasks.whole_collection``: steps 2 to 4 in one task, every
+event of a document being in that slice), one Spark job for all of them; the driver then settles and
+commits each one's tables as in step 5, side by side. A shared run that loses a commit race, or whose
+rows must be written again in a settled layout, runs again with jobs of its own.
+
 Collections fail alone (``transform_collections``): a collection whose transform raises is logged
 (its namespace, the committed batches its tables are behind, ``backlog.collection_backlog``, and the
-traceback) and the job carries on with the others; the ``JobSummary`` says which failed.
+traceback) and the job carries on with the others; the ``JobSummary`` says which failed. Collections
+run side by side (``COLLECTION_THREADS``): each one's Spark jobs and commits are its own, and the
+SparkContext takes jobs from many threads.
 """
 
 from __future__ import annotations
@@ -39,7 +47,9 @@ import json
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from deltalake import CommitProperties, DeltaTable, Transaction
@@ -52,14 +62,16 @@ from mongo_cdc.lake.landing import COMMIT_RETRIES, SourceLake
 from mongo_cdc.lake.maintenance import maintain_table, remove_uncommitted_leftovers
 from mongo_cdc.lake.storage import row_count, table_if_exists
 from mongo_cdc.transform.backlog import behind_text, collection_backlog
-from mongo_cdc.transform.changes_commit import ChangesRun, recorded_flattening
+from mongo_cdc.transform.changes_commit import ChangesRun
 from mongo_cdc.transform.data_files import delete_directory
 from mongo_cdc.transform.flatten_options import FlatteningOptions
 from mongo_cdc.transform.raw_events import applied_app_id, applied_batches
-from mongo_cdc.transform.slice_tasks import transform_slice
+from mongo_cdc.transform.shared_tasks import SharedOutput, whole_collection
+from mongo_cdc.transform.slice_tasks import SliceOutput, transform_slice
 from mongo_cdc.transform.slices import RawFile, RawSlice, raw_files, raw_slices
-from mongo_cdc.transform.state_commit import StateRun
+from mongo_cdc.transform.state_commit import SharedRunMisfit, StateRun
 from mongo_cdc.transform.table_commits import LostCommitRace, log
+from mongo_cdc.transform.work import CollectionWork
 
 if TYPE_CHECKING:
     from pyspark import SparkContext
@@ -68,6 +80,11 @@ if TYPE_CHECKING:
 # How many times in all a collection's run is made (``CollectionTransform.converged``) while it keeps
 # losing commit races to other writers of its tables, before the job fails.
 COMMIT_RACE_ATTEMPTS = 4
+# How many collections are transformed at once (``transform_collections``).
+COLLECTION_THREADS = 8
+# How many Spark tasks per core the job shared by small collections has (``_shared_job``): each takes
+# its share of the collections in turn, and the tasks take the cores in turn as they finish.
+SHARED_TASKS_PER_CORE = 4
 
 
 class CollectionTransform:
@@ -104,13 +121,21 @@ class CollectionTransform:
         self.deletions_uri = lake.deletions_uri(self.location, source_lake.prefix, db, collection)
         self.deletions_path = lake.deletions_path(source_lake.prefix, db, collection)
         self.changes_uri = lake.table_uri(self.location, "changes", source_lake.prefix, db, collection)
-        raw = table_if_exists(self.raw_uri, self.options)
-        self.files = raw_files(raw, self.raw_path) if raw is not None else []
         # MERGE sources and rebuilt tables are written here first (never read as the tables' data)
         self.staging = f"{self.state_path}/{lake.STAGING_DIR}/{uuid.uuid4()}"
 
-    def run(self, maintenance: dict[str, int] | None) -> dict[str, Any]:
-        summary = self.converged()
+    @cached_property
+    def files(self) -> list[RawFile]:
+        """The raw table's files, read only when the collection has batches to apply or hours to
+        rebuild: an idle collection's run reads no raw table."""
+        raw = table_if_exists(self.raw_uri, self.options)
+        return raw_files(raw, self.raw_path) if raw is not None else []
+
+    def run(
+        self, maintenance: dict[str, int] | None, shared: tuple[PreparedRun, SharedOutput] | None = None
+    ) -> dict[str, Any]:
+        """The run (``shared``: its task of a shared job ran it), then the tables' maintenance."""
+        summary = self.converged() if shared is None else self.converged_shared(*shared)
         if maintenance is not None:
             summary["maintenance"] = self.maintain(maintenance)
         return summary
@@ -144,6 +169,22 @@ class CollectionTransform:
             f"{self.namespace}: lost {COMMIT_RACE_ATTEMPTS} commit races in a row to other writers of its "
             f"tables (is more than one transform of this source running?); the last: {lost}"
         ) from lost
+
+    def converged_shared(self, run: PreparedRun, output: SharedOutput) -> dict[str, Any]:
+        """``finished_shared``; made again with jobs of its own (``converged``, from a fresh read) when
+        it lost a commit race, or its rows must be written again in a settled layout."""
+        try:
+            return self.finished_shared(run, output)
+        except (CommitFailedError, LostCommitRace) as race:
+            log.warning(
+                "%s: lost a commit race to another writer of its tables (%s); running it again with Spark "
+                "jobs of its own from a fresh read of the batch log and the tables", self.namespace, race,
+            )  # fmt: skip
+        except SharedRunMisfit as misfit:
+            log.info("%s", misfit)
+        finally:
+            delete_directory(self.location, self.staging)
+        return self.again().converged()
 
     def again(self) -> CollectionTransform:
         """This collection's transform from a fresh read of the batch log, raw files and tables."""
@@ -215,38 +256,50 @@ class CollectionTransform:
 
     # -- both tables ---------------------------------------------------------------------
 
-    def update(self) -> dict[str, Any]:
+    def prepared(self) -> PreparedRun:
+        """The run's tables read, its work (``CollectionWork``) and the slices of its new raw rows."""
         state_table = self.read("state")
-        state_applied = self.applied(state_table, "state")
-        state_window = BatchWindow.of(self.batches, self.namespace, state_applied)
-        # a copy that found no document (an empty collection renamed over this one) lands no rows
-        # here, yet its manifest still deletes the stored documents it did not find
-        manifest_pending = state_table is not None and any(
-            m.seq > state_applied.get(m.rs, 0) for m in self.manifests
-        )
         changes_table = self.read("changes")
-        rebuilt = (
-            changes_table is not None and recorded_flattening(changes_table) != self.flattening.to_json()
+        work = CollectionWork.of(
+            self.batches, self.namespace, state_table, changes_table, self.flattening, self.rebuild_hours
         )
-        if rebuilt:
+        if work.changes_rebuilt:
             log.warning(
                 "%s: other flattening options than the changes table's: rebuilding it", self.namespace
             )
-        changes_window = BatchWindow.of(
-            self.batches, self.namespace, {} if rebuilt else self.applied(changes_table, "changes")
-        )
-        state = (
-            None
-            if state_window.is_empty and not manifest_pending
-            else StateRun(self, state_table, state_window)
-        )
+        state = StateRun(self, state_table, work.state_window) if work.updates_state else None
         changes = (
-            None
-            if changes_window.is_empty
-            else ChangesRun(self, None if rebuilt else changes_table, rebuilt, changes_window)
+            ChangesRun(
+                self,
+                None if work.changes_rebuilt else changes_table,
+                work.changes_rebuilt,
+                work.changes_window,
+            )
+            if work.updates_changes
+            else None
         )
         windows = [run.window for run in (state, changes) if run is not None]
-        slices = self.slices(windows) if windows else []
+        return PreparedRun(
+            state_table, changes_table, work, state, changes, self.slices(windows) if windows else []
+        )
+
+    def shares_a_job(self, run: PreparedRun) -> bool:
+        """Whether the run fits one task of a Spark job shared with other small collections: its new
+        raw rows are one slice, and no hours of change rows are rewritten (a job of their own)."""
+        return len(run.slices) == 1 and not self.rebuild_hours
+
+    def shared_task(self, run: PreparedRun) -> Callable[[], SharedOutput]:
+        """The run as one Spark task (``shared_tasks.whole_collection``) of a shared job."""
+        location, (raw_slice,) = self.location, run.slices
+        state_spec = run.state.spec() if run.state is not None else None
+        changes_spec = run.changes.spec() if run.changes is not None else None
+        state_files = run.state.state_files if run.state is not None else ()
+        return lambda: whole_collection(location, raw_slice, state_spec, changes_spec, state_files)
+
+    def update(self) -> dict[str, Any]:
+        """The run with Spark jobs of its own."""
+        run = self.prepared()
+        state, changes, slices = run.state, run.changes, run.slices
         if state is not None:
             state.plan(slices)
         changes_spec = changes.spec() if changes is not None else None
@@ -262,23 +315,62 @@ class CollectionTransform:
         log.info(
             "%s: %d slices transformed in %.1fs", self.namespace, len(slices), time.monotonic() - started
         )
+        return self.finished(run, outputs)
+
+    def finished_shared(self, run: PreparedRun, output: SharedOutput) -> dict[str, Any]:
+        """The run whose one slice a task of a shared job transformed (``output``), committed."""
+        if output.error is not None:
+            # first the exception the task raised (the summary's error line), then its traceback
+            raised = output.error.strip().splitlines()[-1]
+            raise SharedTaskFailed(
+                f"{raised} (in its task of the job shared by small collections)\n{output.error}"
+            )
+        assert output.transformed is not None
+        if run.state is not None:
+            assert output.plan is not None
+            run.state.shared(output.plan, output.folded_documents, output.folded)
+        return self.finished(run, [output.transformed])
+
+    def finished(self, run: PreparedRun, outputs: list[SliceOutput]) -> dict[str, Any]:
+        """Each table's layout settled from the tasks' ``outputs`` and committed; hours rewritten."""
+        state, changes, slices, changes_table = run.state, run.changes, run.slices, run.changes_table
         summary: dict[str, Any] = {}
         if state is not None:
             summary.update(state.finish(slices, [output.state for output in outputs]))
         else:
-            summary.update(new_events=0, state_rows=row_count(state_table))
+            summary.update(new_events=0, state_rows=row_count(run.state_table))
         written = 0
         if changes is not None:
             written = changes.finish(slices, [output.changes for output in outputs])
             changes_table = self.read("changes")
+        # a changes table this run created too: the hours' history rows are only in the rebuild
         if self.rebuild_hours and changes_table is not None:
             every = BatchWindow.of(self.batches, self.namespace, include_history=True)
             written += ChangesRun(self, changes_table, False, every).rebuild(set(self.rebuild_hours))
             changes_table = table_if_exists(self.changes_uri, self.options)
         summary.update(
-            change_rows=row_count(changes_table), change_rows_written=written, changes_rebuilt=rebuilt
+            change_rows=row_count(changes_table),
+            change_rows_written=written,
+            changes_rebuilt=run.work.changes_rebuilt,
         )
         return summary
+
+
+@dataclass
+class PreparedRun:
+    """A collection's run before its Spark work: its tables as read, its work, a run of each table
+    that has some, and the slices of the raw rows they read."""
+
+    state_table: DeltaTable | None
+    changes_table: DeltaTable | None
+    work: CollectionWork
+    state: StateRun | None
+    changes: ChangesRun | None
+    slices: list[RawSlice]
+
+
+class SharedTaskFailed(RuntimeError):
+    """A collection's task of a shared job failed: its traceback, from the executor."""
 
 
 @dataclass
@@ -310,27 +402,57 @@ def transform_collections(
     context: SparkContext,
     source_lake: SourceLake,
     batches: list[Batch],
+    namespaces: list[str],
     flattening: FlatteningOptions,
     rebuild_hours: tuple[str, ...],
     maintenance: dict[str, int] | None,
 ) -> JobSummary:
-    """Every collection of the committed ``batches`` brought up to them, one at a time; a collection
-    that fails is logged and holds back no other."""
-    namespaces = sorted({ns for batch in batches for ns in (*batch.namespaces, *(batch.collections or ()))})
+    """The collections ``namespaces`` (those with work, ``work.source_work``) brought up to the
+    committed ``batches``, COLLECTION_THREADS at a time; a collection that fails is logged and holds
+    back no other."""
+
+    transforms = {
+        namespace: CollectionTransform(context, source_lake, namespace, batches, flattening, rebuild_hours)
+        for namespace in namespaces
+    }
     summary = JobSummary()
-    for namespace in namespaces:
-        log.info("transforming %s", namespace)
-        try:
-            transform = CollectionTransform(
-                context, source_lake, namespace, batches, flattening, rebuild_hours
+    failures: dict[str, Future] = {}
+    # A small collection's run is mostly waiting (Spark's job round trips, delta-rs reading and
+    # committing logs): the collections whose new rows are one slice each share one Spark job, a task
+    # each (``shared_tasks.whole_collection``); the others run their own jobs. Reads and commits run
+    # side by side, each collection the only writer of its own tables, so a source of many small
+    # collections costs about what their data does.
+    with ThreadPoolExecutor(COLLECTION_THREADS, thread_name_prefix="collection") as pool:
+        prepared = {namespace: pool.submit(transform.prepared) for namespace, transform in transforms.items()}
+        shared: dict[str, PreparedRun] = {}
+        for namespace, future in prepared.items():
+            if future.exception() is None and transforms[namespace].shares_a_job(future.result()):
+                shared[namespace] = future.result()
+            elif future.exception() is not None and not isinstance(
+                future.exception(), (CommitFailedError, LostCommitRace)
+            ):
+                failures[namespace] = future
+        outputs = _shared_job(
+            context, {namespace: transforms[namespace].shared_task(run) for namespace, run in shared.items()}
+        )
+        runs = {
+            namespace: pool.submit(
+                transform.run,
+                maintenance,
+                (shared[namespace], outputs[namespace]) if namespace in outputs else None,
             )
-            summary.collections[namespace] = transform.run(maintenance)
-        except Exception as failure:  # one collection's failure holds back no other collection
-            # a damaged data file is named with its fix, whatever the reader's own message says
-            error = _named_damage(source_lake, namespace) or failure
-            behind = collection_backlog(source_lake, namespace, batches).batches
-            log.exception("FAILED: %s; the other collections carry on", behind_text({namespace: behind}))
-            summary.failed[namespace] = {"error": _error_line(error), "batches_behind": behind}
+            for namespace, transform in transforms.items()
+            if namespace not in failures
+        }
+        for namespace in namespaces:
+            try:
+                summary.collections[namespace] = (failures.get(namespace) or runs[namespace]).result()
+            except Exception as failure:  # one collection's failure holds back no other collection
+                # a damaged data file is named with its fix, whatever the reader's own message says
+                error = _named_damage(source_lake, namespace) or failure
+                behind = collection_backlog(source_lake, namespace, batches).batches
+                log.exception("FAILED: %s; the other collections carry on", behind_text({namespace: behind}))
+                summary.failed[namespace] = {"error": _error_line(error), "batches_behind": behind}
     if maintenance is not None:  # any table's, a collection of no batch's too: a source-wide listing
         removed = remove_uncommitted_leftovers(
             source_lake.location,
@@ -342,6 +464,34 @@ def transform_collections(
             "removed %d files no table's log names (commits that never happened): %s", len(removed), removed
         )
     return summary
+
+
+def _shared_job(
+    context: SparkContext, tasks: dict[str, Callable[[], SharedOutput]]
+) -> dict[str, SharedOutput]:
+    """Each collection's task (``CollectionTransform.shared_task``) in one Spark job, by namespace. A
+    task returns its collection's failure rather than fail the job; should the job fail anyway (an
+    executor lost, say), no collection has an output and each runs with jobs of its own."""
+    if not tasks:
+        return {}
+    started = time.monotonic()
+    try:
+        # a few collections per Spark task: a task's own round trip costs more than a small collection
+        partitions = min(len(tasks), context.defaultParallelism * SHARED_TASKS_PER_CORE)
+        done = (
+            context.parallelize(list(tasks.items()), partitions)
+            .map(lambda item: (item[0], item[1]()))
+            .collect()
+        )
+    except Exception:
+        log.exception(
+            "the job shared by %d small collections failed: each runs with jobs of its own", len(tasks)
+        )
+        return {}
+    log.info(
+        "%d small collections transformed in one Spark job in %.1fs", len(tasks), time.monotonic() - started
+    )
+    return dict(done)
 
 
 def _named_damage(source_lake: SourceLake, namespace: str) -> LakeFileError | None:

@@ -93,6 +93,12 @@ def folded_keys(blocks: Iterable[bytes]) -> list[tuple[str, KeyCount]]:
     ]
 
 
+def folded_in_slice(location: LakeLocation, raw_slice: RawSlice, window: BatchWindow) -> frozenset[str]:
+    """The keys folded apart in a run whose events are all in ``raw_slice`` (``shared_tasks``)."""
+    blocks = [block for _, block in slice_key_buckets(location, 0, raw_slice, window, 1)]
+    return frozenset(key for key, _ in folded_keys(blocks)) if blocks else frozenset()
+
+
 def _ipc_block(table: pa.Table) -> bytes:
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema) as writer:

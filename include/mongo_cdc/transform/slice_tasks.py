@@ -9,6 +9,8 @@
 * ``keyed_rows``: the rows of given document keys in a keyed table's files (``KeyedFile``: the state
   table, for stored versions, and the deletion markers), read by the task that needs them.
 
+``transform.shared_tasks`` runs them all in one task for a small collection.
+
 Runs on the executors, which have only pyarrow, orjson and bson (numpy too where it is installed:
 the fast path, ``transform.split_values``): no pyspark or deltalake import here. The driver's side is
 ``transform.driver``.

@@ -44,6 +44,7 @@ from mongo_cdc.transform.slice_tasks import (
     KeyedFile,
     Output,
     SliceOutput,
+    SlicePlan,
     StateOutput,
     StateSpec,
     fold_documents,
@@ -81,6 +82,10 @@ STATE_METADATA_COLUMNS: tuple[tuple[str, columns.ColumnType], ...] = (
 MERGE_IN_MEMORY_ROWS = 200_000
 
 
+class SharedRunMisfit(RuntimeError):
+    """A shared job's task wrote rows that must be written again in the settled layout (``rewritten``)."""
+
+
 class StateRun:
     """One run's update of a collection's state table (and its deletion markers)."""
 
@@ -103,6 +108,8 @@ class StateRun:
         # run's folded documents, found by Spark, stay out of the driver (``plan``)
         self.folded_by_slice: RDD | None = None
         self.folded: RDD | None = None
+        # the fold's outputs when the run's task of a job shared by small collections made them (``shared``)
+        self.shared_folds: tuple[StateOutput, ...] | None = None
         # the files the tasks read stored versions and deletion markers from, for their own keys
         self.state_files = keyed_files(table, transform.state_path)
         self.deletion_files = keyed_files(self.deletions, transform.deletions_path)
@@ -153,6 +160,14 @@ class StateRun:
             self.transform.namespace, self.new_events, self.folded_documents, time.monotonic() - started,
         )  # fmt: skip
 
+    def shared(self, plan: SlicePlan, folded_documents: int, folded: tuple[StateOutput, ...]) -> None:
+        """What the run's task of a shared job (``shared_tasks.whole_collection``) planned and folded, in
+        place of ``plan``'s and ``fold``'s Spark jobs."""
+        self.new_events = plan.rows
+        self.drops = tuple(sorted(plan.drops))
+        self.folded_documents = folded_documents
+        self.shared_folds = folded
+
     def slice_inputs(self, slices: list[RawSlice]) -> RDD:
         """Each slice with its index and its keys of documents folded apart, one partition each."""
         indexed = self.transform.context.parallelize(list(enumerate(slices)), max(1, len(slices)))
@@ -167,6 +182,8 @@ class StateRun:
     def fold(self, slices: list[RawSlice], layout: TableLayout | None = None) -> list[StateOutput]:
         """The documents folded apart: their events grouped by document (Spark's shuffle), folded
         with their stored version or marker (each task reads those of its own documents), and written."""
+        if self.shared_folds is not None:
+            return list(self.shared_folds)
         if not self.folded_documents:
             return []
         location, window, spec, state_files = (
@@ -241,6 +258,11 @@ class StateRun:
     def rewritten(self, slices: list[RawSlice], layout: TableLayout) -> list[StateOutput]:
         """Every state row of the run written again, in ``layout`` (the first try's marker files stay in
         the staging directory, deleted with it)."""
+        if self.shared_folds is not None:  # its documents folded apart are known to no Spark job here
+            raise SharedRunMisfit(
+                f"{self.transform.namespace}: its rows took other types for a new field in a shared job's "
+                "task: it runs again with jobs of its own"
+            )
         outputs = self.transformed(slices, self.spec(layout), None)
         return [output.state for output in outputs] + self.fold(slices, layout)
 

@@ -21,6 +21,8 @@ Starts its own single-member replica set in a temporary directory and, section b
   writes the states);
 * the transform driver's peak RSS for first builds of ``--driver-events`` and 4 times as many events
   (``bench.transform.driver_memory``): it must not grow with the run;
+* many small collections against one of as many documents (``bench.many``): first run, a change in
+  every collection, an idle run;
 * peak RSS of the snapshot, pull and transform processes.
 
 Each path runs in a process of its own (``worker``). Other processes may share the machine, so
@@ -51,6 +53,7 @@ from mongo_cdc.capture.snapshot import start_without_snapshot
 from mongo_cdc.lake.landing import SourceLake
 from mongo_cdc.lake.storage import LakeLocation
 from mongo_cdc_dev.bench import data, peers
+from mongo_cdc_dev.bench.many import many_collections
 from mongo_cdc_dev.bench.table import Row, render
 from mongo_cdc_dev.bench.transform import HOT_DOCS, driver_memory, transform
 from mongo_cdc_dev.bench.verification import write_state
@@ -90,6 +93,8 @@ SIZES = {
     "spread_changes": 100_000,
     "nested_state": 100_000,
     "driver_events": 1_000_000,
+    "collections": 300,
+    "collection_docs": 10,
 }
 SMOKE_SIZES = {
     "small": 3_000,
@@ -102,6 +107,8 @@ SMOKE_SIZES = {
     "spread_changes": 200,
     "nested_state": 100,
     "driver_events": 2_000,
+    "collections": 3,
+    "collection_docs": 2,
 }
 
 
@@ -420,6 +427,7 @@ SECTIONS: dict[str, Callable[[Bench], list[Row]]] = {
     "transform": transform,
     "driver-memory": driver_memory,
     "verify": verification,
+    "many-collections": many_collections,
 }
 
 

@@ -1,0 +1,130 @@
+"""Whether the transform has anything to do for a collection, and what: the one place that decides.
+
+A collection's run has work when its ``state`` table has committed batches of rows to apply, or a
+manifest (a copy that may have found no document) to apply; when its ``changes`` table has batches
+to apply or was written with other flattening options (rebuilt); when the run rewrites hours of
+change rows (``--rebuild-hours``, a backfill); or when the run maintains the tables (``--maintain``).
+The transform's driver runs only the collections with work (``CollectionTransform.update`` decides
+from the same ``CollectionWork``), and the CDC DAG's ``plan_transform`` asks the same question
+before Spark starts: a run where no collection has work starts no Spark at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from deltalake import DeltaTable
+
+from mongo_cdc import lake
+from mongo_cdc.lake.batch_log import Batch, BatchWindow
+from mongo_cdc.lake.landing import SourceLake
+from mongo_cdc.lake.storage import table_if_exists
+from mongo_cdc.transform.backlog import READ_THREADS
+from mongo_cdc.transform.changes_commit import recorded_flattening
+from mongo_cdc.transform.flatten_options import FlatteningOptions
+from mongo_cdc.transform.raw_events import applied_batches
+
+
+@dataclass(frozen=True)
+class CollectionWork:
+    """What a run of the transform has to do for one collection, as its tables stand."""
+
+    state_window: BatchWindow  # the batches of its rows the state table has not applied
+    manifest_pending: bool  # a copy's manifest the state table has not applied (it may delete)
+    changes_window: BatchWindow  # the batches the changes table is to apply (all of them if rebuilt)
+    changes_rebuilt: bool  # the changes table was written with other flattening options
+    rebuild_hours: tuple[str, ...]  # hours of change rows to rewrite (only with a changes table)
+    maintain: bool  # the run compacts and vacuums the collection's tables
+
+    @classmethod
+    def of(
+        cls,
+        batches: Sequence[Batch],
+        namespace: str,
+        state_table: DeltaTable | None,
+        changes_table: DeltaTable | None,
+        flattening: FlatteningOptions,
+        rebuild_hours: tuple[str, ...] = (),
+        maintain: bool = False,
+    ) -> CollectionWork:
+        """The work of ``namespace`` given the committed ``batches`` and its tables as read."""
+        replica_sets = {batch.rs for batch in batches}
+        state_applied = applied_batches(state_table, "state", replica_sets)
+        # a copy that found no document (an empty collection renamed over this one) lands no rows
+        # here, yet its manifest still deletes the stored documents it did not find
+        manifest_pending = state_table is not None and any(
+            batch.manifest is not None
+            and namespace in batch.manifest.collections
+            and batch.manifest.seq > state_applied.get(batch.manifest.rs, 0)
+            for batch in batches
+        )
+        rebuilt = changes_table is not None and recorded_flattening(changes_table) != flattening.to_json()
+        changes_applied = {} if rebuilt else applied_batches(changes_table, "changes", replica_sets)
+        return cls(
+            state_window=BatchWindow.of(batches, namespace, state_applied),
+            manifest_pending=manifest_pending,
+            changes_window=BatchWindow.of(batches, namespace, changes_applied),
+            changes_rebuilt=rebuilt,
+            rebuild_hours=rebuild_hours if changes_table is not None else (),
+            maintain=maintain,
+        )
+
+    @property
+    def updates_state(self) -> bool:
+        return not self.state_window.is_empty or self.manifest_pending
+
+    @property
+    def updates_changes(self) -> bool:
+        return not self.changes_window.is_empty
+
+    @property
+    def applies_batches(self) -> bool:
+        """Whether a table of the collection has committed batches to apply (it is behind them)."""
+        return not self.state_window.is_empty or self.updates_changes
+
+    @property
+    def reasons(self) -> list[str]:
+        """Why the collection's run has work (none: it has no work)."""
+        reasons = []
+        if not self.state_window.is_empty:
+            reasons.append("state batches to apply")
+        if self.manifest_pending:
+            reasons.append("a copy's manifest to apply")
+        if self.changes_rebuilt:
+            reasons.append("changes table written with other flattening options")
+        elif self.updates_changes:
+            reasons.append("changes batches to apply")
+        if self.rebuild_hours:
+            reasons.append("hours of change rows to rewrite")
+        if self.maintain:
+            reasons.append("maintenance")
+        return reasons
+
+
+def source_work(
+    source_lake: SourceLake,
+    batches: Sequence[Batch],
+    flattening: FlatteningOptions,
+    rebuild_hours: tuple[str, ...] = (),
+    maintain: bool = False,
+) -> dict[str, CollectionWork]:
+    """The work of every collection of the committed ``batches`` that has some, by namespace (an
+    empty dict: the run has nothing to do). Reads each collection's state and changes tables' logs."""
+    namespaces = sorted({ns for batch in batches for ns in (*batch.namespaces, *(batch.collections or ()))})
+
+    def work_of(namespace: str) -> CollectionWork:
+        db, _, collection = namespace.partition(".")
+        state, changes = (
+            table_if_exists(
+                lake.table_uri(source_lake.location, zone, source_lake.prefix, db, collection),
+                source_lake.options,
+            )
+            for zone in ("state", "changes")
+        )
+        return CollectionWork.of(batches, namespace, state, changes, flattening, rebuild_hours, maintain)
+
+    with ThreadPoolExecutor(READ_THREADS, thread_name_prefix="work") as pool:
+        found = dict(zip(namespaces, pool.map(work_of, namespaces), strict=True))
+    return {namespace: work for namespace, work in found.items() if work.reasons}

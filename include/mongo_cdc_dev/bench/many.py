@@ -1,0 +1,206 @@
+"""``make bench``'s "many collections" section: a run's cost grows with the data, not with the collections.
+
+Two sources in the bench's replica set, each landing in a lake of its own: ``--collections``
+collections of ``--collection-docs`` small documents each, and one collection of as many documents
+in all. Each goes through the DAG's tasks' work, one run after the other:
+
+1. first run: the snapshot (``run_snapshot``), the transform's first build;
+2. one change in every collection (the single collection: as many changes), pulled
+   (``pull_changes``) and transformed;
+3. an idle run: a pull that finds nothing, and no transform (no collection has work).
+
+Each run also reads what ``plan_transform`` and ``summary`` read (every collection's work before the
+transform, ``work.source_work``, and its backlog after). The transform is the job's body
+(``driver.transform_collections``) on one SparkContext started before the first run: Spark's start
+(the same for both sources) is in no figure, so each ratio is the per-collection overhead against
+the data's work, undiluted. Budgets (issue 28): the many collections' first run and change run at
+most FIRST_RUN_MAX and CHANGE_RUN_MAX times the single collection's, the idle run at most
+IDLE_RUN_MAX times. Every run is checked: nothing failed,
+every collection's state holds its documents, the events applied are the changes made.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pymongo import MongoClient
+
+from mongo_cdc import extjson
+from mongo_cdc.capture.offsets import OffsetKeeper
+from mongo_cdc.capture.replica_set import ReplicaSetCapture
+from mongo_cdc.capture.snapshot import run_snapshot
+from mongo_cdc.capture.streaming import pull_changes
+from mongo_cdc.config import SourceConfig
+from mongo_cdc.lake.landing import SourceLake
+from mongo_cdc.lake.storage import LakeLocation
+from mongo_cdc.transform.backlog import collections_behind, source_backlogs
+from mongo_cdc.transform.driver import JobSummary, transform_collections
+from mongo_cdc.transform.flatten_options import FlatteningOptions
+from mongo_cdc.transform.work import source_work
+from mongo_cdc_dev.bench.data import small_documents
+from mongo_cdc_dev.bench.table import Row
+from mongo_cdc_dev.testing.lake import database_source, memory_keeper
+
+if TYPE_CHECKING:
+    from pyspark import SparkContext
+
+    from mongo_cdc_dev.bench.run import Bench
+
+# budgets (issue 28): the many collections' run against the single collection's
+FIRST_RUN_MAX = 2.0
+CHANGE_RUN_MAX = 2.0
+IDLE_RUN_MAX = 1.2
+RUNS = ("first run", "one change in every collection", "idle run")
+
+
+@dataclass
+class Source:
+    """A captured database of ``collections`` collections holding ``documents`` documents each."""
+
+    name: str
+    client: MongoClient
+    rs: str
+    lake_root: str
+    collections: int
+    documents: int
+    config: SourceConfig = field(init=False)
+    keeper: OffsetKeeper = field(init=False)
+    lake: SourceLake = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.config = database_source(self.name, self.lake_root, f"^{self.name}$")
+        self.keeper = memory_keeper(self.config, self.rs)
+        self.lake = SourceLake(LakeLocation(self.lake_root), self.config.topic_prefix)
+
+    @property
+    def names(self) -> list[str]:
+        return [f"c{index:05d}" for index in range(self.collections)]
+
+    def load(self) -> None:
+        database = self.client[self.name]
+        for index, name in enumerate(self.names):
+            database[name].insert_many(small_documents(index * self.documents, self.documents))
+
+    def change(self, changes: int) -> None:
+        """``changes`` inserts spread over the collections: one each when there are as many."""
+        database = self.client[self.name]
+        for index in range(changes):
+            name = self.names[index % self.collections]
+            database[name].insert_one(small_documents(10**9 + index, 1)[0])
+
+    def capture(self, first: bool) -> None:
+        capture = ReplicaSetCapture(self.client, self.config, self.keeper)
+        run_snapshot(capture) if first else pull_changes(capture)
+
+    def transform(self, context: SparkContext) -> dict[str, Any]:
+        """The run's transform with the reads around it (``plan_transform``'s, ``summary``'s); none
+        when no collection has work, as in the DAG."""
+        batches = self.lake.batches()
+        work = source_work(self.lake, batches, FlatteningOptions())
+        summary = JobSummary()
+        if work:
+            summary = transform_collections(
+                context, self.lake, batches, sorted(work), FlatteningOptions(), (), None
+            )
+        if summary.failed:
+            raise AssertionError(f"{self.name}: the transform failed for {sorted(summary.failed)}")
+        behind = collections_behind(source_backlogs(self.lake, self.lake.batches()))
+        if behind:
+            raise AssertionError(f"{self.name}: collections left behind: {behind}")
+        return summary.collections
+
+    def check(self, collections: dict[str, Any], events: int) -> None:
+        """Every collection's state holds its documents; ``events`` were applied in all (a run
+        without events transforms no collection)."""
+        if not events:
+            if collections:
+                raise AssertionError(f"{self.name}: an idle run transformed {sorted(collections)}")
+            return
+        applied = sum(summary["new_events"] for summary in collections.values())
+        if applied != events:
+            raise AssertionError(f"{self.name}: the transform applied {applied} events, not {events}")
+        for name in self.names:
+            expected = self.client[self.name][name].estimated_document_count()
+            landed = collections[f"{self.name}.{name}"]["state_rows"]
+            if landed != expected:
+                raise AssertionError(f"{self.name}.{name}: the state holds {landed} rows, not {expected}")
+
+    def runs(self, context: SparkContext, changes: int) -> dict[str, float]:
+        """Seconds of each of RUNS (``changes``: the inserts of the second), each checked."""
+        seconds = {}
+        for run, events in zip(RUNS, (self.collections * self.documents, changes, 0), strict=True):
+            if run == RUNS[1]:
+                self.change(events)
+            with _timed(f"{self.name}: {run}") as took:
+                self.capture(first=run == RUNS[0])
+                collections = self.transform(context)
+            self.check(collections, events)
+            seconds[run] = took()
+        return seconds
+
+
+@contextmanager
+def _timed(name: str) -> Iterator[Callable[[], float]]:
+    started = time.perf_counter()
+    ended: list[float] = []
+    yield lambda: ended[0] - started
+    ended.append(time.perf_counter())
+    print(f"many collections: {name}: {ended[0] - started:.1f}s", flush=True)
+
+
+@contextmanager
+def _spark() -> Iterator[SparkContext]:
+    """The job's SparkContext in this process (its Python workers import mongo_cdc like this one)."""
+    from pyspark import SparkConf, SparkContext
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    conf = SparkConf().setMaster("local[*]").setAppName("bench-many-collections")
+    context = SparkContext(
+        conf=conf.set("spark.ui.enabled", "false").set("spark.ui.showConsoleProgress", "false")
+    )
+    context.setLogLevel("WARN")
+    # the first jobs start the Python workers: a cost of neither source
+    context.parallelize(range(2), 2).map(abs).collect()
+    try:
+        yield context
+    finally:
+        context.stop()
+
+
+def many_collections(bench: Bench) -> list[Row]:
+    """The module docstring's runs; the section's rows."""
+    count, documents = bench.args.collections, bench.args.collection_docs
+    client = bench.rs.client(datetime_conversion=extjson.DECODE_OPTIONS.datetime_conversion)
+    # the bench's mongod has a small oplog: its headroom warnings say nothing here
+    oplog_log = logging.getLogger("mongo_cdc.capture.oplog_window")
+    level = oplog_log.level
+    oplog_log.setLevel(logging.ERROR)
+    try:
+        many = Source("many", client, bench.rs.name, bench.lake("many"), count, documents)
+        one = Source("one", client, bench.rs.name, bench.lake("one"), 1, count * documents)
+        for source in (many, one):
+            source.load()
+        with _spark() as context:
+            one_seconds = one.runs(context, count)
+            many_seconds = many.runs(context, count)
+    finally:
+        client.close()
+        oplog_log.setLevel(level)
+    section = f"{count:,} collections x {documents:,} docs"
+    against = f"1 x {count * documents:,} docs"
+    rows = []
+    for run, budget in zip(RUNS, (FIRST_RUN_MAX, CHANGE_RUN_MAX, IDLE_RUN_MAX), strict=True):
+        single, several = one_seconds[run], many_seconds[run]
+        rows.append(Row(section, f"{run}, 1 collection", single, "s"))
+        rows.append(Row(section, f"{run}, {count:,} collections", several, "s", several / single, against,
+                        max_ratio=budget))  # fmt: skip
+        overhead_ms = (several - single) * 1000 / max(count - 1, 1)
+        rows.append(Row(section, f"{run}, overhead per collection", overhead_ms, "ms"))
+    return rows
