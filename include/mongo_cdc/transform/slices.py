@@ -26,6 +26,10 @@ if TYPE_CHECKING:
 # them. Fewer when that keeps every core busy, but not below MIN_SLICE_ROWS (tiny files).
 SLICE_ROWS = 50_000
 MIN_SLICE_ROWS = 5_000
+# Parquet bytes of raw rows per slice, whatever the rows: a task holds its documents' BSON many times
+# over while it builds their columns (slices of 32 MiB, 33,000 nested documents of ~4 KB, took a
+# worker to 3 GiB; 50,000 of them to 3.9 GiB)
+SLICE_BYTES = 8 * 1024 * 1024
 
 
 class RawFile(NamedTuple):
@@ -36,6 +40,7 @@ class RawFile(NamedTuple):
     min_seq: int | None
     max_seq: int | None
     rows: int
+    size: int  # bytes
 
 
 class RawPiece(NamedTuple):
@@ -59,44 +64,48 @@ def raw_files(table: DeltaTable, table_path: str) -> list[RawFile]:
             row["min.batch_seq"] if "min.batch_seq" in names else None,
             row["max.batch_seq"] if "max.batch_seq" in names else None,
             row["num_records"] or 0,
+            row["size_bytes"] or 0,
         )
         for row in actions.to_pylist()
     ]
 
 
 def raw_slices(location: LakeLocation, files: list[RawFile], parallelism: int) -> list[RawSlice]:
-    """``files`` in slices of about SLICE_ROWS rows (fewer when that keeps every core busy), in batch
-    order, so each slice's change files cover few hours and its state file a narrow range of keys.
+    """``files`` in slices of about SLICE_ROWS rows (fewer when that keeps every core busy) and at most
+    about SLICE_BYTES, in batch order, so each slice's change files cover few hours and its state file
+    a narrow range of keys.
 
     Small files (a pull's batches) are grouped; a large one (a snapshot's) is split at its row groups.
     """
     total = sum(file.rows for file in files)
     target = max(MIN_SLICE_ROWS, min(SLICE_ROWS, -(-total // max(1, parallelism))))
-    pieces: list[tuple[RawPiece, int]] = []
+    pieces: list[tuple[RawPiece, int, float]] = []  # a piece, its rows and (about) its bytes
     filesystem, base = location.filesystem()
     for file in sorted(files, key=lambda file: (file.min_seq or 0, file.path)):
+        row_bytes = file.size / max(1, file.rows)
         groups = []
-        if file.rows > target:
+        if file.rows > target or file.size > SLICE_BYTES:
             metadata = pq.ParquetFile(lake_path(base, file.path), filesystem=filesystem).metadata
             groups = [metadata.row_group(index).num_rows for index in range(metadata.num_row_groups)]
         if len(groups) < 2:
-            pieces.append((RawPiece(file.path, None), file.rows))
+            pieces.append((RawPiece(file.path, None), file.rows, file.size))
             continue
         start, rows = 0, 0
         for index, count in enumerate(groups):
             rows += count
-            if rows >= target or index == len(groups) - 1:
-                pieces.append((RawPiece(file.path, tuple(range(start, index + 1))), rows))
+            if rows >= target or rows * row_bytes >= SLICE_BYTES or index == len(groups) - 1:
+                pieces.append((RawPiece(file.path, tuple(range(start, index + 1))), rows, rows * row_bytes))
                 start, rows = index + 1, 0
     slices: list[RawSlice] = []
     current: list[RawPiece] = []
-    rows = 0
-    for piece, count in pieces:
+    rows, size = 0, 0.0
+    for piece, count, piece_size in pieces:
         current.append(piece)
         rows += count
-        if rows >= target:
+        size += piece_size
+        if rows >= target or size >= SLICE_BYTES:
             slices.append(tuple(current))
-            current, rows = [], 0
+            current, rows, size = [], 0, 0.0
     if current:
         slices.append(tuple(current))
     return slices
