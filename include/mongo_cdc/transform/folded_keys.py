@@ -66,10 +66,14 @@ def slice_key_buckets(
     )
     counted = counted.append_column("slice", pa.repeat(pa.scalar(index, pa.int32()), counted.num_rows))
     bucket = pa.array([key_bucket(key, buckets) for key in counted.column("key").to_pylist()], pa.int32())
-    return [
-        (number, _ipc_block(counted.filter(pc.equal(bucket, number))))
-        for number in pc.unique(bucket).to_pylist()
-    ]
+    # in bucket order, each bucket's rows one run: a block per bucket is a slice, not a pass over all
+    order = pc.sort_indices(bucket)
+    counted, bucket = counted.take(order), bucket.take(order)
+    blocks, start = [], 0
+    for run in pc.value_counts(bucket).to_pylist():  # runs in order of first appearance: bucket order
+        blocks.append((run["values"], _ipc_block(counted.slice(start, run["counts"]))))
+        start += run["counts"]
+    return blocks
 
 
 def folded_keys(blocks: Iterable[bytes]) -> list[tuple[str, KeyCount]]:
