@@ -66,6 +66,12 @@ class DecodedRawDocument(RawBSONDocument):
         self._RawBSONDocument__inflated_doc = None
         self._RawBSONDocument__codec_options = codec_options or RAW_EVENT_OPTIONS
 
+    def top_level(self) -> dict[str, Any]:
+        """The decoded top level itself, not a copy (a change stream decoded it already, to read the
+        resume token): for the one owner of an event read from a stream, which may change it."""
+        decoded = self._RawBSONDocument__inflated_doc
+        return decoded if decoded is not None else dict(self.items())
+
 
 # Change events as RawBSONDocuments: the top level decodes on first use (dates as exact milliseconds),
 # every embedded document stays a RawBSONDocument over the server's bytes.
@@ -108,8 +114,9 @@ def event_fields(event: RawBSONDocument) -> dict[str, Any]:
     too): ``fullDocument``, ``fullDocumentBeforeChange``, ``documentKey``, ``updatedFields`` and
     ``lsid`` stay RawBSONDocuments over the server's bytes. The stream decoded the top level already
     (to read the resume token): its ``items`` are taken as they are, so no dict lookup goes through
-    RawBSONDocument's per-access path."""
-    fields = dict(event.items())
+    RawBSONDocument's per-access path, and not copied when the event is a ``DecodedRawDocument``:
+    the stream's events have no other owner."""
+    fields = event.top_level() if isinstance(event, DecodedRawDocument) else dict(event.items())
     fields["_id"] = _resume_token(fields["_id"].raw)  # the stream refuses an event without one
     ns = fields.get("ns")
     if ns is not None:
@@ -128,10 +135,12 @@ _TOKEN_TEXT_AT = 4 + len(_TOKEN_HEAD) + 4
 def _resume_token(raw: bytes) -> dict[str, Any]:
     """A resume token's BSON as a dict: ``{"_data": <hex>}`` sliced out of it (every token since
     MongoDB 4.2 is that one string), any other layout decoded."""
-    if raw[4 : _TOKEN_TEXT_AT - 4] == _TOKEN_HEAD:
-        text_end = _TOKEN_TEXT_AT + _document_size(raw, _TOKEN_TEXT_AT - 4)[0] - 1
-        if text_end + 2 == len(raw):  # the string, its NUL and the document's: nothing else in it
-            return {"_data": raw[_TOKEN_TEXT_AT:text_end].decode()}
+    # the string's length (with its NUL) is all that follows it but the document's NUL
+    if (
+        raw.startswith(_TOKEN_HEAD, 4)
+        and _document_size(raw, _TOKEN_TEXT_AT - 4)[0] == len(raw) - _TOKEN_TEXT_AT - 1
+    ):
+        return {"_data": raw[_TOKEN_TEXT_AT:-2].decode()}
     return bson.decode(raw, DECODE_OPTIONS)
 
 
@@ -144,7 +153,9 @@ def _namespace(raw: bytes) -> dict[str, Any]:
 
 def bson_bytes(document: Any) -> bytes:
     """The BSON of a document: its own bytes when it was read raw, else encoded again."""
-    if isinstance(document, RawBSONDocument):
+    if type(document) is DecodedRawDocument or isinstance(
+        document, RawBSONDocument
+    ):  # an ABC's check is slow
         return document.raw
     return bson.encode(document)
 
