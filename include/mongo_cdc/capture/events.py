@@ -152,11 +152,16 @@ def _namespace(raw: bytes) -> dict[str, Any]:
 
 
 def bson_bytes(document: Any) -> bytes:
-    """The BSON of a document: its own bytes when it was read raw, else encoded again."""
-    if type(document) is DecodedRawDocument or isinstance(
-        document, RawBSONDocument
-    ):  # an ABC's check is slow
-        return document.raw
+    """The BSON of a document: its own bytes when it was read raw, else encoded again.
+
+    Since pymongo 4.18 a raw document of 4 KB or more is a read-only ``memoryview`` of the reply it
+    came in; its bytes are copied out here. Raw rows are bytes: ``pa.array`` over those memoryviews
+    kept every one's memory (a pull of 64 KB documents grew by each batch it landed, to 820 MiB).
+    """
+    # the exact type first: the check against RawBSONDocument, an ABC, is slow
+    if type(document) is DecodedRawDocument or isinstance(document, RawBSONDocument):
+        raw = document.raw
+        return raw if type(raw) is bytes else bytes(raw)
     return bson.encode(document)
 
 
@@ -258,11 +263,11 @@ def change_rows(
     txn_number = change.get("txnNumber")
     after = change.get("fullDocument")
     if after is not None:
-        after = after.raw
+        after = bson_bytes(after)
     # only with a pre-image capture.mode, and never for inserts
     before = change.get("fullDocumentBeforeChange")
     if before is not None:
-        before = before.raw
+        before = bson_bytes(before)
     description = change.get("updateDescription")
     update_description = _update_description(description) if description is not None else None
     if fields is not None:
