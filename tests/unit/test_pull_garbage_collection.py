@@ -1,13 +1,13 @@
 """A pull runs the cyclic garbage collector once per ``COLLECT_EVERY_EVENTS`` landed events, with the
 automatic one off while it reads, and gives the process its collector back after
-(``streaming.CyclicCollection``)."""
+(``garbage_collection.CyclicCollection``)."""
 
 from __future__ import annotations
 
 import gc
 import weakref
 
-from mongo_cdc.capture.streaming import COLLECT_EVERY_EVENTS, CyclicCollection
+from mongo_cdc.capture.garbage_collection import COLLECT_EVERY_EVENTS, CyclicCollection
 
 
 class _Cycle:
