@@ -1,4 +1,4 @@
-"""A pull runs the cyclic garbage collector once per ``COLLECT_EVERY_EVENTS`` landed events, with the
+"""A pull runs the cyclic garbage collector once per ``COLLECT_EVERY_BATCHES`` landed batches, with the
 automatic one off while it reads, and gives the process its collector back after
 (``garbage_collection.CyclicCollection``)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import gc
 import weakref
 
-from mongo_cdc.capture.garbage_collection import COLLECT_EVERY_EVENTS, CyclicCollection
+from mongo_cdc.capture.garbage_collection import COLLECT_EVERY_BATCHES, CyclicCollection
 
 
 class _Cycle:
@@ -20,15 +20,16 @@ def _garbage_cycle() -> weakref.ref:
     return weakref.ref(_Cycle())
 
 
-def test_cycles_wait_for_the_events_between_collections_then_are_collected() -> None:
+def test_cycles_wait_for_the_batches_between_collections_then_are_collected() -> None:
     assert gc.isenabled()
     with CyclicCollection() as collector:
         assert not gc.isenabled()
         cycle = _garbage_cycle()
-        collector.landed(COLLECT_EVERY_EVENTS - 1)
-        assert cycle() is not None, "a collection ran before COLLECT_EVERY_EVENTS events landed"
-        collector.landed(1)
-        assert cycle() is None, "no collection after COLLECT_EVERY_EVENTS events landed"
+        for _ in range(COLLECT_EVERY_BATCHES - 1):
+            collector.landed()
+        assert cycle() is not None, "a collection ran before COLLECT_EVERY_BATCHES batches landed"
+        collector.landed()
+        assert cycle() is None, "no collection after COLLECT_EVERY_BATCHES batches landed"
         assert collector.since_collection == 0
     assert gc.isenabled()
     assert gc.get_freeze_count() == 0
@@ -37,10 +38,11 @@ def test_cycles_wait_for_the_events_between_collections_then_are_collected() -> 
 def test_the_count_carries_over_the_streams_a_pull_reopens() -> None:
     collector = CyclicCollection()
     with collector:
-        collector.landed(COLLECT_EVERY_EVENTS // 2)
+        for _ in range(COLLECT_EVERY_BATCHES - 1):
+            collector.landed()
     with collector:
         cycle = _garbage_cycle()
-        collector.landed(COLLECT_EVERY_EVENTS // 2)
+        collector.landed()
         assert cycle() is None
 
 

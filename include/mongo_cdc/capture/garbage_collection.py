@@ -1,24 +1,25 @@
-"""The cyclic garbage collector during a pull: run once per ``COLLECT_EVERY_EVENTS`` landed events,
-not every few hundred allocations (``CyclicCollection``)."""
+"""The cyclic garbage collector during a pull: run once per ``COLLECT_EVERY_BATCHES`` landed
+micro-batches, not every few hundred allocations (``CyclicCollection``)."""
 
 from __future__ import annotations
 
 import gc
 
-# Events landed between two runs of the cyclic garbage collector during a pull (``CyclicCollection``).
-COLLECT_EVERY_EVENTS = 1 << 18
+# Micro-batches landed between two runs of the cyclic garbage collector during a pull.
+COLLECT_EVERY_BATCHES = 16
 
 
 class CyclicCollection:
-    """The cyclic garbage collector run once per ``COLLECT_EVERY_EVENTS`` events landed
+    """The cyclic garbage collector run once per ``COLLECT_EVERY_BATCHES`` landed micro-batches
     (``landed``), instead of every few hundred allocations, while a pull reads.
 
     A batch's rows are acyclic and live until the batch lands, so each automatic collection scanned
     them again and again (a quarter of a pull's CPU per event); the objects made before the pull
-    (modules, the task's) are frozen out of it too. A collection costs about what is alive then
-    (the batches in flight, ~40 ms for 16,384 small events) and finds a few objects per batch (the
-    stream's reads leave about ten), so one per batch was still a sixth of the CPU; one per
-    ``COLLECT_EVERY_EVENTS`` is under 1 %, and what waits for it is a few hundred objects.
+    (modules, the task's) are frozen out of it too. A collection costs about what is alive then,
+    the batches in flight (~40 ms for 16,384 small events), and finds the few objects the stream's
+    reads leave in cycles (about ten a batch): one per batch was still a sixth of a pull's CPU. Per
+    ``COLLECT_EVERY_BATCHES`` it is about 1 %, whatever ``max.batch.size`` (a collection's cost
+    grows with the batch), and what waits for it is a few hundred small objects.
     """
 
     def __init__(self) -> None:
@@ -36,9 +37,9 @@ class CyclicCollection:
             gc.enable()
         gc.unfreeze()
 
-    def landed(self, events: int) -> None:
-        """``events`` more landed: collect when ``COLLECT_EVERY_EVENTS`` have since the last time."""
-        self.since_collection += events
-        if self.since_collection >= COLLECT_EVERY_EVENTS:
+    def landed(self) -> None:
+        """One more micro-batch landed: collect when ``COLLECT_EVERY_BATCHES`` have since the last time."""
+        self.since_collection += 1
+        if self.since_collection >= COLLECT_EVERY_BATCHES:
             gc.collect()
             self.since_collection = 0

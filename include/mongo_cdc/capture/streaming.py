@@ -295,7 +295,7 @@ class _ChangeReader:
         self.landing.start(
             partial(_land, self.keeper, self.offset, self.rs, batch, token, records, open_transaction)
         )
-        self.collector.landed(batch.events)
+        self.collector.landed()
         self.start_after = None
         self.result.batches += 1
         self.result.add_counts(batch)
