@@ -79,6 +79,7 @@ def test_rows_are_placed_in_bulk_as_one_by_one():
     placed = finder.indexes(keys, documents)
     assert placed.tolist() == [finder.index(key) for key in keys.to_pylist()]
     assert np.bincount(placed).tolist() == [0, 40, 160, 100]
+    assert finder.indexes(keys.slice(7), documents.slice(7)).tolist() == placed[7:].tolist()  # cut in place
     mixed = pa.array([document_key(MinKey()), document_key(5), document_key(MaxKey())])
     assert finder.indexes(mixed, pa.array([b""] * 3)).tolist() == [0, 1, 3]
 
