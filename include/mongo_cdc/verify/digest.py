@@ -53,13 +53,17 @@ def _step(first: np.ndarray, second: np.ndarray, word: np.ndarray) -> tuple[np.n
     """Take one word of each document into its lanes: per lane a multiply and an xorshift, each a
     bijection of the lane (two documents that differ in one word always hash apart); the lanes are
     finalised once, at the end (``_mix``). A full mix per word took twice the time."""
-    first ^= word
-    first *= _MIX1
-    first ^= first >> _U64(32)
     second += word
     second *= _MIX2
     second ^= second >> _U64(29)
-    return first, second
+    return _first_lane_step(first, word), second
+
+
+def _first_lane_step(first: np.ndarray, word: np.ndarray) -> np.ndarray:
+    first ^= word
+    first *= _MIX1
+    first ^= first >> _U64(32)
+    return first
 
 
 def document_hashes(documents: pa.BinaryArray) -> np.ndarray:
@@ -126,7 +130,25 @@ def id_cells(documents: pa.BinaryArray, cells: int) -> np.ndarray:
     then differ, and the documents are paired by their normalised key)."""
     if cells == 1:
         return np.zeros(len(documents), np.int64)
-    return (document_hashes(id_elements(documents))[:, 0] % _U64(cells)).astype(np.int64)
+    elements = id_elements(documents)
+    offsets = np.frombuffer(elements.buffers()[1], np.int32)[
+        elements.offset : elements.offset + len(elements) + 1
+    ]
+    width = int(offsets[1] - offsets[0]) if len(elements) else 0
+    if not 0 < width <= _LONG_DOCUMENT or (np.diff(offsets) != width).any():
+        return (document_hashes(elements)[:, 0] % _U64(cells)).astype(np.int64)
+    # one width (ObjectIds: 17 bytes): the first lane alone, the words cut from a zero-padded matrix
+    # (no gather, no masks), as ``document_hashes`` computes it
+    count, words = len(elements), -(-width // 8)
+    padded = np.zeros((count, words * 8), np.uint8)
+    data = np.frombuffer(elements.buffers()[2], np.uint8, count=count * width, offset=int(offsets[0]))
+    padded[:, :width] = data.reshape(count, width)
+    columns = padded.view(_U64)
+    with np.errstate(over="ignore"):
+        first = np.full(count, _U64(width) * _SEED, _U64)
+        for column in range(words):
+            first = _first_lane_step(first, columns[:, column])
+    return (_mix(first) % _U64(cells)).astype(np.int64)
 
 
 @dataclass
