@@ -4,6 +4,9 @@ rows' keys are built in bulk, the same as one by one."""
 
 from __future__ import annotations
 
+import gc
+import tracemalloc
+
 import bson
 from bson import ObjectId, Timestamp
 from bson.datetime_ms import DatetimeMS
@@ -60,3 +63,28 @@ def test_rows_of_a_batch_are_keyed_in_bulk_as_one_by_one() -> None:
     assert table.column("after").to_pylist()[0] == inserted["fullDocument"].raw
     source = table.column("source").to_pylist()[0]
     assert (source["ts_ms"], source["ord"], source["wallTime"], source["rs"]) == (WALL_MS, 3, WALL_MS, "rs0")
+
+
+def test_documents_of_4_kb_and_more_land_as_bytes_and_free_their_memory_after() -> None:
+    """pymongo (4.18 on) gives a raw document of 4 KB or more as a memoryview of its reply; converted
+    to Arrow as one, its memory was never freed (a pull of 64 KB documents grew with every batch)."""
+    body = "x" * 64_000
+
+    def large_rows() -> list:
+        event = _event({"_data": "8201"}, ObjectId())
+        event["fullDocument"] = bson.decode(
+            bson.encode({"event": {"_id": 1, "body": body}}), RAW_EVENT_OPTIONS
+        )["event"]
+        return change_rows(event, SOURCE, tombstones=False)
+
+    assert isinstance(large_rows()[0].after, bytes)
+    raw_rows_table(large_rows(), 1)  # the first table's one-off allocations (pyarrow's, the types')
+    tracemalloc.start()
+    try:
+        for _ in range(20):
+            raw_rows_table(large_rows(), 1)
+        gc.collect()
+        left, _peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert left < 64_000, f"{left:,} bytes of 20 tables of a 64 KB document are still allocated"

@@ -66,27 +66,6 @@ def mixed_table(tmp_path) -> DeltaTable:
     return table
 
 
-def test_a_keyed_read_finds_rows_in_files_of_every_string_type(mixed_table):
-    found = read_rows(mixed_table, ["__key", "n"], Where.values_in("__key", pa.array(["a", "b", "m", "y"])))
-    assert sorted(found.column("__key").to_pylist()) == ["a", "b", "m", "y"]
-    assert found.schema.field("__key").type == pa.string()
-    assert found.column_names == ["__key", "n"]
-
-
-def test_a_keyed_read_of_many_keys_reads_every_file_and_keeps_only_those(mixed_table):
-    keys = pa.array(["c", *(f"k{i}" for i in range(20_000))])  # past PRUNED_VALUES: no file skipping
-    assert read_rows(mixed_table, where=Where.values_in("__key", keys)).column("__key").to_pylist() == ["c"]
-
-
-def test_a_keyed_read_takes_keys_of_any_string_type(mixed_table):
-    keys = pa.array(["y", "m"], pa.string_view())
-    found = read_rows(mixed_table, ["__key", "n"], Where.values_in("__key", keys))
-    assert sorted(found.to_pylist(), key=lambda row: row["__key"]) == [
-        {"__key": "m", "n": 1},
-        {"__key": "y", "n": 1},
-    ]
-
-
 def test_equality_and_nested_filters_work_on_rewritten_files(mixed_table):
     assert read_rows(mixed_table, ["__key"], Where.equal(__key="m")).column("__key").to_pylist() == ["m"]
     # a raw table's batch window: a nested string field and batch numbers (b and m came in a batch of 2)

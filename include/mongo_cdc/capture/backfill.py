@@ -34,9 +34,10 @@ from mongo_cdc.capture.events import (
     raw_rows_table,
     token_cluster_time,
 )
+from mongo_cdc.capture.micro_batch import MicroBatch
 from mongo_cdc.capture.offsets import Offset
 from mongo_cdc.capture.replica_set import ReplicaSetCapture
-from mongo_cdc.capture.streaming import MicroBatch, collect_change, stream_options
+from mongo_cdc.capture.streaming import collect_change, stream_options
 from mongo_cdc.capture.transactions import TransactionTracker
 from mongo_cdc.config import SourceConfig
 from mongo_cdc.lake import HISTORY_SEQ, hour_partition, pack_cluster_time

@@ -67,6 +67,12 @@ class DecodedRawDocument(RawBSONDocument):
         self._RawBSONDocument__inflated_doc = None
         self._RawBSONDocument__codec_options = codec_options or RAW_EVENT_OPTIONS
 
+    def top_level(self) -> dict[str, Any]:
+        """The decoded top level itself, not a copy (a change stream decoded it already, to read the
+        resume token): for the one owner of an event read from a stream, which may change it."""
+        decoded = self._RawBSONDocument__inflated_doc
+        return decoded if decoded is not None else dict(self.items())
+
 
 # Change events as RawBSONDocuments: the top level decodes on first use (dates as exact milliseconds),
 # every embedded document stays a RawBSONDocument over the server's bytes.
@@ -109,8 +115,9 @@ def event_fields(event: RawBSONDocument) -> dict[str, Any]:
     too): ``fullDocument``, ``fullDocumentBeforeChange``, ``documentKey``, ``updatedFields`` and
     ``lsid`` stay RawBSONDocuments over the server's bytes. The stream decoded the top level already
     (to read the resume token): its ``items`` are taken as they are, so no dict lookup goes through
-    RawBSONDocument's per-access path."""
-    fields = dict(event.items())
+    RawBSONDocument's per-access path, and not copied when the event is a ``DecodedRawDocument``:
+    the stream's events have no other owner."""
+    fields = event.top_level() if isinstance(event, DecodedRawDocument) else dict(event.items())
     fields["_id"] = _resume_token(fields["_id"].raw)  # the stream refuses an event without one
     ns = fields.get("ns")
     if ns is not None:
@@ -129,10 +136,12 @@ _TOKEN_TEXT_AT = 4 + len(_TOKEN_HEAD) + 4
 def _resume_token(raw: bytes) -> dict[str, Any]:
     """A resume token's BSON as a dict: ``{"_data": <hex>}`` sliced out of it (every token since
     MongoDB 4.2 is that one string), any other layout decoded."""
-    if raw[4 : _TOKEN_TEXT_AT - 4] == _TOKEN_HEAD:
-        text_end = _TOKEN_TEXT_AT + _document_size(raw, _TOKEN_TEXT_AT - 4)[0] - 1
-        if text_end + 2 == len(raw):  # the string, its NUL and the document's: nothing else in it
-            return {"_data": raw[_TOKEN_TEXT_AT:text_end].decode()}
+    # the string's length (with its NUL) is all that follows it but the document's NUL
+    if (
+        raw.startswith(_TOKEN_HEAD, 4)
+        and _document_size(raw, _TOKEN_TEXT_AT - 4)[0] == len(raw) - _TOKEN_TEXT_AT - 1
+    ):
+        return {"_data": raw[_TOKEN_TEXT_AT:-2].decode()}
     return bson.decode(raw, DECODE_OPTIONS)
 
 
@@ -144,9 +153,16 @@ def _namespace(raw: bytes) -> dict[str, Any]:
 
 
 def bson_bytes(document: Any) -> bytes:
-    """The BSON of a document: its own bytes when it was read raw, else encoded again."""
-    if isinstance(document, RawBSONDocument):
-        return document.raw
+    """The BSON of a document: its own bytes when it was read raw, else encoded again.
+
+    Since pymongo 4.18 a raw document of 4 KB or more is a read-only ``memoryview`` of the reply it
+    came in; its bytes are copied out here. Raw rows are bytes: ``pa.array`` over those memoryviews
+    kept every one's memory (a pull of 64 KB documents grew by each batch it landed, to 820 MiB).
+    """
+    # the exact type first: the check against RawBSONDocument, an ABC, is slow
+    if type(document) is DecodedRawDocument or isinstance(document, RawBSONDocument):
+        raw = document.raw
+        return raw if type(raw) is bytes else bytes(raw)
     return bson.encode(document)
 
 
@@ -248,11 +264,11 @@ def change_rows(
     txn_number = change.get("txnNumber")
     after = change.get("fullDocument")
     if after is not None:
-        after = after.raw
+        after = bson_bytes(after)
     # only with a pre-image capture.mode, and never for inserts
     before = change.get("fullDocumentBeforeChange")
     if before is not None:
-        before = before.raw
+        before = bson_bytes(before)
     description = change.get("updateDescription")
     update_description = _update_description(description) if description is not None else None
     if fields is not None:
@@ -406,10 +422,7 @@ _document_size = struct.Struct("<i").unpack_from
 def raw_documents(batch: bytes) -> pa.BinaryArray:
     """The BSON documents concatenated in ``batch`` as a binary array over the same bytes (no copy)."""
     starts = _leading_id_starts(batch)
-    if starts is not None:
-        offsets = pa.array(starts.astype(np.int32))
-    else:
-        offsets = pa.array(_walked_starts(batch), pa.int32())
+    offsets = pa.array(_walked_starts(batch) if starts is None else starts, pa.int32())
     return pa.BinaryArray.from_buffers(
         pa.binary(), len(offsets) - 1, [None, offsets.buffers()[1], pa.py_buffer(batch)]
     )
@@ -430,23 +443,19 @@ def _walked_starts(batch: bytes) -> list[int]:
     return offsets
 
 
-_ID_NAME = b"_id\x00"
-
-
 def _leading_id_starts(batch: bytes) -> np.ndarray | None:
-    """``_walked_starts`` in bulk (a Python step per document cost 0.17 s per million), where every
+    """``_walked_starts`` in bulk (a Python step per document cost 0.17 s per million) where every
     document starts with an ``_id`` element, as MongoDB stores them, and holds no other field named
-    ``_id``: the positions 5 bytes before an ``_id`` name are then the documents' starts, each the
-    end of the one before. None where they are not (nested ``_id`` fields, say): walked one by one.
-    """
+    ``_id``: the positions 5 bytes before an ``_id`` name are then the starts, each the end of the one
+    before. None (walked one by one) where not: most such batches are told by their first document."""
     end = len(batch)
-    # the first document tells most batches that are not so at once, before any pass over them all
-    if end < 9 or batch[5:9] != _ID_NAME or batch.find(_ID_NAME, 9, _document_size(batch, 0)[0]) != -1:
+    name = _ID_ELEMENT_NAME
+    if end < 9 or batch[5:9] != name or batch.find(name, 9, _document_size(batch, 0)[0]) != -1:
         return None
     data = np.frombuffer(batch, np.uint8)
-    starts = np.flatnonzero(data[5 : end - 3] == _ID_NAME[0])  # a bytes' item is an int
-    for at in range(1, len(_ID_NAME)):
-        starts = starts[data[starts + 5 + at] == _ID_NAME[at]]
+    starts = np.flatnonzero(data[5 : end - 3] == name[0])  # a bytes' item is an int
+    for at in range(1, len(name)):
+        starts = starts[data[starts + 5 + at] == name[at]]
     sizes = data[starts[:, None] + np.arange(4)].view("<i4").ravel()
     ends = starts + sizes
     if (sizes < 5).any() or ends[-1] != end or (ends[:-1] != starts[1:]).any():

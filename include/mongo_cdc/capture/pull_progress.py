@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING
 from mongo_cdc.capture.events import token_cluster_time
 
 if TYPE_CHECKING:
+    from mongo_cdc.capture.micro_batch import PullResult
     from mongo_cdc.capture.offsets import Offset
-    from mongo_cdc.capture.streaming import PullResult
 
 log = logging.getLogger(__name__)
 

@@ -23,13 +23,9 @@ pull's result (Debezium's ``NumberOfDisconnects`` / ``NumberOfPrimaryElections``
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import logging
 import time
-from collections import defaultdict
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -41,15 +37,16 @@ from mongo_cdc.capture.capture_modes import require_images, watch_options
 from mongo_cdc.capture.collection_events import collection_row, land_renamed_copy, rename_namespaces
 from mongo_cdc.capture.events import (
     DATA_OPERATIONS,
-    RawRow,
     SourceInfo,
     change_rows,
     open_change_stream,
     raw_rows_table,
     token_cluster_time,
 )
+from mongo_cdc.capture.garbage_collection import CyclicCollection
 from mongo_cdc.capture.heartbeats import Heartbeats
 from mongo_cdc.capture.landing_thread import LandingThread
+from mongo_cdc.capture.micro_batch import MicroBatch, PullResult
 from mongo_cdc.capture.offsets import Offset, OffsetError, OffsetKeeper
 from mongo_cdc.capture.oplog_window import describe as describe_oplog
 from mongo_cdc.capture.oplog_window import guard as oplog_guard
@@ -86,109 +83,6 @@ class ResumeError(RuntimeError):
 
 class SourceUnreachableError(RuntimeError):
     """The change stream could not be reopened within ``connect.max.attempts``; the offset is unchanged."""
-
-
-@dataclass
-class PullResult:
-    rs: str
-    batch_seq: int = 0
-    cluster_time: int = 0
-    batches: int = 0
-    events: dict[str, dict[str, int]] = field(default_factory=lambda: defaultdict(lambda: defaultdict(int)))
-    newest_source_ts_ms: int | None = None
-    ignored_operations: dict[str, int] = field(default_factory=lambda: defaultdict(int))
-    # Debezium's NumberOfDisconnects / NumberOfPrimaryElections, as seen by this pull
-    disconnects: int = 0
-    primary_elections: int = 0
-    # events over 16 MB left out under cursor.oversize.handling.mode skip, per namespace
-    oversized_skipped: dict[str, int] = field(default_factory=lambda: defaultdict(int))
-    # every event the change stream returned (captured or not): what the server-side filter let through
-    events_received: int = 0
-    seconds: float = 0.0
-    # the oplog window against the position the pull committed, measured when it ended
-    # (oplog_window.OplogWindow; None when the oplog cannot be read)
-    oplog: dict[str, Any] | None = None
-
-    def add_counts(self, batch: MicroBatch) -> None:
-        for namespace, ops in batch.events_by_op.items():
-            for op, count in ops.items():
-                self.events[namespace][op] += count
-        for operation, count in batch.ignored_operations.items():
-            self.ignored_operations[operation] += count
-        for namespace, count in batch.oversized_skipped.items():
-            self.oversized_skipped[namespace] += count
-        newest = batch.newest_source_ts_ms
-        if newest is not None and (self.newest_source_ts_ms is None or newest > self.newest_source_ts_ms):
-            self.newest_source_ts_ms = newest
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "rs": self.rs,
-            "batch_seq": self.batch_seq,
-            "cluster_time": self.cluster_time,
-            "batches": self.batches,
-            "events": {ns: dict(ops) for ns, ops in self.events.items()},
-            "newest_source_ts_ms": self.newest_source_ts_ms,
-            "ignored_operations": dict(self.ignored_operations),
-            "disconnects": self.disconnects,
-            "primary_elections": self.primary_elections,
-            "oversized_skipped": dict(self.oversized_skipped),
-            "events_received": self.events_received,
-            "seconds": self.seconds,
-            "oplog": self.oplog,
-        }
-
-
-class MicroBatch:
-    """Events read but not landed yet, with their counts: a reopened stream reads them again."""
-
-    def __init__(self) -> None:
-        # raw rows by the raw table they land in: <db>.<collection>
-        self.rows: dict[str, list[RawRow]] = defaultdict(list)
-        self.events = 0
-        # BSON bytes of the documents in ``rows``: what a batch of large documents holds in memory
-        self.document_bytes = 0
-        self.events_by_op: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-        self.ignored_operations: dict[str, int] = defaultdict(int)
-        self.oversized_skipped: dict[str, int] = defaultdict(int)
-        self.newest_source_ts_ms: int | None = None
-        # the token of the last event read: every event up to it is in this batch or not captured
-        self.last_token: dict | None = None
-        # namespaces this batch copies completely (a rename's new name), as of copy_position
-        self.copied: tuple[str, ...] = ()
-        self.copy_position = 0
-
-    def add(self, namespace: str, op: str, rows: list[RawRow], events: int = 1) -> None:
-        self.rows[namespace].extend(rows)
-        self.events += events
-        for row in rows:
-            description = row.update_description
-            self.document_bytes += (
-                len(row.after or b"")
-                + len(row.before or b"")
-                + (len(description["updatedFields"]) if description else 0)
-            )
-        self.events_by_op[namespace][op] += events
-        ts_ms = rows[0].source_ts_ms
-        if self.newest_source_ts_ms is None or ts_ms > self.newest_source_ts_ms:
-            self.newest_source_ts_ms = ts_ms
-
-
-@contextlib.contextmanager
-def _cyclic_collection_per_batch() -> Iterator[None]:
-    """The cyclic garbage collector run once per landed micro-batch (``_ChangeReader._land``) instead
-    of every few hundred allocations, while a pull reads. A batch's rows are acyclic and live until
-    it lands, so each automatic collection scanned them again and again (a quarter of a pull's CPU
-    per event); the objects made before the pull (modules, the task's) are frozen out of it too."""
-    gc.freeze()
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
-        gc.unfreeze()
 
 
 def last_applied(client: MongoClient) -> int:
@@ -280,6 +174,7 @@ class _ChangeReader:
         # the last landed position: every (re)opened stream starts here
         self.offset = offset
         self.landing: LandingThread | None = None  # the open stream's (``read``)
+        self.collector = CyclicCollection()  # across the streams this pull opens
         self.source = SourceInfo(config.topic_prefix, rs)
         self.result = PullResult(rs=rs)
         self.progress = PullProgress(self.result)
@@ -313,7 +208,7 @@ class _ChangeReader:
             open_change_stream(self.client, **options) as stream,
             ReadAhead(stream, self.config.max_batch_size, self.target) as reads,
             LandingThread(self._landed) as self.landing,
-            _cyclic_collection_per_batch(),
+            self.collector,
         ):
             opened_with_primary = self.client.primary
             while True:
@@ -400,7 +295,7 @@ class _ChangeReader:
         self.landing.start(
             partial(_land, self.keeper, self.offset, self.rs, batch, token, records, open_transaction)
         )
-        gc.collect()  # whatever cycles the last batch's reads left (_cyclic_collection_per_batch)
+        self.collector.landed()
         self.start_after = None
         self.result.batches += 1
         self.result.add_counts(batch)

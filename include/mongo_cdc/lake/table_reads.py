@@ -29,9 +29,6 @@ if TYPE_CHECKING:  # Spark executors import this module (raw_events) and need on
 
 # delta-rs tuple filters: [(column, op, value), ...] (a conjunction), or a list of such lists (OR)
 FileFilters = list[Any]
-# A keyed read with at most this many values skips files by their statistics (delta-rs evaluates
-# the IN list against every file's min/max in the log).
-PRUNED_VALUES = 10_000
 # a whole-table scan's batches (``scan_rows``), and the buffer its reads of a file go through
 SCAN_BATCH_ROWS = 16_384
 _SCAN_BUFFER_BYTES = 1 << 20
@@ -55,14 +52,6 @@ class Where:
         for column, value in values.items():
             expression = expression & (pc.field(column) == value)
         return cls(expression, tuple(values), [(column, "=", value) for column, value in values.items()])
-
-    @classmethod
-    def values_in(cls, column: str, values: pa.Array) -> Where:
-        """Rows whose ``column`` holds one of ``values``: a keyed read. Files are skipped by their
-        statistics for up to ``PRUNED_VALUES`` values (more span every file of a key-sorted table)."""
-        values = values.cast(plain_type(values.type))
-        files = [(column, "in", values.to_pylist())] if len(values) <= PRUNED_VALUES else None
-        return cls(pc.field(column).isin(values), (column,), files)
 
 
 def plain_type(data_type: pa.DataType) -> pa.DataType:
