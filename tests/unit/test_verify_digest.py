@@ -79,6 +79,7 @@ def test_rows_are_placed_in_bulk_as_one_by_one():
     placed = finder.indexes(keys, documents)
     assert placed.tolist() == [finder.index(key) for key in keys.to_pylist()]
     assert np.bincount(placed).tolist() == [0, 40, 160, 100]
+    assert finder.indexes(keys.slice(7), documents.slice(7)).tolist() == placed[7:].tolist()  # cut in place
     mixed = pa.array([document_key(MinKey()), document_key(5), document_key(MaxKey())])
     assert finder.indexes(mixed, pa.array([b""] * 3)).tolist() == [0, 1, 3]
 
@@ -97,6 +98,8 @@ def test_a_documents_cell_follows_its_id_alone_and_cells_spread():
     one = pa.array([bson.encode({"_id": value, "v": 1}) for value in ids], pa.binary())
     other = pa.array([bson.encode({"_id": value, "v": "changed", "w": [1]}) for value in ids], pa.binary())
     assert (id_cells(one, 4096) == id_cells(other, 4096)).all()  # any _id type, one by one
+    # alone, each _id element is of one width (hashed as a matrix); together, of several
+    assert [id_cells(one.slice(n, 1), 4096)[0] for n in range(5)] == id_cells(one, 4096).tolist()
     object_ids = pa.array([bson.encode({"_id": ObjectId(), "v": n}) for n in range(2000)], pa.binary())
     again = pa.array(
         [bson.encode({"_id": bson.decode(d)["_id"]}) for d in object_ids.to_pylist()], pa.binary()

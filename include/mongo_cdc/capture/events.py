@@ -22,6 +22,7 @@ from functools import lru_cache
 from typing import Any, NamedTuple
 
 import bson
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from bson import ObjectId
@@ -420,6 +421,15 @@ _document_size = struct.Struct("<i").unpack_from
 
 def raw_documents(batch: bytes) -> pa.BinaryArray:
     """The BSON documents concatenated in ``batch`` as a binary array over the same bytes (no copy)."""
+    starts = _leading_id_starts(batch)
+    offsets = pa.array(_walked_starts(batch) if starts is None else starts, pa.int32())
+    return pa.BinaryArray.from_buffers(
+        pa.binary(), len(offsets) - 1, [None, offsets.buffers()[1], pa.py_buffer(batch)]
+    )
+
+
+def _walked_starts(batch: bytes) -> list[int]:
+    """The documents' offsets in ``batch`` and its end, one document's size after another."""
     offsets, pos, end = [0], 0, len(batch)
     add = offsets.append
     while pos + 4 <= end:
@@ -430,9 +440,27 @@ def raw_documents(batch: bytes) -> pa.BinaryArray:
         add(pos)
     if pos != end:
         raise InvalidBSON(f"bad document length at byte {offsets[-1]} of a batch of {end} bytes")
-    return pa.BinaryArray.from_buffers(
-        pa.binary(), len(offsets) - 1, [None, pa.array(offsets, pa.int32()).buffers()[1], pa.py_buffer(batch)]
-    )
+    return offsets
+
+
+def _leading_id_starts(batch: bytes) -> np.ndarray | None:
+    """``_walked_starts`` in bulk (a Python step per document cost 0.17 s per million) where every
+    document starts with an ``_id`` element, as MongoDB stores them, and holds no other field named
+    ``_id``: the positions 5 bytes before an ``_id`` name are then the starts, each the end of the one
+    before. None (walked one by one) where not: most such batches are told by their first document."""
+    end = len(batch)
+    name = _ID_ELEMENT_NAME
+    if end < 9 or batch[5:9] != name or batch.find(name, 9, _document_size(batch, 0)[0]) != -1:
+        return None
+    data = np.frombuffer(batch, np.uint8)
+    starts = np.flatnonzero(data[5 : end - 3] == name[0])  # a bytes' item is an int
+    for at in range(1, len(name)):
+        starts = starts[data[starts + 5 + at] == name[at]]
+    sizes = data[starts[:, None] + np.arange(4)].view("<i4").ravel()
+    ends = starts + sizes
+    if (sizes < 5).any() or ends[-1] != end or (ends[:-1] != starts[1:]).any():
+        return None
+    return np.append(starts, end)
 
 
 # Sizes of BSON values by type byte: fixed, or how a value's leading int32 counts its bytes

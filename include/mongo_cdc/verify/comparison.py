@@ -206,16 +206,13 @@ class CollectionCheck:
             documents = raw_documents(batch)
             yield documents if self.fields is None else keys_and_documents(documents, self.fields)[1]
 
-    def _lake(self) -> Iterator[tuple[np.ndarray, pa.StringArray, pa.BinaryArray]]:
-        """The state's rows a batch at a time: each row's range (-1: none of this shard's), keys,
-        documents."""
+    def _state_rows(self) -> Iterator[tuple[pa.StringArray, pa.BinaryArray]]:
+        """The state's rows a batch at a time: keys, documents."""
         if self.state is None:
             return
         with naming_damaged_files(self.state_uri, self.capture.lake.options):
             for rows in scan_rows(self.state, ["__key", "__doc_bson"]):
-                keys = rows.column("__key").combine_chunks()
-                documents = rows.column("__doc_bson").combine_chunks()
-                yield self.finder.indexes(keys, documents), keys, documents
+                yield rows.column("__key").combine_chunks(), rows.column("__doc_bson").combine_chunks()
 
     def compare(self) -> None:
         """Each range's documents bucketed into cells (``digest.id_cells``) and a digest per cell on
@@ -225,7 +222,8 @@ class CollectionCheck:
         count = len(self.chunks)
         cells = cells_per_range(count)
         state = Digests(count * cells)
-        for ranges_of, _, documents in self._lake():
+        for keys, documents in self._state_rows():
+            ranges_of = self.finder.indexes(keys, documents)  # -1: none of this shard's ranges
             mine = np.flatnonzero(ranges_of >= 0)
             if len(mine) < len(documents):
                 documents = documents.take(pa.array(mine))
@@ -296,16 +294,24 @@ class CollectionCheck:
         read: dict[str, tuple[tuple[int, int], object, int]],
     ) -> None:
         """The state's rows of the differing cells of ``ranges`` against MongoDB's (``read``)."""
-        wanted = np.concatenate([index * cells + differing[index] for index in ranges])
+        wanted = np.zeros(len(self.chunks) * cells, bool)  # by range and cell
+        for index in ranges:
+            wanted[index * cells + differing[index]] = True
+        in_any_range = wanted.reshape(-1, cells).any(axis=0)
         stored: dict[str, tuple[tuple[int, int], object, int]] = {}
-        for ranges_of, keys, documents in self._lake():
-            mine = np.flatnonzero(np.isin(ranges_of, ranges))
-            if not len(mine):
+        for keys, documents in self._state_rows():
+            in_cells = id_cells(documents, cells)
+            # only the rows whose cell differs in some range are placed in ranges: placing every row
+            # cost as much as finding its cell
+            maybe = np.flatnonzero(in_any_range[in_cells])
+            if not len(maybe):
                 continue
-            picked = pa.array(mine)
+            picked = pa.array(maybe)
             documents, keys = documents.take(picked), keys.take(picked)
-            in_cells = ranges_of[mine] * cells + id_cells(documents, cells)
-            _keep(stored, ranges_of[mine], np.isin(in_cells, wanted), documents, keys=keys)
+            ranges_of = self.finder.indexes(keys, documents)
+            placed = ranges_of >= 0
+            hit = placed & wanted[np.where(placed, ranges_of * cells + in_cells[maybe], 0)]
+            _keep(stored, ranges_of, hit, documents, keys=keys)
         for index in ranges:
             self.diffs[index] = RangeDiff()
         for key, (found, value, index) in read.items():

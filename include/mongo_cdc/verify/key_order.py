@@ -92,6 +92,19 @@ def _field(document: dict, path: str) -> Any:
     return value
 
 
+def _object_id_digits(keys: pa.StringArray) -> np.ndarray:
+    """The hex digits of ObjectId keys (``["oid","<24 digits>"]``) as an array of ``S24``, cut from
+    the keys' bytes in bulk (no Python object per key)."""
+    offsets = keys.buffers()[1]
+    wide = pa.types.is_large_string(keys.type)
+    starts = np.frombuffer(offsets, np.int64 if wide else np.int32)[keys.offset : keys.offset + len(keys)]
+    data = np.frombuffer(keys.buffers()[2], np.uint8)
+    digits = data[
+        starts.astype(np.int64)[:, None] + np.arange(len(_OBJECT_ID_HEAD), len(_OBJECT_ID_HEAD) + 24)
+    ]
+    return digits.view("S24").ravel()
+
+
 class RangeFinder:
     """Which of a collection's ranges (its chunks, in index order: consecutive ``_id`` ranges from
     MinKey to MaxKey, or the shard-key ranges one shard owns, with gaps) holds a state row.
@@ -129,8 +142,7 @@ class RangeFinder:
         if self._key is None or not self._lows:
             return np.full(len(keys), 0 if self._lows else -1, np.int64)
         if self._by_id and len(keys) and pc.all(pc.starts_with(keys, _OBJECT_ID_HEAD)).as_py():
-            digits = pc.utf8_slice_codeunits(keys, len(_OBJECT_ID_HEAD), len(_OBJECT_ID_HEAD) + 24)
-            hex_ids = np.array(digits.cast(pa.binary()).to_numpy(zero_copy_only=False), "S24")
+            hex_ids = _object_id_digits(keys)
             found = self._count_up_to(self._lows, hex_ids) - 1
             below_high = self._count_up_to(self._highs, hex_ids) <= found
             return np.where((found >= 0) & below_high, found, -1)

@@ -177,8 +177,9 @@ class Bench:
 
 
 def _best(first: Measured, second: Measured) -> Measured:
-    """The faster of two runs: the machine may be shared. Given to baselines (which it favours) and to
-    the pull, whose runs over one backlog vary more than its budget's margin."""
+    """The faster of two runs: the machine may be shared. Given to baselines (which it favours), to
+    the pull, whose runs over one backlog vary more than its budget's margin, and to the clean
+    verification, whose one run against the bare read's best was as noisy."""
     return first if first.rate() >= second.rate() else second
 
 
@@ -400,9 +401,15 @@ def verification(bench: Bench) -> list[Row]:
     chunk_size = -(-count // VERIFY_RANGES)
     clean, drift = (bench.worker("verify", collection, chunk_size=chunk_size, **run) for run in runs.values())
     bare = _best(first, bench.worker("bare_cursor", collection))
+    # the clean one twice, like the bare read: one run took 1.3 times the drifted one when other
+    # processes woke (a verification against a matching state changes nothing but its report)
+    cleans = (clean, bench.worker("verify", collection, chunk_size=chunk_size, **runs["no drift"]))
+    clean = _best(*cleans)
     if not clean.count == drift.count == bare.count == count:
         raise AssertionError(f"verify read {clean.count} and {drift.count} of {count} documents")
-    bench.peak_rows.append(_peak_row("verify_replica_set, no drift", clean))
+    bench.peak_rows.append(
+        _peak_row("verify_replica_set, no drift", max(cleans, key=lambda run: run.peak_mib))
+    )
     bench.peak_rows.append(_peak_row(f"verify_replica_set, {drifted:,} drifted", drift))
     section = f"verify {count:,} x {stats['avgObjSize']:,.0f} B, {VERIFY_RANGES} ranges"
     return [
