@@ -51,7 +51,7 @@ from mongo_cdc_dev.testing.lake import database_source, memory_keeper
 if TYPE_CHECKING:
     from pyspark import SparkContext
 
-    from mongo_cdc_dev.bench.run import Bench
+    from mongo_cdc_dev.bench.context import Bench
 
 # budgets (issue 28): the many collections' run against the single collection's
 FIRST_RUN_MAX = 2.0

@@ -33,26 +33,22 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import bson
 from pymongo import MongoClient
 
-import mongo_cdc
 from mongo_cdc.capture.snapshot import start_without_snapshot
 from mongo_cdc.lake.landing import SourceLake
 from mongo_cdc.lake.storage import LakeLocation
 from mongo_cdc_dev.bench import data, peers
+from mongo_cdc_dev.bench.context import DB, RS, Bench, Measured, best
 from mongo_cdc_dev.bench.many import many_collections
 from mongo_cdc_dev.bench.table import Row, render
 from mongo_cdc_dev.bench.transform import HOT_DOCS, driver_memory, transform
@@ -61,7 +57,6 @@ from mongo_cdc_dev.bench.worker import RAW, bench_config
 from mongo_cdc_dev.testing import ReplicaSet
 from mongo_cdc_dev.testing.lake import memory_keeper
 
-DB, RS = "bench", "benchrs"
 CHECKED_ROWS = 2_000  # landed rows compared byte for byte with the documents they came from
 # budgets (issue 11)
 SNAPSHOT_SMALL_MIN = 1.0  # issue 19: the snapshot lands at its bare cursor's rate (1.01x when filed)
@@ -114,75 +109,6 @@ SMOKE_SIZES = {
 }
 
 
-@dataclass
-class Measured:
-    """A worker's result: ``count`` items in ``seconds``; memory of its process."""
-
-    count: int
-    seconds: float
-    peak_mib: float = 0.0
-    base_mib: float = 0.0
-    cpu_seconds: float = 0.0
-
-    def rate(self, amount: float | None = None) -> float:
-        return (self.count if amount is None else amount) / max(self.seconds, 1e-9)
-
-    def cpu_per_100k(self) -> float:
-        """Client CPU-seconds per 100 k items."""
-        return self.cpu_seconds * 100_000 / max(self.count, 1)
-
-
-@dataclass
-class Bench:
-    """What every section shares: the options, the replica set and a scratch directory."""
-
-    args: argparse.Namespace
-    rs: ReplicaSet
-    client: MongoClient
-    tmp: str
-    peak_rows: list[Row]
-
-    def worker(self, path: str, collection: str, core: int | None = None, **task: Any) -> Measured:
-        """Run one measured path in a fresh process (``worker``), on one CPU core if ``core`` is given."""
-        task = {"path": path, "uri": self.rs.uri, "rs": RS, "db": DB, "collection": collection, **task}
-        package_root = str(Path(mongo_cdc.__file__).parent.parent)
-        env = {
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])),
-        }
-        pinned = ["taskset", "-c", str(core)] if core is not None else []
-        done = subprocess.run(
-            [*pinned, sys.executable, "-m", "mongo_cdc_dev.bench.worker", json.dumps(task)],
-            capture_output=True,
-            text=True,
-            env=env,
-        )
-        if done.returncode != 0:
-            raise RuntimeError(f"bench worker {path} on {collection} failed:\n{done.stderr[-3000:]}")
-        result = json.loads(done.stdout.strip().splitlines()[-1])
-        return Measured(
-            result["count"], result["seconds"], result["peak_mib"], result["base_mib"], result["cpu_seconds"]
-        )
-
-    def lake(self, name: str) -> str:
-        return os.path.join(self.tmp, "lakes", name)
-
-    def loaded(self, collection: str, count: int, make: Callable[[int, int], list[dict]]) -> dict:
-        """``collection`` holding ``count`` documents of ``make`` (loaded once a run); its collStats."""
-        if self.client[DB][collection].estimated_document_count() != count:
-            self.client[DB].drop_collection(collection)
-            seconds = data.load(self.client[DB][collection], count, make)
-            print(f"loaded {count:,} documents into {collection} in {seconds:.0f} s", flush=True)
-        return self.client[DB].command("collStats", collection)
-
-
-def _best(first: Measured, second: Measured) -> Measured:
-    """The faster of two runs: the machine may be shared. Given to baselines (which it favours), to
-    the pull, whose runs over one backlog vary more than its budget's margin, and to the clean
-    verification, whose one run against the bare read's best was as noisy."""
-    return first if first.rate() >= second.rate() else second
-
-
 def check_snapshot_lake(bench: Bench, lake: str, collection: str, expected: int) -> None:
     """The snapshot landed every document once, its BSON byte for byte (on a sample)."""
     landed = SourceLake(LakeLocation(lake), bench_config({"db": DB, "collection": collection}).topic_prefix)
@@ -207,7 +133,7 @@ def snapshot_section(
     first = bench.worker("bare_cursor", collection)
     lake = bench.lake(collection)
     ours = bench.worker("snapshot", collection, lake=lake)
-    bare = _best(first, bench.worker("bare_cursor", collection))
+    bare = best(first, bench.worker("bare_cursor", collection))
     if not first.count == bare.count == ours.count == count:
         raise AssertionError(f"{collection}: read {first.count}/{bare.count}/{ours.count}, loaded {count}")
     check_snapshot_lake(bench, lake, collection, count)
@@ -284,7 +210,7 @@ def pull(bench: Bench) -> list[Row]:
         if len(counts) != 1 or ours[0].count < written:
             read = f"bare {[run.count for run in bare]}, pull {[run.count for run in ours]}"
             raise AssertionError(f"events read: {read}; written {written}")
-        return _best(*bare), _best(*ours), max(ours, key=lambda run: run.peak_mib)
+        return best(*bare), best(*ours), max(ours, key=lambda run: run.peak_mib)
 
     bare, ours, peak = both(lakes[:2], None)
     bench.peak_rows.append(_peak_row("pull_changes", peak))
@@ -361,7 +287,7 @@ def chunks(bench: Bench) -> list[Row]:
     one_piece = snapshot("one-piece", count, 1)
     one_thread = snapshot("one-thread", chunk_size, 1)
     two_threads = snapshot("two-threads", chunk_size, 2)
-    one_piece = _best(one_piece, snapshot("one-piece-again", count, 1))
+    one_piece = best(one_piece, snapshot("one-piece-again", count, 1))
     section = f"snapshot {count:,} docs in chunks"
     return [
         Row(section, "one piece (one chunk)", one_piece.rate(), "docs/s"),
@@ -400,11 +326,11 @@ def verification(bench: Bench) -> list[Row]:
     first = bench.worker("bare_cursor", collection)
     chunk_size = -(-count // VERIFY_RANGES)
     clean, drift = (bench.worker("verify", collection, chunk_size=chunk_size, **run) for run in runs.values())
-    bare = _best(first, bench.worker("bare_cursor", collection))
+    bare = best(first, bench.worker("bare_cursor", collection))
     # the clean one twice, like the bare read: one run took 1.3 times the drifted one when other
     # processes woke (a verification against a matching state changes nothing but its report)
     cleans = (clean, bench.worker("verify", collection, chunk_size=chunk_size, **runs["no drift"]))
-    clean = _best(*cleans)
+    clean = best(*cleans)
     if not clean.count == drift.count == bare.count == count:
         raise AssertionError(f"verify read {clean.count} and {drift.count} of {count} documents")
     bench.peak_rows.append(

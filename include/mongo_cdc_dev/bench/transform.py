@@ -64,7 +64,7 @@ from mongo_cdc_dev.bench.table import Row
 from mongo_cdc_dev.testing.lake import database_source, memory_keeper
 
 if TYPE_CHECKING:
-    from mongo_cdc_dev.bench.run import Bench
+    from mongo_cdc_dev.bench.context import Bench
 
 COLLECTION = "docs"
 HOT_DOCS = 10_000  # the changes touch the most recent documents, as an application's writes mostly do
