@@ -10,8 +10,9 @@ per collection (``CollectionTransform.update``):
 
 1. the raw files that may hold new rows are cut into slices of about ``slices.SLICE_ROWS`` rows
    (``slices.raw_slices``), one Spark task each, read as Arrow tables (``slices.read_slice``);
-2. plan (``slice_tasks.plan_slice``, ``folded_keys``, column-wise): each state event's document
-   key, summed per slice and then per bucket of keys; documents with more than one new event, or an update
+2. plan (``slice_tasks.plan_slice``, ``folded_keys``, column-wise, without reading the documents):
+   each piece's range of document keys; where they overlap, each state event's document key summed
+   per slice and then per bucket of keys; documents with more than one new event, or an update
    without ``after``, are *folded apart* (step 4), the others have one; each slice's task gets its
    share of them (``StateRun.slice_inputs``): the driver holds no per-document data of the run;
 3. each slice's task (``slice_tasks.transform_slice``) decodes each document once (one

@@ -1,6 +1,7 @@
 """What each Spark task does with its raw slice: the executor side of the transform.
 
-* ``plan_slice``: a slice's rows in the run and its drops (``SlicePlan``), for the driver;
+* ``plan_slice``: a slice's rows in the run, its drops and its keys' ranges (``SlicePlan``), for the
+  driver;
 * ``transform_slice``: a slice's state rows and change rows, each document decoded once for both
   tables, written as data files under the tables' directories (``write_state``, ``write_changes``),
   with the deletion marker rows of the slice's documents (``write_markers``); the task hands the
@@ -42,6 +43,7 @@ from mongo_cdc.transform.document_state import (
 )
 from mongo_cdc.transform.flatten import change_rows, delete_rows_hold_before_images
 from mongo_cdc.transform.flatten_options import FlatteningOptions
+from mongo_cdc.transform.folded_keys import KeyRange, key_ranges, ranges_disjoint
 from mongo_cdc.transform.raw_events import (
     RAW_COLUMNS,
     ChangeEvent,
@@ -50,7 +52,7 @@ from mongo_cdc.transform.raw_events import (
     event_from_row,
     event_keys,
 )
-from mongo_cdc.transform.slices import RawSlice, collection_operations, lake_path, read_slice
+from mongo_cdc.transform.slices import RawSlice, collection_operations, lake_path, read_pieces, read_slice
 from mongo_cdc.transform.table_layout import TableLayout
 
 try:  # the fast path needs numpy; executors without it take the lossless path
@@ -104,6 +106,9 @@ class SlicePlan(NamedTuple):
 
     drops: list[tuple[tuple[int, str], str]]  # the drops and renames of the collection, as (position, rs)
     rows: int  # the slice's rows in the run's window
+    # the range of its documents' keys in each piece (``folded_keys.key_ranges``); None when a piece
+    # holds a document's events more than once, or an update (it may lack ``after``)
+    key_ranges: tuple[KeyRange, ...] | None
 
 
 class KeyedFile(NamedTuple):
@@ -140,19 +145,43 @@ class ChangesSpec(TableSpec):
     options: FlatteningOptions = FlatteningOptions()
 
 
-# What ``plan_slice`` reads of the raw rows (``BatchWindow.filter`` takes source and batch_seq).
-PLAN_COLUMNS = ["op", "source", "batch_seq", "cluster_time", "event_order"]
+# What ``plan_slice`` reads of the raw rows (``BatchWindow.filter`` takes source and batch_seq): not
+# the documents.
+PLAN_COLUMNS = ["key", "op", "source", "batch_seq", "cluster_time", "event_order"]
 
 
 def plan_slice(location: LakeLocation, raw_slice: RawSlice, window: BatchWindow) -> SlicePlan:
-    """A slice's state events in brief: the drops and renames, its rows in all."""
-    rows = read_slice(location, raw_slice, window.filter(), PLAN_COLUMNS)
-    collection = collection_operations(rows)
-    drops = [
-        ((row["cluster_time"], row["event_order"]), row["source"]["rs"])
-        for row in rows.filter(collection).select(["cluster_time", "event_order", "source"]).to_pylist()
-    ]
-    return SlicePlan(drops, rows.num_rows)
+    """A slice's state events in brief: the drops and renames, its rows in all, its pieces' key ranges."""
+    drops: list[tuple[tuple[int, str], str]] = []
+    count = 0
+    ranges: list[KeyRange] | None = []
+    for rows in read_pieces(location, raw_slice, window.filter(), PLAN_COLUMNS):
+        count += rows.num_rows
+        collection = collection_operations(rows)
+        drops += [
+            ((row["cluster_time"], row["event_order"]), row["source"]["rs"])
+            for row in rows.filter(collection).select(["cluster_time", "event_order", "source"]).to_pylist()
+        ]
+        if ranges is None:
+            continue
+        keyed = rows.filter(pc.and_(pc.invert(collection), pc.is_valid(rows.column("op"))))
+        if not keyed.num_rows:
+            continue
+        keys, _ = event_keys(keyed.column("key"))
+        if pc.any(pc.equal(keyed.column("op"), "u")).as_py() or pc.count_distinct(keys).as_py() < len(keys):
+            ranges = None
+            continue
+        ranges += key_ranges(keys)
+    return SlicePlan(drops, count, None if ranges is None else tuple(ranges))
+
+
+def none_folded_apart(plans: Iterable[SlicePlan]) -> bool:
+    """Whether the slices of ``plans`` hold no document with more than one event, nor an update: each
+    piece's keys are distinct and the pieces' ranges of keys disjoint."""
+    plans = list(plans)
+    return all(plan.key_ranges is not None for plan in plans) and ranges_disjoint(
+        key_range for plan in plans for key_range in plan.key_ranges or ()
+    )
 
 
 def keyed_rows(

@@ -8,6 +8,7 @@ or deltalake import here (``DeltaTable`` only for type checking).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, NamedTuple
 
 import pyarrow as pa
@@ -121,8 +122,16 @@ def read_slice(
 ) -> pa.Table:
     """The rows of ``raw_slice`` that pass ``row_filter``, in plain types (a file a delta-rs DELETE
     rewrote holds ``string_view``)."""
+    return pa.concat_tables(
+        read_pieces(location, raw_slice, row_filter, columns), promote_options="permissive"
+    )
+
+
+def read_pieces(
+    location: LakeLocation, raw_slice: RawSlice, row_filter: pc.Expression, columns: list[str]
+) -> Iterator[pa.Table]:
+    """``read_slice``, a table per piece of the slice."""
     filesystem, base = location.filesystem()
-    parts = []
     for piece in raw_slice:
         file = pq.ParquetFile(lake_path(base, piece.path), filesystem=filesystem)
         rows = (
@@ -130,8 +139,7 @@ def read_slice(
             if piece.row_groups is None
             else file.read_row_groups(piece.row_groups, columns)
         )
-        parts.append(plain(rows).filter(row_filter))
-    return pa.concat_tables(parts, promote_options="permissive")
+        yield plain(rows).filter(row_filter)
 
 
 def collection_operations(rows: pa.Table) -> pa.ChunkedArray:
