@@ -267,8 +267,8 @@ def transform_slice(
     row_filter = windows[0] if len(windows) == 1 else windows[0] | windows[1]
     before_images = changes is not None and delete_rows_hold_before_images(changes.options)
     columns_read = RAW_COLUMNS + ["before"] if before_images else RAW_COLUMNS
-    rows = read_slice(location, raw_slice, row_filter, columns_read).sort_by(
-        [("cluster_time", "ascending"), ("event_order", "ascending")]  # files in oplog order
+    rows = in_order(
+        read_slice(location, raw_slice, row_filter, columns_read), ["cluster_time", "event_order"]
     )
     ops = rows.column("op").to_pylist()
     after_column = rows.column("after").combine_chunks()
@@ -345,6 +345,25 @@ def transform_slice(
     return SliceOutput(state_output, change_output)
 
 
+def in_order(rows: pa.Table, columns: list[str]) -> pa.Table:
+    """``rows`` sorted by ``columns`` (ascending, stably): ``rows`` themselves where they already are
+    (a snapshot's, mostly), without a copy of every column (the documents too) in the same order."""
+    if rows.num_rows < 2:
+        return rows
+    earlier, later = rows.slice(0, rows.num_rows - 1), rows.slice(1)
+    ordered = None  # whether each row is at or before the next one, by the columns from the last
+    for name in reversed(columns):
+        before, after = earlier.column(name), later.column(name)
+        ordered = (
+            pc.less_equal(before, after)
+            if ordered is None
+            else pc.or_(pc.less(before, after), pc.and_(pc.equal(before, after), ordered))
+        )
+    if pc.all(pc.fill_null(ordered, False)).as_py():
+        return rows
+    return rows.sort_by([(name, "ascending") for name in columns])
+
+
 def write_state(
     location: LakeLocation,
     spec: StateSpec,
@@ -385,7 +404,7 @@ def write_state(
     if spec.with_flag:
         rows = rows.append_column(DELETED_FLAG, pa.array([d is None for d in documents], pa.bool_()))
     # sorted by key, so that the files of a table hold narrow key ranges a MERGE can skip
-    file = write_data_file(location, spec.directory, rows.sort_by("__key"), STATE_STATS_COLUMNS)
+    file = write_data_file(location, spec.directory, in_order(rows, ["__key"]), STATE_STATS_COLUMNS)
     return StateOutput(Output((file,), survey), marker_file), values
 
 
@@ -404,7 +423,7 @@ def write_markers(location: LakeLocation, directory: str, versions: list[Documen
         ],
         schema=DELETION_SCHEMA.append(pa.field(DELETED_FLAG, pa.bool_())),
     )
-    return write_data_file(location, directory, rows.sort_by("__key"), ("__key",))
+    return write_data_file(location, directory, in_order(rows, ["__key"]), ("__key",))
 
 
 def write_changes(
