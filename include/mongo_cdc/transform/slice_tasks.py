@@ -36,7 +36,6 @@ from mongo_cdc.transform import columns
 from mongo_cdc.transform.data_files import DataFile, write_data_file
 from mongo_cdc.transform.document_state import (
     DocumentVersion,
-    current_id_json,
     drop_with_collection,
     fold_events,
     reconcile_with_snapshots,
@@ -54,6 +53,7 @@ from mongo_cdc.transform.raw_events import (
 )
 from mongo_cdc.transform.slices import RawSlice, collection_operations, lake_path, read_pieces, read_slice
 from mongo_cdc.transform.table_layout import TableLayout
+from mongo_cdc.transform.versions import single_event_versions, versions_table
 
 try:  # the fast path needs numpy; executors without it take the lossless path
     from mongo_cdc.transform.split_values import SplitValues, split_documents
@@ -270,9 +270,7 @@ def transform_slice(
     rows = in_order(
         read_slice(location, raw_slice, row_filter, columns_read), ["cluster_time", "event_order"]
     )
-    ops = rows.column("op").to_pylist()
     after_column = rows.column("after").combine_chunks()
-    afters = after_column.to_pylist()
     none = pc.fill_null(pa.nulls(rows.num_rows, pa.bool_()), False)
     in_changes = changes.window.mask(rows) if changes is not None else none
     single = none
@@ -297,43 +295,9 @@ def transform_slice(
     if state is not None:
         # an older event landed after a delete does not bring the document back: its marker says so
         markers = deletion_markers(location, state.deletions, pc.unique(keys.filter(single)))
-        versions, version_documents = [], []
-        # the latest position (per replica set) a manifest or drop of the run deletes documents before:
-        # a snapshot's own rows sit after its manifest's position, so most rows skip both checks
-        deleting: dict[str, tuple[int, str]] = {}
-        for rs, position in [(m.rs, m.position) for m in state.manifests] + [
-            (rs, position) for position, rs in state.drops
-        ]:
-            deleting[rs] = max(position, deleting.get(rs, position))
-        key_list, id_list = keys.to_pylist(), ids.to_pylist()
-        cluster_times = rows.column("cluster_time").to_pylist()
-        orders = rows.column("event_order").to_pylist()
-        replica_sets = pc.struct_field(rows.column("source").combine_chunks(), "rs").to_pylist()
-        for index in pc.indices_nonzero(single).to_pylist():
-            # fold_events of a document's only event: a delete, or a full document
-            op, document = ops[index], documents[index]
-            if op != "d" and document is None:
-                continue  # a tombstone, or an update whose lookup found nothing
-            version = DocumentVersion(
-                key_list[index],
-                id_list[index] if op == "d" else current_id_json(document, id_list[index]),
-                None if op == "d" else afters[index],
-                cluster_times[index],
-                orders[index],
-                replica_sets[index],
-            )
-            marker = markers.get(version.key)
-            # an older event landed after the delete does not bring the document back; the marker's
-            # own delete still deletes (a run made again after its markers' commit, whose state
-            # commit lost a race or crashed)
-            if marker is not None and version.position < marker.position:
-                continue
-            if version.rs in deleting and version.position < deleting[version.rs]:
-                version = drop_with_collection(
-                    reconcile_with_snapshots(version, state.manifests), state.drops
-                )
-            versions.append(version)
-            version_documents.append(document if version.document is not None else None)
+        versions, version_documents = single_event_versions(
+            rows, keys, ids, single, deletes, documents, markers, state.manifests, state.drops
+        )
         state_output, state_values = write_state(location, state, versions, version_documents, markers)
     change_output = None
     if changes is not None:
@@ -367,59 +331,61 @@ def in_order(rows: pa.Table, columns: list[str]) -> pa.Table:
 def write_state(
     location: LakeLocation,
     spec: StateSpec,
-    versions: list[DocumentVersion],
+    versions: pa.Table,
     documents: list[dict | WholeDocument | None],
     markers: dict[str, DocumentVersion],
 ) -> tuple[StateOutput, columns.FieldValues | SplitValues | None]:
-    """Write ``versions`` as state rows (``documents``: theirs, dicts or ``WholeDocument``s), and as
-    deletion marker rows (``write_markers``) those deleted and those of documents with a marker;
-    returns the output and the documents' field values (for ``write_changes``)."""
-    marker_file = write_markers(
-        location,
-        spec.markers_directory,
-        [v for v in versions if v.document is None or v.key in markers],
-    )
-    if not spec.with_flag:
-        live = [index for index, version in enumerate(versions) if version.document is not None]
-        versions, documents = [versions[i] for i in live], [documents[i] for i in live]
-    if not versions:
+    """Write ``versions`` (``VERSION_SCHEMA``) as state rows (``documents``: theirs, dicts or
+    ``WholeDocument``s), and as deletion marker rows (``write_markers``) those deleted and those of
+    documents with a marker; returns the output and the documents' field values (for ``write_changes``)."""
+    deleted = pc.is_null(versions.column("document"))
+    marked = deleted
+    if markers:
+        marked = pc.or_(deleted, pc.is_in(versions.column("key"), pa.array(list(markers), pa.string())))
+    marker_file = write_markers(location, spec.markers_directory, versions.filter(marked))
+    if not spec.with_flag and pc.any(deleted).as_py():
+        live = pc.indices_nonzero(pc.invert(deleted))
+        versions, documents = versions.take(live), [documents[index] for index in live.to_pylist()]
+    if not versions.num_rows:
         return StateOutput(None, marker_file), None
-    document_bson = pa.array([v.document for v in versions], pa.binary())
+    versions = versions.combine_chunks()
+    document_bson = versions.column("document").chunk(0)
     values = field_values(
         spec.layout, document_bson, [document if document is not None else {} for document in documents]
     )
     survey = columns.NO_CHANGES if spec.forced else spec.layout.survey(values)
     layout = spec.layout if spec.forced else spec.layout.evolved(survey)
     metadata = {
-        "__key": pa.array([v.key for v in versions], pa.string()),
-        "__id": pa.array([v.document_id_json for v in versions], pa.string()),
+        "__key": versions.column("key").chunk(0),
+        "__id": versions.column("document_id_json").chunk(0),
         "__doc": document_texts(values, documents),
         "__doc_bson": document_bson,
-        "__cluster_time": pa.array([v.cluster_time for v in versions], pa.int64()),
-        "__event_order": pa.array([v.event_order for v in versions], pa.string()),
-        "__rs": pa.array([v.rs for v in versions], pa.string()),
+        "__cluster_time": versions.column("cluster_time").chunk(0),
+        "__event_order": versions.column("event_order").chunk(0),
+        "__rs": versions.column("rs").chunk(0),
     }
     batch = layout.record_batch(metadata, values)
     rows = pa.Table.from_batches([batch])
     if spec.with_flag:
-        rows = rows.append_column(DELETED_FLAG, pa.array([d is None for d in documents], pa.bool_()))
+        rows = rows.append_column(DELETED_FLAG, pc.is_null(document_bson))
     # sorted by key, so that the files of a table hold narrow key ranges a MERGE can skip
     file = write_data_file(location, spec.directory, in_order(rows, ["__key"]), STATE_STATS_COLUMNS)
     return StateOutput(Output((file,), survey), marker_file), values
 
 
-def write_markers(location: LakeLocation, directory: str, versions: list[DocumentVersion]) -> DataFile | None:
-    """Stage ``versions`` as deletion marker rows (``DELETION_COLUMNS`` and ``DELETED_FLAG``: whether it
-    is a deletion, or a document that lives again) under ``directory``, for the driver's MERGE."""
-    if not versions:
+def write_markers(location: LakeLocation, directory: str, versions: pa.Table) -> DataFile | None:
+    """Stage ``versions`` (``VERSION_SCHEMA``) as deletion marker rows (``DELETION_COLUMNS`` and
+    ``DELETED_FLAG``: whether it is a deletion, or a document that lives again) under ``directory``,
+    for the driver's MERGE."""
+    if not versions.num_rows:
         return None
     rows = pa.Table.from_arrays(
         [
-            pa.array([v.key for v in versions], pa.string()),
-            pa.array([v.cluster_time for v in versions], pa.int64()),
-            pa.array([v.event_order for v in versions], pa.string()),
-            pa.array([v.rs for v in versions], pa.string()),
-            pa.array([v.document is None for v in versions], pa.bool_()),
+            versions.column("key"),
+            versions.column("cluster_time"),
+            versions.column("event_order"),
+            versions.column("rs"),
+            pc.is_null(versions.column("document")),
         ],
         schema=DELETION_SCHEMA.append(pa.field(DELETED_FLAG, pa.bool_())),
     )
@@ -551,7 +517,7 @@ def fold_documents(
                 drop_with_collection(reconcile_with_snapshots(version, spec.manifests), spec.drops)
             )
     documents = [WholeDocument(v.document) if v.document is not None else None for v in versions]
-    state, _ = write_state(location, spec, versions, documents, markers)
+    state, _ = write_state(location, spec, versions_table(versions), documents, markers)
     return state
 
 
