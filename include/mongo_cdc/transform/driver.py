@@ -83,6 +83,9 @@ if TYPE_CHECKING:
 COMMIT_RACE_ATTEMPTS = 4
 # How many collections are transformed at once (``transform_collections``).
 COLLECTION_THREADS = 8
+# How many Spark tasks per core run a collection's slices (``CollectionTransform.slice_tasks``): more
+# than one, so that a core whose tasks finish early takes another.
+SLICE_TASKS_PER_CORE = 2
 # How many Spark tasks per core the job shared by small collections has (``_shared_job``): each takes
 # its share of the collections in turn, and the tasks take the cores in turn as they finish.
 SHARED_TASKS_PER_CORE = 4
@@ -249,11 +252,16 @@ class CollectionTransform:
         ]
         return raw_slices(self.location, chosen, self.context.defaultParallelism)
 
+    def slice_tasks(self, slices: list[Any]) -> int:
+        """How many Spark tasks run ``slices``, each taking its share in turn: a task's round trip
+        costs a tenth of a second or more, as much as planning a slice."""
+        return max(1, min(len(slices), self.context.defaultParallelism * SLICE_TASKS_PER_CORE))
+
     def run_slices(self, slices: list[RawSlice], task: Callable[[RawSlice], Any]) -> list[Any]:
-        """``task`` of each slice, one Spark task each; the results in slice order."""
+        """``task`` of each slice (``slice_tasks`` Spark tasks); the results in slice order."""
         if not slices:
             return []
-        return self.context.parallelize(slices, len(slices)).map(task).collect()
+        return self.context.parallelize(slices, self.slice_tasks(slices)).map(task).collect()
 
     # -- both tables ---------------------------------------------------------------------
 

@@ -177,12 +177,16 @@ class StateRun:
         self.shared_folds = folded
 
     def slice_inputs(self, slices: list[RawSlice]) -> RDD:
-        """Each slice with its index and its keys of documents folded apart, one partition each."""
-        indexed = self.transform.context.parallelize(list(enumerate(slices)), max(1, len(slices)))
+        """Each slice with its index and its keys of documents folded apart: without any, the slices
+        of a partition in turn (``CollectionTransform.slice_tasks``), else one partition per slice."""
+        context, indexed = self.transform.context, list(enumerate(slices))
         if self.folded_by_slice is None:
-            return indexed.map(lambda item: (item[0], item[1], frozenset()))
+            return context.parallelize(indexed, self.transform.slice_tasks(slices)).map(
+                lambda item: (item[0], item[1], frozenset())
+            )
         return (
-            indexed.partitionBy(len(slices))
+            context.parallelize(indexed, max(1, len(slices)))
+            .partitionBy(len(slices))
             .leftOuterJoin(self.folded_by_slice, len(slices))
             .map(lambda item: (item[0], item[1][0], item[1][1] or frozenset()))
         )
