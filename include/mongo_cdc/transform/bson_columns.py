@@ -71,22 +71,47 @@ _MAX_TIMESTAMP_MS = 253_402_300_799_999
 _HEX = np.frombuffer(b"".join(b"%02x" % byte for byte in range(256)), np.uint8).reshape(256, 2)
 
 
+def _unaligned(data: np.ndarray, dtype: str) -> np.ndarray:
+    """``data`` (bytes) read as ``dtype`` from every byte on: element ``i`` starts at byte ``i``."""
+    width = np.dtype(dtype).itemsize
+    return np.ndarray((max(len(data) - width + 1, 0),), dtype, data, 0, (1,))
+
+
 class _Buffer:
     """The bytes holding the documents, with what every walk over them needs."""
 
     def __init__(self, data: np.ndarray) -> None:
         self.data = data
+        # the little-endian number starting at each byte: one gather reads those at many offsets
+        self._int32 = _unaligned(data, "<i4")
+        self._int64 = _unaligned(data, "<i8")
 
     def int32(self, at: np.ndarray) -> np.ndarray:
         """The little-endian int32 at each offset ``at`` (each checked to be in the buffer)."""
-        window = self.data[at[:, None] + np.arange(4)]
-        return window.copy().view("<i4").reshape(-1).astype(np.int64)
+        return self._int32[at].astype(np.int64)
+
+    def int64(self, at: np.ndarray) -> np.ndarray:
+        """The little-endian int64 at each offset ``at`` (each checked to be in the buffer)."""
+        return self._int64[at]
+
+    def windows(self, at: np.ndarray, width: int) -> np.ndarray:
+        """The ``width`` bytes from each offset ``at``, a row each; bytes past the buffer's end are 0."""
+        size = len(self.data)
+        inside = at <= size - width
+        if size >= width and inside.all():
+            return np.lib.stride_tricks.sliding_window_view(self.data, width)[at]
+        rows = np.zeros((len(at), width), np.uint8)
+        if size >= width:
+            rows[inside] = np.lib.stride_tricks.sliding_window_view(self.data, width)[at[inside]]
+        positions = at[~inside, None] + np.arange(width)
+        rows[~inside] = np.where(positions < size, self.data[np.minimum(positions, size - 1)], 0)
+        return rows
 
     def next_zero(self, at: np.ndarray) -> np.ndarray:
         """The offset of the first zero byte at or after each of ``at``; len(data) if none."""
         size = len(self.data)
         # names are short: a window of bytes after each offset holds most of their ends
-        window = self.data[np.minimum(at[:, None] + np.arange(_SCAN_BYTES), size - 1)] == 0
+        window = self.windows(at, _SCAN_BYTES) == 0
         found = at + np.argmax(window, axis=1)
         beyond = ~window.any(axis=1) | (found >= size)
         if beyond.any():  # long names: look the rest up
@@ -245,10 +270,8 @@ class FastDocuments:
         lengths = end - start
         width = max(int(lengths.max(initial=0)), 1)
         words = -(-width // 8)
-        positions = start[:, None] + np.arange(words * 8)
-        inside = np.arange(words * 8) < lengths[:, None]
-        matrix = np.zeros((len(start), words * 8), np.uint8)
-        matrix[inside] = self.buffer.data[positions[inside]]
+        matrix = self.buffer.windows(start, words * 8)
+        matrix *= np.arange(words * 8) < lengths[:, None]
         packed = matrix.view("<u8")  # one row of words per name, zero-padded (names hold no zero)
         if words == 1:
             distinct, keys = np.unique(packed.reshape(-1), return_inverse=True)
@@ -464,13 +487,13 @@ class FastDocuments:
         return array.cast(arrow)
 
     def gather(self, at: np.ndarray, width: int) -> np.ndarray:
-        return self.buffer.data[at[:, None] + np.arange(width)].copy()
+        return self.buffer.windows(at, width)
 
     def int32(self, at: np.ndarray) -> np.ndarray:
-        return self.gather(at, 4).view("<i4").reshape(-1).astype(np.int64)
+        return self.buffer.int32(at)
 
     def int64(self, at: np.ndarray) -> np.ndarray:
-        return self.gather(at, 8).view("<i8").reshape(-1)
+        return self.buffer.int64(at)
 
 
 def kinds_in(kinds: np.ndarray) -> list[int]:
