@@ -42,6 +42,7 @@ _MIN_KEY, _MAX_KEY = 255, 127
 _MISSING = 0  # no element (a field a document lacks), as a kind
 _NAME_BYTES_MAX = 64  # a document with a longer field name takes the lossless path (bounds _keys' memory)
 _SCAN_BYTES = 16  # bytes after a cstring's start searched for its end before a lookup of the rest
+_LOW_BYTES, _HIGH_BITS = np.uint64(0x0101010101010101), np.uint64(0x8080808080808080)
 
 # Column type of each kind the fast path holds exactly.
 _FAST_KINDS: dict[int, types.ColumnType] = {
@@ -85,6 +86,7 @@ class _Buffer:
         # the little-endian number starting at each byte: one gather reads those at many offsets
         self._int32 = _unaligned(data, "<i4")
         self._int64 = _unaligned(data, "<i8")
+        self._uint64 = _unaligned(data, "<u8")
 
     def int32(self, at: np.ndarray) -> np.ndarray:
         """The little-endian int32 at each offset ``at`` (each checked to be in the buffer)."""
@@ -110,10 +112,23 @@ class _Buffer:
     def next_zero(self, at: np.ndarray) -> np.ndarray:
         """The offset of the first zero byte at or after each of ``at``; len(data) if none."""
         size = len(self.data)
-        # names are short: a window of bytes after each offset holds most of their ends
-        window = self.windows(at, _SCAN_BYTES) == 0
-        found = at + np.argmax(window, axis=1)
-        beyond = ~window.any(axis=1) | (found >= size)
+        found = np.full(len(at), -1, np.int64)
+        # names are short: the 8-byte words after each offset hold most of their ends; a zero byte
+        # sets the high bit of its byte in (word - 0x0101...) & ~word & 0x8080..., the lowest set
+        # bit being the first zero's
+        near = at > size - _SCAN_BYTES
+        rows = np.flatnonzero(~near)
+        for step in range(0, _SCAN_BYTES, 8):
+            words = self._uint64[at[rows] + step]
+            marks = (words - _LOW_BYTES) & ~words & _HIGH_BITS
+            hit = marks != 0
+            lowest = marks[hit] & (~marks[hit] + np.uint64(1))
+            found[rows[hit]] = at[rows[hit]] + step + (np.log2(lowest).astype(np.int64) >> 3)
+            rows = rows[~hit]
+        if near.any():  # the buffer's last bytes
+            window = self.windows(at[near], _SCAN_BYTES) == 0
+            found[near] = np.where(window.any(axis=1), at[near] + np.argmax(window, axis=1), -1)
+        beyond = (found < 0) | (found >= size)
         if beyond.any():  # long names: look the rest up
             zeros = np.flatnonzero(self.data == 0)
             following = np.searchsorted(zeros, at[beyond])
