@@ -288,9 +288,13 @@ class FastDocuments:
         matrix = self.buffer.windows(start, words * 8)
         matrix *= np.arange(words * 8) < lengths[:, None]
         packed = matrix.view("<u8")  # one row of words per name, zero-padded (names hold no zero)
-        if words == 1:
-            distinct, keys = np.unique(packed.reshape(-1), return_inverse=True)
-            rows = distinct.reshape(-1, 1)
+        if words == 1:  # the names hashed (Arrow's dictionary), not sorted, then their few in order
+            encoded = pa.array(packed.reshape(-1)).dictionary_encode()
+            distinct = encoded.dictionary.to_numpy()
+            order = np.argsort(distinct)
+            rank = np.empty(len(order), np.int64)
+            rank[order] = np.arange(len(order))
+            keys, rows = rank[encoded.indices.to_numpy()], distinct[order].reshape(-1, 1)
         else:  # a hash of the words, checked: a collision (never seen) falls back to comparing rows
             mixed = packed[:, 0].copy()
             for word in range(1, words):
