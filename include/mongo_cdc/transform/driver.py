@@ -9,7 +9,8 @@ Spark parallelises the Python work; delta-rs commits, so no Spark jar is needed.
 per collection (``CollectionTransform.update``):
 
 1. the raw files that may hold new rows are cut into slices of about ``slices.SLICE_ROWS`` rows
-   (``slices.raw_slices``), one Spark task each, read as Arrow tables (``slices.read_slice``);
+   (``slices.raw_slices``), read as Arrow tables (``slices.read_slice``) one at a time by a few Spark
+   tasks per core (``CollectionTransform.slice_tasks``);
 2. plan (``slice_tasks.plan_slice``, ``folded_keys``, column-wise, without reading the documents):
    each piece's range of document keys; where they overlap, each state event's document key summed
    per slice and then per bucket of keys; documents with more than one new event, or an update

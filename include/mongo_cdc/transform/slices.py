@@ -1,7 +1,7 @@
-"""Raw slices: a raw table's data files cut into the pieces one Spark task each reads.
+"""Raw slices: a raw table's data files cut into the pieces a Spark task reads at a time.
 
 The driver lists a raw table's files (``raw_files``) and cuts them into slices of about
-``SLICE_ROWS`` rows (``raw_slices``); each Spark task reads its slice as an Arrow table
+``SLICE_ROWS`` rows (``raw_slices``); a Spark task reads each of its slices in turn as an Arrow table
 (``read_slice``). Runs on the executors too, which have only pyarrow, orjson and bson: no pyspark
 or deltalake import here (``DeltaTable`` only for type checking).
 """
@@ -23,8 +23,8 @@ from mongo_cdc.transform.raw_events import RAW_COLUMNS
 if TYPE_CHECKING:
     from deltalake import DeltaTable
 
-# Raw rows per Spark task (a slice): each task writes a state file and a change file per hour of
-# them. Fewer when that keeps every core busy, but not below MIN_SLICE_ROWS (tiny files).
+# Raw rows per slice: a task writes a state file and a change file per hour of each slice's rows.
+# Fewer when that keeps every core busy, but not below MIN_SLICE_ROWS (tiny files).
 SLICE_ROWS = 50_000
 MIN_SLICE_ROWS = 5_000
 # Parquet bytes of raw rows per slice, whatever the rows: a task holds its documents' BSON many times
