@@ -17,11 +17,13 @@ from mongo_cdc.lake.storage import LakeLocation
 from mongo_cdc.transform import keys
 from mongo_cdc.transform.folded_keys import (
     KeyCount,
+    KeyRange,
     folded_in_slice,
     folded_keys,
     key_bucket,
     slice_key_buckets,
 )
+from mongo_cdc.transform.slice_tasks import none_folded_apart, plan_slice
 from mongo_cdc.transform.slices import RawPiece
 
 SEQ = 1
@@ -102,3 +104,32 @@ def test_a_run_in_one_slice_folds_apart_the_keys_it_repeats(tmp_path: Path) -> N
     )
     assert folded_in_slice(location, one_slice, WINDOW) == {keys.document_key("b")}
     assert folded_in_slice(location, only_a_drop, WINDOW) == frozenset()
+
+
+def test_a_plan_finds_no_document_folded_apart_where_the_pieces_hold_disjoint_ranges_of_keys(
+    tmp_path: Path,
+) -> None:
+    location = LakeLocation(str(tmp_path))
+    # integer _ids by number (as text, the key of 10 sorts before the key of 9), the others as text
+    first, second, overlapping, repeating, updating = slices_of(
+        tmp_path,
+        [event(1, 9, "r"), event(2, "a", "r"), event(3, 1, "r")],
+        [
+            event(4, 10, "r"),
+            event(5, 11, "r"),
+            event(6, "b", "r"),
+            event(12, "d", "r"),
+            {**event(7, None, lake.DROP), "key": COLLECTION_KEY},
+        ],
+        [event(8, "c", "r")],
+        [event(9, "e", "c"), event(10, "e", "d")],
+        [event(11, "f", "u")],
+    )
+    plans = [plan_slice(location, raw_slice, WINDOW) for raw_slice in (first, second, overlapping)]
+    assert plans[0].key_ranges == (KeyRange(True, 1, 9), KeyRange(False, '["s","a"]', '["s","a"]'))
+    assert plans[1].rows == 5 and len(plans[1].drops) == 1
+    assert none_folded_apart(plans[:2])
+    assert not none_folded_apart(plans)  # "c" is between "b" and "d"
+    # a document twice in a piece, or an update (which may lack after): the buckets decide
+    assert plan_slice(location, repeating, WINDOW).key_ranges is None
+    assert not none_folded_apart([plan_slice(location, updating, WINDOW)])

@@ -42,6 +42,7 @@ _MIN_KEY, _MAX_KEY = 255, 127
 _MISSING = 0  # no element (a field a document lacks), as a kind
 _NAME_BYTES_MAX = 64  # a document with a longer field name takes the lossless path (bounds _keys' memory)
 _SCAN_BYTES = 16  # bytes after a cstring's start searched for its end before a lookup of the rest
+_LOW_BYTES, _HIGH_BITS = np.uint64(0x0101010101010101), np.uint64(0x8080808080808080)
 
 # Column type of each kind the fast path holds exactly.
 _FAST_KINDS: dict[int, types.ColumnType] = {
@@ -71,24 +72,63 @@ _MAX_TIMESTAMP_MS = 253_402_300_799_999
 _HEX = np.frombuffer(b"".join(b"%02x" % byte for byte in range(256)), np.uint8).reshape(256, 2)
 
 
+def _unaligned(data: np.ndarray, dtype: str) -> np.ndarray:
+    """``data`` (bytes) read as ``dtype`` from every byte on: element ``i`` starts at byte ``i``."""
+    width = np.dtype(dtype).itemsize
+    return np.ndarray((max(len(data) - width + 1, 0),), dtype, data, 0, (1,))
+
+
 class _Buffer:
     """The bytes holding the documents, with what every walk over them needs."""
 
     def __init__(self, data: np.ndarray) -> None:
         self.data = data
+        # the little-endian number starting at each byte: one gather reads those at many offsets
+        self._int32 = _unaligned(data, "<i4")
+        self._int64 = _unaligned(data, "<i8")
+        self._uint64 = _unaligned(data, "<u8")
 
     def int32(self, at: np.ndarray) -> np.ndarray:
         """The little-endian int32 at each offset ``at`` (each checked to be in the buffer)."""
-        window = self.data[at[:, None] + np.arange(4)]
-        return window.copy().view("<i4").reshape(-1).astype(np.int64)
+        return self._int32[at].astype(np.int64)
+
+    def int64(self, at: np.ndarray) -> np.ndarray:
+        """The little-endian int64 at each offset ``at`` (each checked to be in the buffer)."""
+        return self._int64[at]
+
+    def windows(self, at: np.ndarray, width: int) -> np.ndarray:
+        """The ``width`` bytes from each offset ``at``, a row each; bytes past the buffer's end are 0."""
+        size = len(self.data)
+        inside = at <= size - width
+        if size >= width and inside.all():
+            return np.lib.stride_tricks.sliding_window_view(self.data, width)[at]
+        rows = np.zeros((len(at), width), np.uint8)
+        if size >= width:
+            rows[inside] = np.lib.stride_tricks.sliding_window_view(self.data, width)[at[inside]]
+        positions = at[~inside, None] + np.arange(width)
+        rows[~inside] = np.where(positions < size, self.data[np.minimum(positions, size - 1)], 0)
+        return rows
 
     def next_zero(self, at: np.ndarray) -> np.ndarray:
         """The offset of the first zero byte at or after each of ``at``; len(data) if none."""
         size = len(self.data)
-        # names are short: a window of bytes after each offset holds most of their ends
-        window = self.data[np.minimum(at[:, None] + np.arange(_SCAN_BYTES), size - 1)] == 0
-        found = at + np.argmax(window, axis=1)
-        beyond = ~window.any(axis=1) | (found >= size)
+        found = np.full(len(at), -1, np.int64)
+        # names are short: the 8-byte words after each offset hold most of their ends; a zero byte
+        # sets the high bit of its byte in (word - 0x0101...) & ~word & 0x8080..., the lowest set
+        # bit being the first zero's
+        near = at > size - _SCAN_BYTES
+        rows = np.flatnonzero(~near)
+        for step in range(0, _SCAN_BYTES, 8):
+            words = self._uint64[at[rows] + step]
+            marks = (words - _LOW_BYTES) & ~words & _HIGH_BITS
+            hit = marks != 0
+            lowest = marks[hit] & (~marks[hit] + np.uint64(1))
+            found[rows[hit]] = at[rows[hit]] + step + (np.log2(lowest).astype(np.int64) >> 3)
+            rows = rows[~hit]
+        if near.any():  # the buffer's last bytes
+            window = self.windows(at[near], _SCAN_BYTES) == 0
+            found[near] = np.where(window.any(axis=1), at[near] + np.argmax(window, axis=1), -1)
+        beyond = (found < 0) | (found >= size)
         if beyond.any():  # long names: look the rest up
             zeros = np.flatnonzero(self.data == 0)
             following = np.searchsorted(zeros, at[beyond])
@@ -245,14 +285,16 @@ class FastDocuments:
         lengths = end - start
         width = max(int(lengths.max(initial=0)), 1)
         words = -(-width // 8)
-        positions = start[:, None] + np.arange(words * 8)
-        inside = np.arange(words * 8) < lengths[:, None]
-        matrix = np.zeros((len(start), words * 8), np.uint8)
-        matrix[inside] = self.buffer.data[positions[inside]]
+        matrix = self.buffer.windows(start, words * 8)
+        matrix *= np.arange(words * 8) < lengths[:, None]
         packed = matrix.view("<u8")  # one row of words per name, zero-padded (names hold no zero)
-        if words == 1:
-            distinct, keys = np.unique(packed.reshape(-1), return_inverse=True)
-            rows = distinct.reshape(-1, 1)
+        if words == 1:  # the names hashed (Arrow's dictionary), not sorted, then their few in order
+            encoded = pa.array(packed.reshape(-1)).dictionary_encode()
+            distinct = encoded.dictionary.to_numpy()
+            order = np.argsort(distinct)
+            rank = np.empty(len(order), np.int64)
+            rank[order] = np.arange(len(order))
+            keys, rows = rank[encoded.indices.to_numpy()], distinct[order].reshape(-1, 1)
         else:  # a hash of the words, checked: a collision (never seen) falls back to comparing rows
             mixed = packed[:, 0].copy()
             for word in range(1, words):
@@ -464,13 +506,13 @@ class FastDocuments:
         return array.cast(arrow)
 
     def gather(self, at: np.ndarray, width: int) -> np.ndarray:
-        return self.buffer.data[at[:, None] + np.arange(width)].copy()
+        return self.buffer.windows(at, width)
 
     def int32(self, at: np.ndarray) -> np.ndarray:
-        return self.gather(at, 4).view("<i4").reshape(-1).astype(np.int64)
+        return self.buffer.int32(at)
 
     def int64(self, at: np.ndarray) -> np.ndarray:
-        return self.gather(at, 8).view("<i8").reshape(-1)
+        return self.buffer.int64(at)
 
 
 def kinds_in(kinds: np.ndarray) -> list[int]:

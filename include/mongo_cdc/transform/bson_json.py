@@ -67,8 +67,10 @@ def document_texts(fast: FastDocuments) -> tuple[pa.StringArray, np.ndarray]:
     order = np.argsort(at, kind="stable")
     ordered = pa.concat_arrays(pieces).take(pa.array(order))
     bounds = np.searchsorted(at[order], documents.at)
-    lists = pa.ListArray.from_arrays(pa.array(np.append(bounds, len(at)), pa.int32()), ordered)
-    texts = pc.binary_join(lists, "")
+    # the pieces in order are the documents' texts end to end: each text is a run of them
+    piece_offsets = np.frombuffer(ordered.buffers()[1], np.int32)[ordered.offset :]
+    text_offsets = piece_offsets[np.append(bounds, len(at))]
+    texts = pa.StringArray.from_buffers(len(bounds), pa.py_buffer(text_offsets), ordered.buffers()[2])
     unrendered = python[documents.root]
     if unrendered.any():
         texts = pc.if_else(pa.array(unrendered), pa.nulls(len(texts), pa.string()), texts)

@@ -33,6 +33,8 @@ from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 import bson
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from mongo_cdc import extjson
 from mongo_cdc.bson_elements import (
@@ -104,6 +106,13 @@ def fold_events(
 # An ObjectId or string _id is equal only to itself, so its text is the document's own (only
 # numbers of other types, alone or inside a document or array, compare equal across types).
 _SAME_TYPE_IDS = ('{"$oid":', '"')
+
+
+def own_type_ids(event_id_jsons: pa.Array) -> pa.Array:
+    """Whether each event's _id (``ChangeEvent.document_id_json``) is its document's own, whatever
+    the document (``current_id_json``), column-wise."""
+    own = [pc.starts_with(event_id_jsons, prefix) for prefix in _SAME_TYPE_IDS]
+    return pc.fill_null(pc.or_(*own), False)
 
 
 def current_id_json(document: dict | WholeDocument | None, event_id_json: str) -> str:

@@ -9,9 +9,11 @@ Spark parallelises the Python work; delta-rs commits, so no Spark jar is needed.
 per collection (``CollectionTransform.update``):
 
 1. the raw files that may hold new rows are cut into slices of about ``slices.SLICE_ROWS`` rows
-   (``slices.raw_slices``), one Spark task each, read as Arrow tables (``slices.read_slice``);
-2. plan (``slice_tasks.plan_slice``, ``folded_keys``, column-wise): each state event's document
-   key, summed per slice and then per bucket of keys; documents with more than one new event, or an update
+   (``slices.raw_slices``), read as Arrow tables (``slices.read_slice``) one at a time by a few Spark
+   tasks per core (``CollectionTransform.slice_tasks``);
+2. plan (``slice_tasks.plan_slice``, ``folded_keys``, column-wise, without reading the documents):
+   each piece's range of document keys; where they overlap, each state event's document key summed
+   per slice and then per bucket of keys; documents with more than one new event, or an update
    without ``after``, are *folded apart* (step 4), the others have one; each slice's task gets its
    share of them (``StateRun.slice_inputs``): the driver holds no per-document data of the run;
 3. each slice's task (``slice_tasks.transform_slice``) decodes each document once (one
@@ -82,6 +84,9 @@ if TYPE_CHECKING:
 COMMIT_RACE_ATTEMPTS = 4
 # How many collections are transformed at once (``transform_collections``).
 COLLECTION_THREADS = 8
+# How many Spark tasks per core run a collection's slices (``CollectionTransform.slice_tasks``): more
+# than one, so that a core whose tasks finish early takes another.
+SLICE_TASKS_PER_CORE = 2
 # How many Spark tasks per core the job shared by small collections has (``_shared_job``): each takes
 # its share of the collections in turn, and the tasks take the cores in turn as they finish.
 SHARED_TASKS_PER_CORE = 4
@@ -248,11 +253,16 @@ class CollectionTransform:
         ]
         return raw_slices(self.location, chosen, self.context.defaultParallelism)
 
+    def slice_tasks(self, slices: list[Any]) -> int:
+        """How many Spark tasks run ``slices``, each taking its share in turn: a task's round trip
+        costs a tenth of a second or more, as much as planning a slice."""
+        return max(1, min(len(slices), self.context.defaultParallelism * SLICE_TASKS_PER_CORE))
+
     def run_slices(self, slices: list[RawSlice], task: Callable[[RawSlice], Any]) -> list[Any]:
-        """``task`` of each slice, one Spark task each; the results in slice order."""
+        """``task`` of each slice (``slice_tasks`` Spark tasks); the results in slice order."""
         if not slices:
             return []
-        return self.context.parallelize(slices, len(slices)).map(task).collect()
+        return self.context.parallelize(slices, self.slice_tasks(slices)).map(task).collect()
 
     # -- both tables ---------------------------------------------------------------------
 

@@ -137,6 +137,10 @@ def _event_value(event: ChangeEvent, path: tuple[str, ...]) -> Any:
     return (event.source or {}).get(path[1])
 
 
+# The raw columns of a change row's metadata, besides its added fields'.
+_ROW_COLUMNS = ["op", "cluster_time", "event_order"]
+
+
 def change_rows(
     events: pa.Table, decoded: Sequence[dict | WholeDocument | None], options: FlatteningOptions
 ) -> tuple[pa.Array, dict[str, pa.Array], list[dict[str, Any] | WholeDocument]]:
@@ -149,20 +153,23 @@ def change_rows(
     ``before``) are read as ``ChangeEvent``s, one by one. An added field's column is the raw
     column at its path (``_event_value``'s values)."""
     ops = events.column("op").to_pylist()
-    shapes = [row_shape(op, options) for op in ops]
+    shape_of = {op: row_shape(op, options) for op in set(ops)}
+    shapes = [shape_of[op] for op in ops]
     kept = [index for index, shape in enumerate(shapes) if shape is not None]
     tombstone = pa.array([shapes[index] == TOMBSTONE_ROW for index in kept], pa.bool_())
-    documents = []
-    for index in kept:
-        document = decoded[index]
-        if shapes[index] == TOMBSTONE_ROW or document is None:
+    documents = [decoded[index] for index in kept]
+    for position, index in enumerate(kept):
+        if shapes[index] == TOMBSTONE_ROW or documents[position] is None:
             event = event_from_row(events.slice(index, 1).to_pylist()[0])
-            document = (
+            documents[position] = (
                 {"_id": event.document_id} if shapes[index] == TOMBSTONE_ROW else change_document(event)
             )
-        documents.append(encode_document(document, options))
+    documents = [encode_document(document, options) for document in documents]
     indices = pa.array(kept, pa.int64())
-    rows = events.take(indices)
+    # the columns the metadata columns take, of the rows that have a change row
+    needed = list(dict.fromkeys([field.path[0] for field in options.added_fields] + _ROW_COLUMNS))
+    rows = events.select(needed)
+    rows = rows if len(kept) == events.num_rows else rows.take(indices)
     metadata: dict[str, pa.Array] = {}
     for field in options.added_fields:
         column = rows.column(field.path[0]).combine_chunks()

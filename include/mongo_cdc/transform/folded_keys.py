@@ -9,6 +9,12 @@ falls in the same bucket from every slice); one task per bucket sums what the sl
 bucket instead of a Python record per key: for a first build, where no document is folded apart,
 that shuffle of a record per key took more of the run than the build of the tables.
 
+Most runs of many slices need no such shuffle: a snapshot's slices hold each document once, each
+piece of a raw file a range of keys of its own. The plan (``slice_tasks.plan_slice``) gives each
+piece's range of keys (``key_ranges``) where its keys are distinct and none of its events is an
+update; when those ranges are disjoint (``ranges_disjoint``), no document has more than one event
+and none is folded apart, and the buckets are not summed at all.
+
 Runs on the executors, like ``slice_tasks``: pyarrow only.
 """
 
@@ -16,6 +22,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Iterable
+from itertools import pairwise
 from typing import NamedTuple
 
 import pyarrow as pa
@@ -28,6 +35,20 @@ from mongo_cdc.transform.slices import RawSlice, collection_operations, read_sli
 
 # What ``slice_key_buckets`` reads of the raw rows (``BatchWindow.filter`` takes source and batch_seq).
 KEY_COUNT_COLUMNS = ["key", "op", "after", "updateDescription", "source", "batch_seq"]
+
+
+# A key of an integer _id that int64 holds (``keys.document_key``): its range is taken by number, as a
+# snapshot reads _ids in order (as text, the keys of 9 and 10 sort the other way round).
+_INTEGER_KEY = r'^\["n","(?P<v>-?[0-9]{1,18})"\]$'
+
+
+class KeyRange(NamedTuple):
+    """The lowest and highest of some document keys: of integer _ids (compared as numbers), or of the
+    others (compared as text). A key of one kind never equals a key of the other."""
+
+    integers: bool
+    low: int | str
+    high: int | str
 
 
 class KeyCount(NamedTuple):
@@ -74,6 +95,31 @@ def slice_key_buckets(
         blocks.append((run["values"], _ipc_block(counted.slice(start, run["counts"]))))
         start += run["counts"]
     return blocks
+
+
+def key_ranges(keys: pa.Array) -> list[KeyRange]:
+    """The range of ``keys`` (normalised, none null): of the integer ones and of the others."""
+    digits = pc.struct_field(pc.extract_regex(keys, _INTEGER_KEY), "v")
+    integer = pc.is_valid(digits)
+    ranges = []
+    for integers, values in (
+        (True, pc.cast(digits.filter(integer), pa.int64())),
+        (False, keys.filter(pc.invert(integer))),
+    ):
+        if len(values):
+            bounds = pc.min_max(values)
+            ranges.append(KeyRange(integers, bounds["min"].as_py(), bounds["max"].as_py()))
+    return ranges
+
+
+def ranges_disjoint(ranges: Iterable[KeyRange]) -> bool:
+    """Whether no key can be in two of ``ranges``."""
+    ranges = list(ranges)
+    for integers in (True, False):
+        ordered = sorted((r.low, r.high) for r in ranges if r.integers is integers)
+        if any(later[0] <= earlier[1] for earlier, later in pairwise(ordered)):
+            return False
+    return True
 
 
 def folded_keys(blocks: Iterable[bytes]) -> list[tuple[str, KeyCount]]:

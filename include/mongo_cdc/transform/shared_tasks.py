@@ -25,6 +25,7 @@ from mongo_cdc.transform.slice_tasks import (
     StateSpec,
     fold_documents,
     fold_inputs,
+    none_folded_apart,
     plan_slice,
     transform_slice,
 )
@@ -58,7 +59,9 @@ def whole_collection(
             return SharedOutput(None, 0, transform_slice(location, raw_slice, None, changes, frozenset()), ())
         plan = plan_slice(location, raw_slice, state.window)
         state = replace(state, drops=tuple(sorted(plan.drops)))
-        folded_keys = folded_in_slice(location, raw_slice, state.window)
+        folded_keys = (
+            frozenset() if none_folded_apart([plan]) else folded_in_slice(location, raw_slice, state.window)
+        )
         transformed = transform_slice(location, raw_slice, state, changes, folded_keys)
         if not folded_keys:
             return SharedOutput(plan, 0, transformed, ())

@@ -1,6 +1,7 @@
 """What each Spark task does with its raw slice: the executor side of the transform.
 
-* ``plan_slice``: a slice's rows in the run and its drops (``SlicePlan``), for the driver;
+* ``plan_slice``: a slice's rows in the run, its drops and its keys' ranges (``SlicePlan``), for the
+  driver;
 * ``transform_slice``: a slice's state rows and change rows, each document decoded once for both
   tables, written as data files under the tables' directories (``write_state``, ``write_changes``),
   with the deletion marker rows of the slice's documents (``write_markers``); the task hands the
@@ -35,13 +36,13 @@ from mongo_cdc.transform import columns
 from mongo_cdc.transform.data_files import DataFile, write_data_file
 from mongo_cdc.transform.document_state import (
     DocumentVersion,
-    current_id_json,
     drop_with_collection,
     fold_events,
     reconcile_with_snapshots,
 )
 from mongo_cdc.transform.flatten import change_rows, delete_rows_hold_before_images
 from mongo_cdc.transform.flatten_options import FlatteningOptions
+from mongo_cdc.transform.folded_keys import KeyRange, key_ranges, ranges_disjoint
 from mongo_cdc.transform.raw_events import (
     RAW_COLUMNS,
     ChangeEvent,
@@ -50,8 +51,9 @@ from mongo_cdc.transform.raw_events import (
     event_from_row,
     event_keys,
 )
-from mongo_cdc.transform.slices import RawSlice, collection_operations, lake_path, read_slice
+from mongo_cdc.transform.slices import RawSlice, collection_operations, lake_path, read_pieces, read_slice
 from mongo_cdc.transform.table_layout import TableLayout
+from mongo_cdc.transform.versions import single_event_versions, versions_table
 
 try:  # the fast path needs numpy; executors without it take the lossless path
     from mongo_cdc.transform.split_values import SplitValues, split_documents
@@ -104,6 +106,9 @@ class SlicePlan(NamedTuple):
 
     drops: list[tuple[tuple[int, str], str]]  # the drops and renames of the collection, as (position, rs)
     rows: int  # the slice's rows in the run's window
+    # the range of its documents' keys in each piece (``folded_keys.key_ranges``); None when a piece
+    # holds a document's events more than once, or an update (it may lack ``after``)
+    key_ranges: tuple[KeyRange, ...] | None
 
 
 class KeyedFile(NamedTuple):
@@ -140,19 +145,43 @@ class ChangesSpec(TableSpec):
     options: FlatteningOptions = FlatteningOptions()
 
 
-# What ``plan_slice`` reads of the raw rows (``BatchWindow.filter`` takes source and batch_seq).
-PLAN_COLUMNS = ["op", "source", "batch_seq", "cluster_time", "event_order"]
+# What ``plan_slice`` reads of the raw rows (``BatchWindow.filter`` takes source and batch_seq): not
+# the documents.
+PLAN_COLUMNS = ["key", "op", "source", "batch_seq", "cluster_time", "event_order"]
 
 
 def plan_slice(location: LakeLocation, raw_slice: RawSlice, window: BatchWindow) -> SlicePlan:
-    """A slice's state events in brief: the drops and renames, its rows in all."""
-    rows = read_slice(location, raw_slice, window.filter(), PLAN_COLUMNS)
-    collection = collection_operations(rows)
-    drops = [
-        ((row["cluster_time"], row["event_order"]), row["source"]["rs"])
-        for row in rows.filter(collection).select(["cluster_time", "event_order", "source"]).to_pylist()
-    ]
-    return SlicePlan(drops, rows.num_rows)
+    """A slice's state events in brief: the drops and renames, its rows in all, its pieces' key ranges."""
+    drops: list[tuple[tuple[int, str], str]] = []
+    count = 0
+    ranges: list[KeyRange] | None = []
+    for rows in read_pieces(location, raw_slice, window.filter(), PLAN_COLUMNS):
+        count += rows.num_rows
+        collection = collection_operations(rows)
+        drops += [
+            ((row["cluster_time"], row["event_order"]), row["source"]["rs"])
+            for row in rows.filter(collection).select(["cluster_time", "event_order", "source"]).to_pylist()
+        ]
+        if ranges is None:
+            continue
+        keyed = rows.filter(pc.and_(pc.invert(collection), pc.is_valid(rows.column("op"))))
+        if not keyed.num_rows:
+            continue
+        keys, _ = event_keys(keyed.column("key"))
+        if pc.any(pc.equal(keyed.column("op"), "u")).as_py() or pc.count_distinct(keys).as_py() < len(keys):
+            ranges = None
+            continue
+        ranges += key_ranges(keys)
+    return SlicePlan(drops, count, None if ranges is None else tuple(ranges))
+
+
+def none_folded_apart(plans: Iterable[SlicePlan]) -> bool:
+    """Whether the slices of ``plans`` hold no document with more than one event, nor an update: each
+    piece's keys are distinct and the pieces' ranges of keys disjoint."""
+    plans = list(plans)
+    return all(plan.key_ranges is not None for plan in plans) and ranges_disjoint(
+        key_range for plan in plans for key_range in plan.key_ranges or ()
+    )
 
 
 def keyed_rows(
@@ -238,12 +267,10 @@ def transform_slice(
     row_filter = windows[0] if len(windows) == 1 else windows[0] | windows[1]
     before_images = changes is not None and delete_rows_hold_before_images(changes.options)
     columns_read = RAW_COLUMNS + ["before"] if before_images else RAW_COLUMNS
-    rows = read_slice(location, raw_slice, row_filter, columns_read).sort_by(
-        [("cluster_time", "ascending"), ("event_order", "ascending")]  # files in oplog order
+    rows = in_order(
+        read_slice(location, raw_slice, row_filter, columns_read), ["cluster_time", "event_order"]
     )
-    ops = rows.column("op").to_pylist()
     after_column = rows.column("after").combine_chunks()
-    afters = after_column.to_pylist()
     none = pc.fill_null(pa.nulls(rows.num_rows, pa.bool_()), False)
     in_changes = changes.window.mask(rows) if changes is not None else none
     single = none
@@ -268,43 +295,9 @@ def transform_slice(
     if state is not None:
         # an older event landed after a delete does not bring the document back: its marker says so
         markers = deletion_markers(location, state.deletions, pc.unique(keys.filter(single)))
-        versions, version_documents = [], []
-        # the latest position (per replica set) a manifest or drop of the run deletes documents before:
-        # a snapshot's own rows sit after its manifest's position, so most rows skip both checks
-        deleting: dict[str, tuple[int, str]] = {}
-        for rs, position in [(m.rs, m.position) for m in state.manifests] + [
-            (rs, position) for position, rs in state.drops
-        ]:
-            deleting[rs] = max(position, deleting.get(rs, position))
-        key_list, id_list = keys.to_pylist(), ids.to_pylist()
-        cluster_times = rows.column("cluster_time").to_pylist()
-        orders = rows.column("event_order").to_pylist()
-        replica_sets = pc.struct_field(rows.column("source").combine_chunks(), "rs").to_pylist()
-        for index in pc.indices_nonzero(single).to_pylist():
-            # fold_events of a document's only event: a delete, or a full document
-            op, document = ops[index], documents[index]
-            if op != "d" and document is None:
-                continue  # a tombstone, or an update whose lookup found nothing
-            version = DocumentVersion(
-                key_list[index],
-                id_list[index] if op == "d" else current_id_json(document, id_list[index]),
-                None if op == "d" else afters[index],
-                cluster_times[index],
-                orders[index],
-                replica_sets[index],
-            )
-            marker = markers.get(version.key)
-            # an older event landed after the delete does not bring the document back; the marker's
-            # own delete still deletes (a run made again after its markers' commit, whose state
-            # commit lost a race or crashed)
-            if marker is not None and version.position < marker.position:
-                continue
-            if version.rs in deleting and version.position < deleting[version.rs]:
-                version = drop_with_collection(
-                    reconcile_with_snapshots(version, state.manifests), state.drops
-                )
-            versions.append(version)
-            version_documents.append(document if version.document is not None else None)
+        versions, version_documents = single_event_versions(
+            rows, keys, ids, single, deletes, documents, markers, state.manifests, state.drops
+        )
         state_output, state_values = write_state(location, state, versions, version_documents, markers)
     change_output = None
     if changes is not None:
@@ -316,66 +309,87 @@ def transform_slice(
     return SliceOutput(state_output, change_output)
 
 
+def in_order(rows: pa.Table, columns: list[str]) -> pa.Table:
+    """``rows`` sorted by ``columns`` (ascending, stably): ``rows`` themselves where they already are
+    (a snapshot's, mostly), without a copy of every column (the documents too) in the same order."""
+    if rows.num_rows < 2:
+        return rows
+    earlier, later = rows.slice(0, rows.num_rows - 1), rows.slice(1)
+    ordered = None  # whether each row is at or before the next one, by the columns from the last
+    for name in reversed(columns):
+        before, after = earlier.column(name), later.column(name)
+        ordered = (
+            pc.less_equal(before, after)
+            if ordered is None
+            else pc.or_(pc.less(before, after), pc.and_(pc.equal(before, after), ordered))
+        )
+    if pc.all(pc.fill_null(ordered, False)).as_py():
+        return rows
+    return rows.sort_by([(name, "ascending") for name in columns])
+
+
 def write_state(
     location: LakeLocation,
     spec: StateSpec,
-    versions: list[DocumentVersion],
+    versions: pa.Table,
     documents: list[dict | WholeDocument | None],
     markers: dict[str, DocumentVersion],
 ) -> tuple[StateOutput, columns.FieldValues | SplitValues | None]:
-    """Write ``versions`` as state rows (``documents``: theirs, dicts or ``WholeDocument``s), and as
-    deletion marker rows (``write_markers``) those deleted and those of documents with a marker;
-    returns the output and the documents' field values (for ``write_changes``)."""
-    marker_file = write_markers(
-        location,
-        spec.markers_directory,
-        [v for v in versions if v.document is None or v.key in markers],
-    )
-    if not spec.with_flag:
-        live = [index for index, version in enumerate(versions) if version.document is not None]
-        versions, documents = [versions[i] for i in live], [documents[i] for i in live]
-    if not versions:
+    """Write ``versions`` (``VERSION_SCHEMA``) as state rows (``documents``: theirs, dicts or
+    ``WholeDocument``s), and as deletion marker rows (``write_markers``) those deleted and those of
+    documents with a marker; returns the output and the documents' field values (for ``write_changes``)."""
+    deleted = pc.is_null(versions.column("document"))
+    marked = deleted
+    if markers:
+        marked = pc.or_(deleted, pc.is_in(versions.column("key"), pa.array(list(markers), pa.string())))
+    marker_file = write_markers(location, spec.markers_directory, versions.filter(marked))
+    if not spec.with_flag and pc.any(deleted).as_py():
+        live = pc.indices_nonzero(pc.invert(deleted))
+        versions, documents = versions.take(live), [documents[index] for index in live.to_pylist()]
+    if not versions.num_rows:
         return StateOutput(None, marker_file), None
-    document_bson = pa.array([v.document for v in versions], pa.binary())
+    versions = versions.combine_chunks()
+    document_bson = versions.column("document").chunk(0)
     values = field_values(
         spec.layout, document_bson, [document if document is not None else {} for document in documents]
     )
     survey = columns.NO_CHANGES if spec.forced else spec.layout.survey(values)
     layout = spec.layout if spec.forced else spec.layout.evolved(survey)
     metadata = {
-        "__key": pa.array([v.key for v in versions], pa.string()),
-        "__id": pa.array([v.document_id_json for v in versions], pa.string()),
+        "__key": versions.column("key").chunk(0),
+        "__id": versions.column("document_id_json").chunk(0),
         "__doc": document_texts(values, documents),
         "__doc_bson": document_bson,
-        "__cluster_time": pa.array([v.cluster_time for v in versions], pa.int64()),
-        "__event_order": pa.array([v.event_order for v in versions], pa.string()),
-        "__rs": pa.array([v.rs for v in versions], pa.string()),
+        "__cluster_time": versions.column("cluster_time").chunk(0),
+        "__event_order": versions.column("event_order").chunk(0),
+        "__rs": versions.column("rs").chunk(0),
     }
     batch = layout.record_batch(metadata, values)
     rows = pa.Table.from_batches([batch])
     if spec.with_flag:
-        rows = rows.append_column(DELETED_FLAG, pa.array([d is None for d in documents], pa.bool_()))
+        rows = rows.append_column(DELETED_FLAG, pc.is_null(document_bson))
     # sorted by key, so that the files of a table hold narrow key ranges a MERGE can skip
-    file = write_data_file(location, spec.directory, rows.sort_by("__key"), STATE_STATS_COLUMNS)
+    file = write_data_file(location, spec.directory, in_order(rows, ["__key"]), STATE_STATS_COLUMNS)
     return StateOutput(Output((file,), survey), marker_file), values
 
 
-def write_markers(location: LakeLocation, directory: str, versions: list[DocumentVersion]) -> DataFile | None:
-    """Stage ``versions`` as deletion marker rows (``DELETION_COLUMNS`` and ``DELETED_FLAG``: whether it
-    is a deletion, or a document that lives again) under ``directory``, for the driver's MERGE."""
-    if not versions:
+def write_markers(location: LakeLocation, directory: str, versions: pa.Table) -> DataFile | None:
+    """Stage ``versions`` (``VERSION_SCHEMA``) as deletion marker rows (``DELETION_COLUMNS`` and
+    ``DELETED_FLAG``: whether it is a deletion, or a document that lives again) under ``directory``,
+    for the driver's MERGE."""
+    if not versions.num_rows:
         return None
     rows = pa.Table.from_arrays(
         [
-            pa.array([v.key for v in versions], pa.string()),
-            pa.array([v.cluster_time for v in versions], pa.int64()),
-            pa.array([v.event_order for v in versions], pa.string()),
-            pa.array([v.rs for v in versions], pa.string()),
-            pa.array([v.document is None for v in versions], pa.bool_()),
+            versions.column("key"),
+            versions.column("cluster_time"),
+            versions.column("event_order"),
+            versions.column("rs"),
+            pc.is_null(versions.column("document")),
         ],
         schema=DELETION_SCHEMA.append(pa.field(DELETED_FLAG, pa.bool_())),
     )
-    return write_data_file(location, directory, rows.sort_by("__key"), ("__key",))
+    return write_data_file(location, directory, in_order(rows, ["__key"]), ("__key",))
 
 
 def write_changes(
@@ -503,7 +517,7 @@ def fold_documents(
                 drop_with_collection(reconcile_with_snapshots(version, spec.manifests), spec.drops)
             )
     documents = [WholeDocument(v.document) if v.document is not None else None for v in versions]
-    state, _ = write_state(location, spec, versions, documents, markers)
+    state, _ = write_state(location, spec, versions_table(versions), documents, markers)
     return state
 
 

@@ -1,13 +1,14 @@
-"""Raw slices: a raw table's data files cut into the pieces one Spark task each reads.
+"""Raw slices: a raw table's data files cut into the pieces a Spark task reads at a time.
 
 The driver lists a raw table's files (``raw_files``) and cuts them into slices of about
-``SLICE_ROWS`` rows (``raw_slices``); each Spark task reads its slice as an Arrow table
+``SLICE_ROWS`` rows (``raw_slices``); a Spark task reads each of its slices in turn as an Arrow table
 (``read_slice``). Runs on the executors too, which have only pyarrow, orjson and bson: no pyspark
 or deltalake import here (``DeltaTable`` only for type checking).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, NamedTuple
 
 import pyarrow as pa
@@ -22,8 +23,8 @@ from mongo_cdc.transform.raw_events import RAW_COLUMNS
 if TYPE_CHECKING:
     from deltalake import DeltaTable
 
-# Raw rows per Spark task (a slice): each task writes a state file and a change file per hour of
-# them. Fewer when that keeps every core busy, but not below MIN_SLICE_ROWS (tiny files).
+# Raw rows per slice: a task writes a state file and a change file per hour of each slice's rows.
+# Fewer when that keeps every core busy, but not below MIN_SLICE_ROWS (tiny files).
 SLICE_ROWS = 50_000
 MIN_SLICE_ROWS = 5_000
 # Parquet bytes of raw rows per slice, whatever the rows: a task holds its documents' BSON many times
@@ -121,8 +122,16 @@ def read_slice(
 ) -> pa.Table:
     """The rows of ``raw_slice`` that pass ``row_filter``, in plain types (a file a delta-rs DELETE
     rewrote holds ``string_view``)."""
+    return pa.concat_tables(
+        read_pieces(location, raw_slice, row_filter, columns), promote_options="permissive"
+    )
+
+
+def read_pieces(
+    location: LakeLocation, raw_slice: RawSlice, row_filter: pc.Expression, columns: list[str]
+) -> Iterator[pa.Table]:
+    """``read_slice``, a table per piece of the slice."""
     filesystem, base = location.filesystem()
-    parts = []
     for piece in raw_slice:
         file = pq.ParquetFile(lake_path(base, piece.path), filesystem=filesystem)
         rows = (
@@ -130,8 +139,7 @@ def read_slice(
             if piece.row_groups is None
             else file.read_row_groups(piece.row_groups, columns)
         )
-        parts.append(plain(rows).filter(row_filter))
-    return pa.concat_tables(parts, promote_options="permissive")
+        yield plain(rows).filter(row_filter)
 
 
 def collection_operations(rows: pa.Table) -> pa.ChunkedArray:

@@ -35,7 +35,9 @@ class SplitValues:
         self.fast, self.slow = fast, slow
         self.fast_rows, self.slow_rows = fast_rows, slow_rows
         # each row's position among the fast rows' values followed by the slow rows'
-        self._positions = pa.array(np.argsort(np.concatenate([fast_rows, slow_rows]), kind="stable"))
+        order = np.argsort(np.concatenate([fast_rows, slow_rows]), kind="stable")
+        self._positions = pa.array(order)
+        self._in_order = bool((order == np.arange(len(order))).all())  # no row to move (all fast, say)
         self._arrays: dict[tuple[str, types.ColumnType, pa.DataType], pa.Array] = {}
 
     def __len__(self) -> int:
@@ -78,6 +80,8 @@ class SplitValues:
         return self._rows(texts, slow)
 
     def _rows(self, fast: pa.Array, slow: pa.Array) -> pa.Array:
+        if self._in_order:
+            return fast if not len(slow) else slow if not len(fast) else pa.concat_arrays([fast, slow])
         return pa.concat_arrays([fast, slow]).take(self._positions)
 
 
@@ -102,7 +106,9 @@ def split_documents(
     while True:
         fast = FastDocuments(data, offsets[candidates], stored)
         fast_rows = candidates[fast.indices]
-        slow_rows = np.setdiff1d(np.arange(len(raw)), fast_rows)
+        lossless = np.ones(len(raw), bool)
+        lossless[fast_rows] = False
+        slow_rows = np.flatnonzero(lossless)
         slow = types.FieldValues([read(documents[row]) or {} for row in slow_rows.tolist()])
         merged = fast.survey.merge(slow.survey(stored))
         added = dict(merged.additions[1]) if merged.additions != types.NULL else {}

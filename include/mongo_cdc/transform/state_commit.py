@@ -49,6 +49,7 @@ from mongo_cdc.transform.slice_tasks import (
     StateSpec,
     fold_documents,
     fold_inputs,
+    none_folded_apart,
     plan_slice,
     transform_slice,
 )
@@ -129,7 +130,8 @@ class StateRun:
 
     def plan(self, slices: list[RawSlice]) -> None:
         """The run's drops and events; which documents' events are folded apart (more than one event,
-        or an update without ``after``): found by Spark from the slices' keys summed per bucket
+        or an update without ``after``): none if the slices' pieces hold disjoint ranges of keys
+        (``none_folded_apart``), else found by Spark from the slices' keys summed per bucket
         (``folded_keys``), of which the driver keeps only the count."""
         context, location, window, started = (
             self.transform.context, self.transform.location, self.window, time.monotonic(),
@@ -138,6 +140,12 @@ class StateRun:
         self.new_events = sum(plan.rows for plan in planned)
         self.drops = tuple(sorted(drop for plan in planned for drop in plan.drops))
         if not slices:
+            return
+        if none_folded_apart(planned):  # a snapshot's slices, say: no shuffle of their keys
+            log.info(
+                "%s: %d new events, no document with more than one (the slices' key ranges are disjoint) "
+                "(%.1fs)", self.transform.namespace, self.new_events, time.monotonic() - started,
+            )  # fmt: skip
             return
         buckets = len(slices)
         folded = (
@@ -169,12 +177,16 @@ class StateRun:
         self.shared_folds = folded
 
     def slice_inputs(self, slices: list[RawSlice]) -> RDD:
-        """Each slice with its index and its keys of documents folded apart, one partition each."""
-        indexed = self.transform.context.parallelize(list(enumerate(slices)), max(1, len(slices)))
+        """Each slice with its index and its keys of documents folded apart: without any, the slices
+        of a partition in turn (``CollectionTransform.slice_tasks``), else one partition per slice."""
+        context, indexed = self.transform.context, list(enumerate(slices))
         if self.folded_by_slice is None:
-            return indexed.map(lambda item: (item[0], item[1], frozenset()))
+            return context.parallelize(indexed, self.transform.slice_tasks(slices)).map(
+                lambda item: (item[0], item[1], frozenset())
+            )
         return (
-            indexed.partitionBy(len(slices))
+            context.parallelize(indexed, max(1, len(slices)))
+            .partitionBy(len(slices))
             .leftOuterJoin(self.folded_by_slice, len(slices))
             .map(lambda item: (item[0], item[1][0], item[1][1] or frozenset()))
         )
