@@ -41,7 +41,7 @@ def test_smoke_run_prints_every_row_of_the_table() -> None:
         r"snapshot 3,000 x \d+ B\s+bare RawBSONDocument cursor\s+[\d,.]+ docs/s",
         r"mongo-cdc run_snapshot -> Delta\s+[\d,.]+ docs/s\s+[\d.]+x\s+bare\s+>= 1.00x",
         r"snapshot 300 x \d,\d+ B\s+bare RawBSONDocument cursor\s+[\d,.]+ MB/s",
-        r"mongo-cdc run_snapshot -> Delta\s+[\d,.]+ MB/s\s+[\d.]+x\s+bare\s+>= 0.50x",
+        r"mongo-cdc run_snapshot -> Delta\s+[\d,.]+ MB/s\s+[\d.]+x\s+bare\s+>= 1.00x",
         r"pull [\d,.]+-event backlog\s+bare change stream, RawBSONDocument\s+[\d,.]+ events/s",
         r"mongo-cdc pull_changes -> Delta\s+[\d,.]+ events/s\s+[\d.]+x\s+bare\s+>= 0.80x",
         r"bare change stream, mongod on core 0, reader on core 1\s+[\d,.]+ events/s",
