@@ -10,9 +10,9 @@ import re
 from dataclasses import dataclass, fields, replace
 from functools import cached_property, lru_cache
 
-from mongo_cdc.capture.capture_modes import CAPTURE_MODES, FULL_UPDATE_TYPES, check_full_update_type
 from mongo_cdc.capture.field_filters import FieldFilters, FieldRule
 from mongo_cdc.capture.oversized_events import OVERSIZE_MODES
+from mongo_cdc.config.capture_mode_table import CAPTURE_MODES, FULL_UPDATE_TYPES, check_full_update_type
 from mongo_cdc.config.setting import Setting, declared_settings, required_setting, setting
 from mongo_cdc.config.values import (
     AddedFields,
