@@ -40,6 +40,9 @@ def test_a_raw_events_resume_token_and_namespace_read_as_the_server_sent_them() 
     sliced = _event({"_data": "8265A1B2C3000000012B"}, 1)
     assert sliced["_id"] == {"_data": "8265A1B2C3000000012B"}
     assert _event({"_data": "82", "more": 1}, 2)["_id"] == {"_data": "82", "more": 1}  # another layout
+    # a token of 4 KB or more (a large _id's) comes as a view of the reply: read the same
+    large = {"_data": "82" + "AB" * 3000}
+    assert _event(large, 3)["_id"] == large
     assert sliced["ns"] == {"db": "db", "coll": "items"}
 
 

@@ -118,7 +118,7 @@ def event_fields(event: RawBSONDocument) -> dict[str, Any]:
     RawBSONDocument's per-access path, and not copied when the event is a ``DecodedRawDocument``:
     the stream's events have no other owner."""
     fields = event.top_level() if isinstance(event, DecodedRawDocument) else dict(event.items())
-    fields["_id"] = _resume_token(fields["_id"].raw)  # the stream refuses an event without one
+    fields["_id"] = _resume_token(bson_bytes(fields["_id"]))  # a large _id's token may be a view
     ns = fields.get("ns")
     if ns is not None:
         fields["ns"] = _namespace(ns.raw)
