@@ -11,6 +11,7 @@ from typing import Any
 import bson
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import pytest
 from bson import Decimal128, Int64, ObjectId
 from bson.datetime_ms import DatetimeMS
@@ -23,6 +24,7 @@ from mongo_cdc.lake import SnapshotManifest
 from mongo_cdc.lake.batch_log import BATCH_LOG_SCHEMA, Batch, BatchWindow
 from mongo_cdc.lake.landing import SourceLake
 from mongo_cdc.lake.storage import LakeLocation
+from mongo_cdc.transform.data_files import leaf_paths, write_data_file
 from mongo_cdc.transform.document_state import (
     DocumentVersion,
     apply_update,
@@ -441,3 +443,27 @@ def test_event_from_row_reads_dates_in_the_key_exactly():
         1,
     ).to_pylist()
     assert event_from_row(stored).document_id == when
+
+
+def test_data_files_write_unique_columns_without_a_dictionary_and_the_others_with_one(tmp_path):
+    """``write_data_file`` names every leaf of the other columns for the Parquet writer's dictionary
+    (a struct's fields, a list's elements, a map's keys and values, names with dots), so only the
+    unique columns lose it."""
+    rows = pa.table(
+        {
+            "__doc": ["x", "x"],
+            "a.b": ["y", "y"],
+            "s": [{"x": "z", "l": [{"y": 1}]}] * 2,
+            "l": [["w"], ["w"]],
+            "m": pa.array([[("k", 1)]] * 2, pa.map_(pa.string(), pa.int64())),
+        }
+    )
+    file = write_data_file(LakeLocation(str(tmp_path)), "t", rows, (), unique_columns=("__doc",))
+    metadata = pq.read_metadata(tmp_path / "t" / file.path).row_group(0)
+    paths = [metadata.column(index).path_in_schema for index in range(metadata.num_columns)]
+    assert paths == [path for field in rows.schema for path in leaf_paths(field)]
+    dictionary = {
+        metadata.column(index).path_in_schema: metadata.column(index).has_dictionary_page
+        for index in range(metadata.num_columns)
+    }
+    assert dictionary == {path: path != "__doc" for path in paths}

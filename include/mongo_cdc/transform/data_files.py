@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 import pyarrow as pa
@@ -50,17 +50,40 @@ def write_data_file(
     rows: pa.Table,
     stats_columns: Sequence[str],
     partition: tuple[tuple[str, str], ...] = (),
+    unique_columns: Collection[str] = (),
 ) -> DataFile:
     """Write ``rows`` (without the partition columns) as a new file under ``directory`` (a path
-    under the lake root, e.g. ``state/<prefix>/<db>/<collection>``)."""
+    under the lake root, e.g. ``state/<prefix>/<db>/<collection>``). ``unique_columns`` hold a
+    value of its own in (nearly) every row, such as a document's text: they are written without a
+    dictionary, which Parquet's writer would otherwise build by hashing every value, only to fall
+    back to plain values once it grows too large."""
     name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
     relative = "/".join([*(f"{column}={value}" for column, value in partition), name])
     sink = pa.BufferOutputStream()
-    pq.write_table(rows, sink, compression="snappy")
+    dictionary = [
+        path for field in rows.schema if field.name not in unique_columns for path in leaf_paths(field)
+    ]
+    pq.write_table(rows, sink, compression="snappy", use_dictionary=dictionary)
     data = sink.getvalue()
     with location.open_output(*directory.split("/"), *relative.split("/")) as out:
         out.write(data)
     return DataFile(relative, data.size, rows.num_rows, partition, _stats(rows, stats_columns), _now_ms())
+
+
+def leaf_paths(field: pa.Field, parent: str = "") -> list[str]:
+    """The Parquet column paths of ``field``'s leaves, as the Parquet writer names them (a list's
+    elements ``<name>.list.element``, a map's ``<name>.key_value.key`` and ``.value``)."""
+    path = f"{parent}{field.name}"
+    kind = field.type
+    if pa.types.is_struct(kind):
+        return [leaf for child in kind for leaf in leaf_paths(child, f"{path}.")]
+    if pa.types.is_map(kind):
+        return leaf_paths(kind.key_field, f"{path}.key_value.") + leaf_paths(
+            kind.item_field, f"{path}.key_value."
+        )
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        return leaf_paths(kind.value_field.with_name("element"), f"{path}.list.")
+    return [path]
 
 
 def _now_ms() -> int:

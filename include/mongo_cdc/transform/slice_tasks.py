@@ -77,6 +77,9 @@ STORED_VERSION_COLUMNS = ("__key", "__id", "__doc_bson", "__cluster_time", "__ev
 # Columns with file statistics (min/max/null count) in the data files the job writes.
 STATE_STATS_COLUMNS = ("__key", "__cluster_time", "__event_order", "__rs")
 CHANGES_STATS_COLUMNS = ("__cluster_time", "__event_order")
+# The state table's columns holding a value of each document's own (``write_data_file``'s unique
+# columns, with the column of ``_id``).
+PER_DOCUMENT_COLUMNS = ("__key", "__id", "__doc", "__doc_bson")
 
 
 class Output(NamedTuple):
@@ -369,7 +372,13 @@ def write_state(
     if spec.with_flag:
         rows = rows.append_column(DELETED_FLAG, pc.is_null(document_bson))
     # sorted by key, so that the files of a table hold narrow key ranges a MERGE can skip
-    file = write_data_file(location, spec.directory, in_order(rows, ["__key"]), STATE_STATS_COLUMNS)
+    file = write_data_file(
+        location,
+        spec.directory,
+        in_order(rows, ["__key"]),
+        STATE_STATS_COLUMNS,
+        unique_columns=PER_DOCUMENT_COLUMNS + _id_column(layout),
+    )
     return StateOutput(Output((file,), survey), marker_file), values
 
 
@@ -389,7 +398,9 @@ def write_markers(location: LakeLocation, directory: str, versions: pa.Table) ->
         ],
         schema=DELETION_SCHEMA.append(pa.field(DELETED_FLAG, pa.bool_())),
     )
-    return write_data_file(location, directory, in_order(rows, ["__key"]), ("__key",))
+    return write_data_file(
+        location, directory, in_order(rows, ["__key"]), ("__key",), unique_columns=("__key",)
+    )
 
 
 def write_changes(
@@ -423,10 +434,21 @@ def write_changes(
         part = rows.filter(pc.equal(hours, hour))
         files.append(
             write_data_file(
-                location, spec.directory, part, CHANGES_STATS_COLUMNS, ((lake.HOUR_COLUMN, hour),)
+                location,
+                spec.directory,
+                part,
+                CHANGES_STATS_COLUMNS,
+                ((lake.HOUR_COLUMN, hour),),
+                unique_columns=_id_column(layout),
             )
         )
     return Output(tuple(files), survey)
+
+
+def _id_column(layout: TableLayout) -> tuple[str, ...]:
+    """The column of the documents' ``_id`` (a value of each document's own), if the layout has one."""
+    column = layout.typed_columns.get("_id")
+    return (column.column,) if column is not None else ()
 
 
 def field_values(
