@@ -53,7 +53,7 @@ import pyarrow.compute as pc
 from mongo_cdc.extjson import READ_OPTIONS
 from mongo_cdc.lake import COLLECTION_OPERATIONS
 from mongo_cdc.transform.flatten_options import FlatteningOptions
-from mongo_cdc.transform.raw_events import ChangeEvent, WholeDocument, as_dict, event_from_row
+from mongo_cdc.transform.raw_events import ChangeEvent, RowDocuments, WholeDocument, as_dict, event_from_row
 
 
 def change_document(event: ChangeEvent) -> dict[str, Any] | None:
@@ -143,33 +143,39 @@ _ROW_COLUMNS = ["op", "cluster_time", "event_order"]
 
 def change_rows(
     events: pa.Table, decoded: Sequence[dict | WholeDocument | None], options: FlatteningOptions
-) -> tuple[pa.Array, dict[str, pa.Array], list[dict[str, Any] | WholeDocument]]:
+) -> tuple[pa.Array, dict[str, pa.Array], RowDocuments]:
     """``change_row`` of each raw row of ``events``, column-wise: (indices of the rows that have a
     change row, values of each of ``options.metadata_columns``, encoded documents).
 
     ``decoded``: each row's ``change_document`` where it is a whole document (a row's ``after``, or a
-    delete's ``before``; a dict or a ``WholeDocument``), else None. A row of ``EVENT_ROW`` shape takes it as
-    its document; the other rows (tombstones, updates without ``after``, deletes without
-    ``before``) are read as ``ChangeEvent``s, one by one. An added field's column is the raw
-    column at its path (``_event_value``'s values)."""
-    ops = events.column("op").to_pylist()
-    shape_of = {op: row_shape(op, options) for op in set(ops)}
-    shapes = [shape_of[op] for op in ops]
-    kept = [index for index, shape in enumerate(shapes) if shape is not None]
-    tombstone = pa.array([shapes[index] == TOMBSTONE_ROW for index in kept], pa.bool_())
-    documents = [decoded[index] for index in kept]
-    for position, index in enumerate(kept):
-        if shapes[index] == TOMBSTONE_ROW or documents[position] is None:
-            event = event_from_row(events.slice(index, 1).to_pylist()[0])
-            documents[position] = (
-                {"_id": event.document_id} if shapes[index] == TOMBSTONE_ROW else change_document(event)
-            )
-    documents = [encode_document(document, options) for document in documents]
-    indices = pa.array(kept, pa.int64())
+    delete's ``before``; a dict or a ``WholeDocument``; ``RowDocuments`` column-wise), else None. A
+    row of ``EVENT_ROW`` shape takes it as its document; the other rows (tombstones, updates without
+    ``after``, deletes without ``before``) are read as ``ChangeEvent``s, one by one. An added field's
+    column is the raw column at its path (``_event_value``'s values)."""
+    decoded = decoded if isinstance(decoded, RowDocuments) else RowDocuments.of(decoded)
+    op = events.column("op").combine_chunks()
+    kept_rows = tombstone_rows = pc.fill_null(pa.nulls(len(op), pa.bool_()), False)
+    for value in pc.unique(op).to_pylist():
+        shape = row_shape(value, options)
+        rows = pc.is_null(op) if value is None else pc.fill_null(pc.equal(op, value), False)
+        if shape is not None:
+            kept_rows = pc.or_(kept_rows, rows)
+        if shape == TOMBSTONE_ROW:
+            tombstone_rows = pc.or_(tombstone_rows, rows)
+    indices = pc.indices_nonzero(kept_rows).cast(pa.int64())
+    tombstone = tombstone_rows.take(indices)
+    documents = decoded.take(indices)
+    replaced = {}
+    for position in pc.indices_nonzero(pc.or_(tombstone, documents.missing())).to_pylist():
+        event = event_from_row(events.slice(indices[position].as_py(), 1).to_pylist()[0])
+        replaced[position] = (
+            {"_id": event.document_id} if tombstone[position].as_py() else change_document(event)
+        )
+    documents = encode_documents(documents.replaced(replaced), options)
     # the columns the metadata columns take, of the rows that have a change row
     needed = list(dict.fromkeys([field.path[0] for field in options.added_fields] + _ROW_COLUMNS))
     rows = events.select(needed)
-    rows = rows if len(kept) == events.num_rows else rows.take(indices)
+    rows = rows if len(indices) == events.num_rows else rows.take(indices)
     metadata: dict[str, pa.Array] = {}
     for field in options.added_fields:
         column = rows.column(field.path[0]).combine_chunks()
@@ -181,6 +187,13 @@ def change_rows(
     metadata["__cluster_time"] = rows.column("cluster_time").combine_chunks()
     metadata["__event_order"] = rows.column("event_order").combine_chunks()
     return indices, metadata, documents
+
+
+def encode_documents(documents: RowDocuments, options: FlatteningOptions) -> RowDocuments:
+    """``encode_document`` of each of ``documents`` (themselves if the options encode nothing)."""
+    if options.array_encoding != "document" and not options.flatten_struct:
+        return documents
+    return RowDocuments.of([encode_document(document, options) for document in documents])
 
 
 def encode_document(

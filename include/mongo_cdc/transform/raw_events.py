@@ -10,7 +10,7 @@ at once) and as ``ChangeEvent`` objects (``event_from_row``) where an event's va
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import bson
@@ -135,6 +135,105 @@ class WholeDocument:
         if self._decoded is None:
             self._decoded = bson.decode(self.bson, READ_OPTIONS)
         return self._decoded
+
+
+class RowDocuments(Sequence):
+    """Rows' documents column-wise: each row's whole document as BSON (null: none), made into a
+    ``WholeDocument`` only when a row's document is asked for (the lossless path: a few rows), once
+    per row of the column it came from, so that a document decoded for the state table is decoded
+    once for the changes table too; and rows whose document is a value of its own (``replaced``: a
+    document built from an event, not a whole document). Taking rows (``take``) copies no document."""
+
+    def __init__(
+        self,
+        column: pa.BinaryArray,
+        rows: pa.Array | None = None,
+        values: dict[int, Any] | None = None,
+        made: dict[int, WholeDocument] | None = None,
+    ) -> None:
+        self._column = column  # the BSON of the rows of a slice (a null: no document)
+        self._rows = rows  # the row of ``column`` of each item (null: no document); None: the same
+        self._values = values or {}  # the items that are a value of their own, by position
+        self._made = made if made is not None else {}  # the WholeDocument of each row of ``column``
+
+    @classmethod
+    def of(cls, documents: Sequence[dict | WholeDocument | None]) -> RowDocuments:
+        """``documents`` (values, whole documents or None) as values of their own."""
+        return cls(
+            pa.nulls(len(documents), pa.binary()),
+            values={index: document for index, document in enumerate(documents) if document is not None},
+        )
+
+    def __len__(self) -> int:
+        return len(self._column) if self._rows is None else len(self._rows)
+
+    def __getitem__(self, index: int) -> Any:  # type: ignore[override]
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError(index)
+        if index in self._values:
+            return self._values[index]
+        row = index if self._rows is None else self._rows[index].as_py()
+        if row is None or not self._column[row].is_valid:
+            return None
+        document = self._made.get(row)
+        if document is None:
+            document = self._made[row] = WholeDocument(self._column[row].as_py())
+        return document
+
+    def __eq__(self, other: object) -> bool:
+        """Equal to a sequence of the same documents (dicts, ``WholeDocument``s or None)."""
+        return isinstance(other, Sequence) and list(self) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def take(self, indices: pa.Array) -> RowDocuments:
+        """The items at ``indices`` (a null index: no document)."""
+        indices = indices.cast(pa.int64())
+        rows = indices if self._rows is None else self._rows.take(indices)
+        values = {}
+        if self._values:
+            values = {
+                position: self._values[index]
+                for position, index in enumerate(indices.to_pylist())
+                if index in self._values
+            }
+        return RowDocuments(self._column, rows, values, self._made)
+
+    def replaced(self, values: dict[int, Any]) -> RowDocuments:
+        """These documents with the items at ``values``' positions replaced by its values."""
+        return RowDocuments(self._column, self._rows, {**self._values, **values}, self._made)
+
+    def missing(self) -> pa.BooleanArray:
+        """Whether each item has no document."""
+        absent = pc.is_null(self._column)
+        if self._rows is not None:
+            absent = pc.fill_null(absent.take(self._rows), True)
+        if self._values:
+            positions = pa.array(list(self._values), pa.int64())
+            absent = pc.and_(absent, pc.invert(pc.is_in(pa.array(range(len(self)), pa.int64()), positions)))
+        return absent
+
+    @property
+    def bson(self) -> pa.BinaryArray:
+        """The BSON of each item's whole document (null: none, or a value of its own)."""
+        column = self._column if self._rows is None else self._column.take(self._rows)
+        if self._values:
+            positions = pa.array(list(self._values), pa.int64())
+            own = pc.is_in(pa.array(range(len(self)), pa.int64()), positions)
+            column = pc.if_else(own, pa.nulls(len(column), column.type), column)
+        return column
+
+    def same_as(self, other: RowDocuments) -> bool:
+        """Whether ``other`` holds the same whole documents, item for item, and no value of its own."""
+        if self._values or other._values or self._made is not other._made or len(self) != len(other):
+            return False
+        if self._rows is None and other._rows is None:
+            return True
+        every = pa.array(range(len(self)), pa.int64())  # the rows of items taken from the column as it is
+        mine, theirs = (every if rows is None else rows for rows in (self._rows, other._rows))
+        return mine.equals(theirs)
 
 
 def as_dict(document: dict | WholeDocument | None) -> dict | None:

@@ -46,7 +46,7 @@ from mongo_cdc.transform.folded_keys import KeyRange, key_ranges, ranges_disjoin
 from mongo_cdc.transform.raw_events import (
     RAW_COLUMNS,
     ChangeEvent,
-    WholeDocument,
+    RowDocuments,
     as_dict,
     event_from_row,
     event_keys,
@@ -102,6 +102,13 @@ class SliceOutput(NamedTuple):
 
     state: StateOutput
     changes: Output | None
+
+
+class StateValues(NamedTuple):
+    """The state rows' field values (``field_values``) and the documents they are of."""
+
+    values: columns.FieldValues | SplitValues
+    documents: RowDocuments
 
 
 class SlicePlan(NamedTuple):
@@ -285,15 +292,16 @@ def transform_slice(
             pc.invert(pc.is_in(keys, pa.array(sorted(folded_keys), pa.string()))),
         )
     # each row's whole document where a table takes one: its after, or a change row's before-image
-    documents: list[WholeDocument | None] = [None] * rows.num_rows
     deletes = pc.fill_null(pc.equal(rows.column("op"), "d"), False)
-    wanted = [(after_column, pc.and_(pc.or_(in_changes, single), pc.invert(deletes)))]
+    documents_bson = pc.if_else(
+        pc.and_(pc.or_(in_changes, single), pc.invert(deletes)),
+        after_column,
+        pa.nulls(rows.num_rows, pa.binary()),
+    )
     if before_images:
-        wanted.append((rows.column("before").combine_chunks(), pc.and_(in_changes, deletes)))
-    for column, selected in wanted:
-        taken = pc.indices_nonzero(pc.and_(selected, pc.is_valid(column)))
-        for index, data in zip(taken.to_pylist(), column.take(taken).to_pylist(), strict=True):
-            documents[index] = WholeDocument(data)
+        before = rows.column("before").combine_chunks()
+        documents_bson = pc.if_else(pc.and_(in_changes, deletes), before, documents_bson)
+    documents = RowDocuments(documents_bson)
     state_output, state_values = StateOutput(None, None), None
     if state is not None:
         # an older event landed after a delete does not bring the document back: its marker says so
@@ -305,10 +313,12 @@ def transform_slice(
     change_output = None
     if changes is not None:
         selected = pc.indices_nonzero(in_changes)
-        events = rows if len(selected) == rows.num_rows else rows.take(selected)
-        change_output = write_changes(
-            location, changes, events, [documents[index] for index in selected.to_pylist()], state_values
-        )
+        if len(selected) == rows.num_rows:
+            change_output = write_changes(location, changes, rows, documents, state_values)
+        else:
+            change_output = write_changes(
+                location, changes, rows.take(selected), documents.take(selected), state_values
+            )
     return SliceOutput(state_output, change_output)
 
 
@@ -335,12 +345,12 @@ def write_state(
     location: LakeLocation,
     spec: StateSpec,
     versions: pa.Table,
-    documents: list[dict | WholeDocument | None],
+    documents: RowDocuments,
     markers: dict[str, DocumentVersion],
-) -> tuple[StateOutput, columns.FieldValues | SplitValues | None]:
-    """Write ``versions`` (``VERSION_SCHEMA``) as state rows (``documents``: theirs, dicts or
-    ``WholeDocument``s), and as deletion marker rows (``write_markers``) those deleted and those of
-    documents with a marker; returns the output and the documents' field values (for ``write_changes``)."""
+) -> tuple[StateOutput, StateValues | None]:
+    """Write ``versions`` (``VERSION_SCHEMA``) as state rows (``documents``: theirs), and as deletion
+    marker rows (``write_markers``) those deleted and those of documents with a marker; returns the
+    output and the documents' field values (for ``write_changes``)."""
     deleted = pc.is_null(versions.column("document"))
     marked = deleted
     if markers:
@@ -348,14 +358,12 @@ def write_state(
     marker_file = write_markers(location, spec.markers_directory, versions.filter(marked))
     if not spec.with_flag and pc.any(deleted).as_py():
         live = pc.indices_nonzero(pc.invert(deleted))
-        versions, documents = versions.take(live), [documents[index] for index in live.to_pylist()]
+        versions, documents = versions.take(live), documents.take(live)
     if not versions.num_rows:
         return StateOutput(None, marker_file), None
     versions = versions.combine_chunks()
     document_bson = versions.column("document").chunk(0)
-    values = field_values(
-        spec.layout, document_bson, [document if document is not None else {} for document in documents]
-    )
+    values = field_values(spec.layout, document_bson, documents)
     survey = columns.NO_CHANGES if spec.forced else spec.layout.survey(values)
     layout = spec.layout if spec.forced else spec.layout.evolved(survey)
     metadata = {
@@ -379,7 +387,7 @@ def write_state(
         STATE_STATS_COLUMNS,
         unique_columns=PER_DOCUMENT_COLUMNS + _id_column(layout),
     )
-    return StateOutput(Output((file,), survey), marker_file), values
+    return StateOutput(Output((file,), survey), marker_file), StateValues(values, documents)
 
 
 def write_markers(location: LakeLocation, directory: str, versions: pa.Table) -> DataFile | None:
@@ -407,8 +415,8 @@ def write_changes(
     location: LakeLocation,
     spec: ChangesSpec,
     events: pa.Table,
-    decoded: list[dict | WholeDocument | None],
-    state_values: columns.FieldValues | SplitValues | None = None,
+    decoded: RowDocuments,
+    state_values: StateValues | None = None,
 ) -> Output | None:
     """Write the change rows of raw ``events`` (``decoded``: their documents, as ``change_rows``
     takes them), a file per hour. ``state_values``: the state rows' field values, shared when they
@@ -416,15 +424,14 @@ def write_changes(
     indices, metadata, documents = change_rows(events, decoded, spec.options)
     if not documents:
         return None
-    same = state_values is not None and len(state_values.documents) == len(documents)
     if (
-        same
-        and getattr(state_values, "stored", spec.layout.stored_fields) == spec.layout.stored_fields
-        and all(a is b for a, b in zip(state_values.documents, documents, strict=True))
+        state_values is not None
+        and getattr(state_values.values, "stored", spec.layout.stored_fields) == spec.layout.stored_fields
+        and documents.same_as(state_values.documents)
     ):
-        values = state_values  # a snapshot's: each field's values are extracted once
+        values = state_values.values  # a snapshot's: each field's values are extracted once
     else:
-        values = field_values(spec.layout, _change_bson(events, indices, decoded, documents), documents)
+        values = field_values(spec.layout, documents.bson, documents)
     survey = columns.NO_CHANGES if spec.forced else spec.layout.survey(values)
     layout = spec.layout if spec.forced else spec.layout.evolved(survey)
     rows = pa.Table.from_batches([layout.record_batch(metadata, values)])
@@ -452,19 +459,17 @@ def _id_column(layout: TableLayout) -> tuple[str, ...]:
 
 
 def field_values(
-    layout: TableLayout, document_bson: pa.BinaryArray, documents: list[dict | WholeDocument]
+    layout: TableLayout, document_bson: pa.BinaryArray, documents: RowDocuments
 ) -> columns.FieldValues | SplitValues:
-    """The field values of rows for ``layout``: ``documents`` and each one's BSON (null where it is
-    not those bytes), split between the fast and the lossless path where numpy is installed
-    (``transform.bson_columns``), else all lossless."""
+    """The field values of rows for ``layout``: ``documents`` (None reads as ``{}``) and each one's
+    BSON (null where it is not those bytes), split between the fast and the lossless path where
+    numpy is installed (``transform.bson_columns``), else all lossless."""
     if split_documents is None:
-        return columns.FieldValues([as_dict(document) for document in documents])
+        return columns.FieldValues([as_dict(document) or {} for document in documents])
     return split_documents(layout.stored_fields, document_bson, documents, as_dict)
 
 
-def document_texts(
-    values: columns.FieldValues | SplitValues, documents: list[dict | WholeDocument | None]
-) -> pa.Array:
+def document_texts(values: columns.FieldValues | SplitValues, documents: RowDocuments) -> pa.Array:
     """``__doc``: each document's Extended JSON text (null for none), from its bytes on the fast path."""
 
     def render(row: int) -> str | None:
@@ -474,23 +479,6 @@ def document_texts(
     if isinstance(values, columns.FieldValues):
         return pa.array([render(row) for row in range(len(documents))], pa.string())
     return values.ejson(render)
-
-
-def _change_bson(
-    events: pa.Table, indices: pa.Array, decoded: list[dict | None], documents: list[dict]
-) -> pa.BinaryArray:
-    """The BSON of each change row's document (``change_rows``' ``indices`` and documents): the
-    event's after (a delete's before) where the row's document is that one decoded, else null."""
-    rows = events.take(indices)
-    source = rows.column("after").combine_chunks()
-    if "before" in rows.column_names:
-        deletes = pc.fill_null(pc.equal(rows.column("op"), "d"), False)
-        source = pc.if_else(deletes, rows.column("before").combine_chunks(), source)
-    whole = [
-        decoded[index] is not None and document is decoded[index]
-        for index, document in zip(indices.to_pylist(), documents, strict=True)
-    ]
-    return pc.if_else(pa.array(whole, pa.bool_()), source, pa.nulls(len(source), source.type))
 
 
 def hour_partitions(cluster_times: pa.Array) -> pa.Array:
@@ -538,8 +526,9 @@ def fold_documents(
             versions.append(
                 drop_with_collection(reconcile_with_snapshots(version, spec.manifests), spec.drops)
             )
-    documents = [WholeDocument(v.document) if v.document is not None else None for v in versions]
-    state, _ = write_state(location, spec, versions_table(versions), documents, markers)
+    table = versions_table(versions)
+    documents = RowDocuments(table.column("document").combine_chunks())
+    state, _ = write_state(location, spec, table, documents, markers)
     return state
 
 

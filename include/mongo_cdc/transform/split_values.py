@@ -28,7 +28,7 @@ class SplitValues:
         fast_rows: np.ndarray,
         slow: types.FieldValues,
         slow_rows: np.ndarray,
-        documents: list[dict],
+        documents: Sequence[Any],
     ) -> None:
         self.stored = stored
         self.documents = documents

@@ -8,7 +8,7 @@ event holds, the row as it is, for all but a few rows: those are folded one by o
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -21,7 +21,7 @@ from mongo_cdc.transform.document_state import (
     own_type_ids,
     reconcile_with_snapshots,
 )
-from mongo_cdc.transform.raw_events import WholeDocument
+from mongo_cdc.transform.raw_events import RowDocuments, WholeDocument
 
 # Versions of documents column-wise (``DocumentVersion``'s fields), as ``write_state`` takes them.
 VERSION_SCHEMA = pa.schema(
@@ -42,17 +42,18 @@ def single_event_versions(
     ids: pa.Array,
     single: pa.Array,
     deletes: pa.Array,
-    documents: list[WholeDocument | None],
+    documents: RowDocuments | Sequence[WholeDocument | None],
     markers: dict[str, DocumentVersion],
     manifests: Iterable[SnapshotManifest],
     drops: Iterable[tuple[tuple[int, str], str]],
-) -> tuple[pa.Table, list[WholeDocument | None]]:
+) -> tuple[pa.Table, RowDocuments]:
     """The versions (``fold_events``) of the documents with one event in the run (``single`` rows of
     raw ``rows``, with their ``keys``, ``ids`` (``event_keys``), ``deletes`` and ``documents``: a
     delete, or a whole document), column-wise, and their documents. A row whose version is not the
     row as it is (its document's own _id of another type than the event's, a deletion marker of
     ``markers`` after it, a snapshot of ``manifests`` or a drop of ``drops`` deleting it) is folded
     one by one."""
+    documents = documents if isinstance(documents, RowDocuments) else RowDocuments.of(documents)
     after = rows.column("after").combine_chunks()
     count = rows.num_rows
     replica_sets = pc.struct_field(rows.column("source").combine_chunks(), "rs")
@@ -89,7 +90,7 @@ def single_event_versions(
     one_by_one = pc.and_(held, pc.fill_null(one_by_one, True))
     kept = pc.indices_nonzero(pc.and_(held, pc.invert(one_by_one)))
     if not pc.any(one_by_one).as_py():
-        return versions.take(kept), [documents[index] for index in kept.to_pylist()]
+        return versions.take(kept), documents.take(kept)
     folded, folded_rows, folded_documents = [], [], []
     indices = pc.indices_nonzero(one_by_one)
     chosen = [column.to_pylist() for column in versions.take(indices).columns]
@@ -112,12 +113,12 @@ def single_event_versions(
             version = drop_with_collection(reconcile_with_snapshots(version, manifests), drops)
         folded.append(version)
         folded_rows.append(index)
-        folded_documents.append(document if version.document is not None else None)
+        folded_documents.append(index if version.document is not None else None)
     # the versions in row order, as the rows were
     order = pc.sort_indices(pa.concat_arrays([kept, pa.array(folded_rows, pa.uint64())]))
     all_versions = pa.concat_tables([versions.take(kept), versions_table(folded)]).take(order)
-    all_documents = [documents[index] for index in kept.to_pylist()] + folded_documents
-    return all_versions, [all_documents[index] for index in order.to_pylist()]
+    document_rows = pa.concat_arrays([kept, pa.array(folded_documents, pa.uint64())])
+    return all_versions, documents.take(document_rows.take(order))
 
 
 def versions_table(versions: list[DocumentVersion]) -> pa.Table:
