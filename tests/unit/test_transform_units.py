@@ -34,10 +34,13 @@ from mongo_cdc.transform.document_state import (
 )
 from mongo_cdc.transform.flatten import change_document, change_row
 from mongo_cdc.transform.flatten_options import FlatteningOptions
+from mongo_cdc.transform.keys import document_key
 from mongo_cdc.transform.raw_events import (
+    RAW_COLUMNS,
     ChangeEvent,
     applied_app_id,
     event_from_row,
+    event_keys,
 )
 
 OID = ObjectId("65a1b2c3d4e5f60718293a4b")
@@ -467,3 +470,20 @@ def test_data_files_write_unique_columns_without_a_dictionary_and_the_others_wit
         for index in range(metadata.num_columns)
     }
     assert dictionary == {path: path != "__doc" for path in paths}
+
+
+@pytest.mark.parametrize(
+    "ids",
+    [
+        [OID, ObjectId("65a1b2c3d4e5f60718293a4c")],  # one form: the others are not tried
+        [OID, 7, "plain", Int64(8), 'quo"te', 2.5, {"a": 1}, -3, OID],  # every form, and the rest
+        [2.5, {"a": 1}],  # none of the forms
+    ],
+)
+def test_event_keys_column_wise_are_the_keys_and_ids_of_each_event(ids):
+    raw = pa.array([extjson.document_key(document_id) for document_id in ids], pa.string())
+    keys, id_jsons = event_keys(raw)
+    rows = [{"key": key, "source": {"rs": "rs0"}} for key in raw.to_pylist()]
+    events = [event_from_row(dict.fromkeys(RAW_COLUMNS) | row) for row in rows]
+    assert keys.to_pylist() == [document_key(event.document_id) for event in events]
+    assert id_jsons.to_pylist() == [event.document_id_json for event in events]

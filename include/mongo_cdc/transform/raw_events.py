@@ -103,12 +103,19 @@ def event_keys(raw_keys: pa.Array | pa.ChunkedArray) -> tuple[pa.Array, pa.Array
     """``(document_key(_id), Extended JSON of _id)`` of each raw ``key``, as ``event_from_row`` and
     ``keys.document_key`` give them: column-wise for the common _id types, one by one for the rest."""
     raw = raw_keys.combine_chunks() if isinstance(raw_keys, pa.ChunkedArray) else raw_keys
-    keys = pa.nulls(len(raw), pa.string())
-    ids = pa.nulls(len(raw), pa.string())
+    keys = ids = pa.nulls(len(raw), pa.string())
     for pattern, (key_head, key_tail), (id_head, id_tail) in _KEY_FORMS:
         value = pc.struct_field(pc.extract_regex(raw, pattern), "v")
-        keys = pc.coalesce(keys, pc.binary_join_element_wise(key_head, value, key_tail, ""))
-        ids = pc.coalesce(ids, pc.binary_join_element_wise(id_head, value, id_tail, ""))
+        if value.null_count == len(value):  # no key of this form
+            continue
+        form_keys = pc.binary_join_element_wise(key_head, value, key_tail, "")
+        form_ids = pc.binary_join_element_wise(id_head, value, id_tail, "")
+        if keys.null_count == len(keys):
+            keys, ids = form_keys, form_ids
+        else:
+            keys, ids = pc.coalesce(keys, form_keys), pc.coalesce(ids, form_ids)
+        if not keys.null_count:  # the keys are of the forms so far (a collection's _ids often of one)
+            break
     if keys.null_count:
         missing = pc.is_null(keys).to_pylist()
         key_list, id_list = keys.to_pylist(), ids.to_pylist()
