@@ -239,3 +239,16 @@ def test_damaged_bson_takes_the_lossless_path(damage):
     damaged = damage(raws[1])
     values = split_documents((), _rows([raws[0], damaged, raws[2]]), [{}, {}, {}], _itself)
     assert values.fast_rows.tolist() == [0, 2]
+
+
+def test_strings_to_escape_in_the_fast_texts_are_extjsons():
+    """``__doc`` of strings with quotes and backslashes (escaped from the bytes), control characters
+    (left to extjson), and none of them, in one field and in arrays, next to one another."""
+    texts = ["plain", 'a "quoted" word', "back\\slash", "tab\tand\nnewline", "\x00", "é名 \u2028", "", '\\"']
+    raws = [bson.encode({"_id": i, "s": text, "a": [text, "x"]}) for i, text in enumerate(texts)]
+    raws += [bson.encode({"_id": 100, "s": "only plain"})]
+    decoded = _decoded(raws)
+    values = split_documents((), _rows(raws), decoded, _itself)
+    assert len(values.fast_rows) == len(raws)
+    rendered = values.ejson(lambda row: extjson.encode_str(decoded[row]))
+    assert rendered.to_pylist() == [extjson.encode_str(document) for document in decoded]

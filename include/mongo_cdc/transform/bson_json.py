@@ -51,17 +51,22 @@ def document_texts(fast: FastDocuments) -> tuple[pa.StringArray, np.ndarray]:
         if level.documents:
             keys = [orjson.dumps(name.decode()).decode() + ":" for name in level.names]
             prefixes = pa.array([f",{key}" for key in keys] + keys, pa.string())
-            prefix = prefixes.take(pa.array(level.key + first * len(keys)))
+            prefix_index = level.key + first * len(keys)
         else:
-            prefix = pa.array([",", ""], pa.string()).take(pa.array(first.view(np.int8)))
-        text, unrendered = _value_texts(fast, level.values)
-        python[level.values.root[unrendered]] = True
-        offsets.append(level.offset)
-        pieces.append(pc.binary_join_element_wise(prefix, text, ""))
-        containers = (level.values.kind == _DOCUMENT) | (level.values.kind == _ARRAY)
+            prefixes = pa.array([",", ""], pa.string())
+            prefix_index = first.view(np.int8)
+        values = level.values
+        # each kind's elements are pieces of their own: the pieces are put in order once, at the end
+        for kind in kinds_in(values.kind):
+            where = np.flatnonzero(values.kind == kind)
+            text, unrendered = _value_texts(fast, kind, values, where)
+            python[values.root[where[unrendered]]] = True
+            offsets.append(level.offset[where])
+            pieces.append(pc.binary_join_element_wise(prefixes.take(pa.array(prefix_index[where])), text, ""))
+        containers = (values.kind == _DOCUMENT) | (values.kind == _ARRAY)
         if containers.any():
-            closing = np.where(level.values.kind[containers] == _DOCUMENT, "}", "]")
-            offsets.append(level.values.at[containers] + level.values.size[containers] - 1)
+            closing = np.where(values.kind[containers] == _DOCUMENT, "}", "]")
+            offsets.append(values.at[containers] + values.size[containers] - 1)
             pieces.append(pa.array(closing, pa.string()))
     at = np.concatenate(offsets)
     order = np.argsort(at, kind="stable")
@@ -77,49 +82,56 @@ def document_texts(fast: FastDocuments) -> tuple[pa.StringArray, np.ndarray]:
     return texts, unrendered
 
 
-def _value_texts(fast: FastDocuments, values: Values) -> tuple[pa.Array, np.ndarray]:
-    """Each value's Extended JSON text (a document's or array's opening bracket), and the
-    indexes of those left to ``extjson`` (a binary, a string with a control character)."""
-    parts, positions = [], []
-    unrendered = []
-    for kind in kinds_in(values.kind):
-        where = np.flatnonzero(values.kind == kind)
-        at = values.at[where]
-        if kind == _DOUBLE:
-            numbers = fast.gather(at, 8).view("<f8").reshape(-1)
-            text = _doubles(numbers)
-        elif kind == _STRING:
-            raw = fast.ranges(at + 4, values.size[where] - 5, pa.string())
-            control = pc.match_substring_regex(raw, "[\\x00-\\x1f]").to_numpy(zero_copy_only=False)
-            unrendered.append(where[control])
-            escaped = pc.replace_substring(pc.replace_substring(raw, "\\", "\\\\"), '"', '\\"')
-            text = pc.binary_join_element_wise('"', escaped, '"', "")
-        elif kind in (_DOCUMENT, _ARRAY):
-            text = _repeat("{" if kind == _DOCUMENT else "[", len(where))
-        elif kind == _OBJECT_ID:
-            text = _fixed_width(b'{"$oid":"', _HEX[fast.gather(at, 12)].reshape(len(at), 24), b'"}')
-        elif kind == _BOOL:
-            text = pa.array(["false", "true"], pa.string()).take(
-                pa.array(fast.buffer.data[at] != 0, pa.int8())
-            )
-        elif kind == _DATE:
-            millis = pa.array(fast.int64(at), pa.int64()).cast(pa.string())
-            text = pc.binary_join_element_wise('{"$date":{"$numberLong":"', millis, '"}}', "")
-        elif kind == _NULL:
-            text = _repeat("null", len(where))
-        elif kind == _INT32:
-            text = pa.array(fast.int32(at), pa.int64()).cast(pa.string())
-        elif kind == _INT64:
-            number = pa.array(fast.int64(at), pa.int64()).cast(pa.string())
-            text = pc.binary_join_element_wise('{"$numberLong":"', number, '"}', "")
-        else:  # a binary: base64 is left to extjson
-            unrendered.append(where)
-            text = _repeat("", len(where))
-        parts.append(text)
-        positions.append(where)
-    order = np.argsort(np.concatenate(positions), kind="stable")
-    texts = pa.concat_arrays([part.cast(pa.string()) for part in parts]).take(pa.array(order))
-    return texts, np.concatenate(unrendered) if unrendered else np.zeros(0, np.int64)
+def _value_texts(
+    fast: FastDocuments, kind: int, values: Values, where: np.ndarray
+) -> tuple[pa.Array, np.ndarray]:
+    """The Extended JSON text of the values at ``where``, all of BSON type ``kind`` (a document's or
+    array's opening bracket), and the positions in ``where`` of those left to ``extjson`` (a binary,
+    a string with a control character)."""
+    none = np.zeros(0, np.int64)
+    at = values.at[where]
+    if kind == _DOUBLE:
+        return _doubles(fast.gather(at, 8).view("<f8").reshape(-1)), none
+    if kind == _STRING:
+        raw = fast.ranges(at + 4, values.size[where] - 5, pa.string())
+        return _strings(raw)
+    if kind in (_DOCUMENT, _ARRAY):
+        return _repeat("{" if kind == _DOCUMENT else "[", len(where)), none
+    if kind == _OBJECT_ID:
+        return _fixed_width(b'{"$oid":"', _HEX[fast.gather(at, 12)].reshape(len(at), 24), b'"}'), none
+    if kind == _BOOL:
+        flags = pa.array(fast.buffer.data[at] != 0, pa.int8())
+        return pa.array(["false", "true"], pa.string()).take(flags), none
+    if kind == _DATE:
+        millis = pa.array(fast.int64(at), pa.int64()).cast(pa.string())
+        return pc.binary_join_element_wise('{"$date":{"$numberLong":"', millis, '"}}', ""), none
+    if kind == _NULL:
+        return _repeat("null", len(where)), none
+    if kind == _INT32:
+        return pa.array(fast.int32(at), pa.int64()).cast(pa.string()), none
+    if kind == _INT64:
+        number = pa.array(fast.int64(at), pa.int64()).cast(pa.string())
+        return pc.binary_join_element_wise('{"$numberLong":"', number, '"}', ""), none
+    # a binary: base64 is left to extjson
+    return _repeat("", len(where)), np.arange(len(where))
+
+
+def _strings(raw: pa.StringArray) -> tuple[pa.Array, np.ndarray]:
+    """Strings quoted as JSON, and the indexes of those left to ``extjson`` (holding a control
+    character). Their bytes are looked at once: most strings hold no quote nor backslash to escape."""
+    offsets = np.frombuffer(raw.buffers()[1], np.int32)[raw.offset : raw.offset + len(raw) + 1]
+    buffer = raw.buffers()[2]
+    data = (
+        np.frombuffer(buffer, np.uint8)[offsets[0] : offsets[-1]]
+        if buffer is not None
+        else np.zeros(0, np.uint8)
+    )
+    control = np.flatnonzero(data < 0x20)
+    unrendered = np.unique(np.searchsorted(offsets, control + offsets[0], side="right") - 1)
+    escaped = raw
+    if ((data == ord("\\")) | (data == ord('"'))).any():
+        escaped = pc.replace_substring(pc.replace_substring(raw, "\\", "\\\\"), '"', '\\"')
+    return pc.binary_join_element_wise('"', escaped, '"', ""), unrendered
 
 
 _NON_FINITE = {"NaN": '{"$numberDouble":"NaN"}', "Infinity": '{"$numberDouble":"Infinity"}',
