@@ -43,6 +43,8 @@ _MISSING = 0  # no element (a field a document lacks), as a kind
 _NAME_BYTES_MAX = 64  # a document with a longer field name takes the lossless path (bounds _keys' memory)
 _SCAN_BYTES = 16  # bytes after a cstring's start searched for its end before a lookup of the rest
 _LOW_BYTES, _HIGH_BITS = np.uint64(0x0101010101010101), np.uint64(0x8080808080808080)
+# a little-endian word's first n bytes, for n of 0 to 8
+_LOW_BYTES_MASKS = np.array([(1 << (8 * count)) - 1 for count in range(9)], np.uint64)
 
 # Column type of each kind the fast path holds exactly.
 _FAST_KINDS: dict[int, types.ColumnType] = {
@@ -108,6 +110,13 @@ class _Buffer:
         positions = at[~inside, None] + np.arange(width)
         rows[~inside] = np.where(positions < size, self.data[np.minimum(positions, size - 1)], 0)
         return rows
+
+    def words(self, at: np.ndarray, count: int) -> np.ndarray:
+        """The ``count`` little-endian 8-byte words from each offset ``at``, a row each; bytes past the
+        buffer's end are 0."""
+        if (at <= len(self.data) - 8 * count).all():
+            return np.stack([self._uint64[at + 8 * word] for word in range(count)], axis=1)
+        return self.windows(at, 8 * count).view("<u8")
 
     def next_zero(self, at: np.ndarray) -> np.ndarray:
         """The offset of the first zero byte at or after each of ``at``; len(data) if none."""
@@ -285,9 +294,11 @@ class FastDocuments:
         lengths = end - start
         width = max(int(lengths.max(initial=0)), 1)
         words = -(-width // 8)
-        matrix = self.buffer.windows(start, words * 8)
-        matrix *= np.arange(words * 8) < lengths[:, None]
-        packed = matrix.view("<u8")  # one row of words per name, zero-padded (names hold no zero)
+        packed = self.buffer.words(
+            start, words
+        )  # one row of words per name, zero-padded (names hold no zero)
+        for word in range(words):
+            packed[:, word] &= _LOW_BYTES_MASKS[np.clip(lengths - 8 * word, 0, 8)]
         if words == 1:  # the names hashed (Arrow's dictionary), not sorted, then their few in order
             encoded = pa.array(packed.reshape(-1)).dictionary_encode()
             distinct = encoded.dictionary.to_numpy()
