@@ -38,6 +38,7 @@ from mongo_cdc.transform.keys import document_key
 from mongo_cdc.transform.raw_events import (
     RAW_COLUMNS,
     ChangeEvent,
+    RowDocuments,
     applied_app_id,
     event_from_row,
     event_keys,
@@ -487,3 +488,26 @@ def test_event_keys_column_wise_are_the_keys_and_ids_of_each_event(ids):
     events = [event_from_row(dict.fromkeys(RAW_COLUMNS) | row) for row in rows]
     assert keys.to_pylist() == [document_key(event.document_id) for event in events]
     assert id_jsons.to_pylist() == [event.document_id_json for event in events]
+
+
+def test_row_documents_make_a_whole_document_of_a_row_once_and_take_rows_without_copies():
+    column = pa.array([bson.encode({"_id": 1}), None, bson.encode({"_id": 3})], pa.binary())
+    documents = RowDocuments(column)
+    assert len(documents) == 3 and documents[1] is None
+    assert documents[0].decoded() == {"_id": 1} and documents[-1].decoded() == {"_id": 3}
+    taken = documents.take(pa.array([2, None, 0, 1], pa.uint64()))
+    # the same row's document is the same object: decoded once for the state and changes tables
+    assert taken[0] is documents[2] and taken[2] is documents[0] and taken[1] is None and taken[3] is None
+    assert taken.missing().to_pylist() == [False, True, False, True]
+    assert taken.bson.to_pylist() == [column[2].as_py(), None, column[0].as_py(), None]
+    # an item replaced by a value of its own: it has a document, but no whole document's BSON
+    own = taken.replaced({1: {"_id": 2}})
+    assert own[1] == {"_id": 2} and own.take(pa.array([1, 0])) == [{"_id": 2}, documents[2]]
+    assert own.missing().to_pylist() == [False, False, False, True]
+    assert own.bson.to_pylist() == [column[2].as_py(), None, column[0].as_py(), None]
+    # the same whole documents: the same rows of the same column, no value of its own
+    assert taken.same_as(documents.take(pa.array([2, None, 0, 1], pa.int64())))
+    assert documents.same_as(documents.take(pa.array([0, 1, 2])))
+    assert not taken.same_as(documents.take(pa.array([2, None, 0, 0])))
+    assert not own.same_as(taken) and not taken.same_as(RowDocuments(column))
+    assert RowDocuments.of([{"a": 1}, None]) == [{"a": 1}, None]

@@ -238,9 +238,10 @@ class RowDocuments(Sequence):
             return False
         if self._rows is None and other._rows is None:
             return True
-        every = pa.array(range(len(self)), pa.int64())  # the rows of items taken from the column as it is
-        mine, theirs = (every if rows is None else rows for rows in (self._rows, other._rows))
-        return mine.equals(theirs)
+        if self._rows is None or other._rows is None:  # the rows of the column as it is
+            every = pa.array(range(len(self)), pa.int64())
+            return (self._rows if other._rows is None else other._rows).equals(every)
+        return self._rows.equals(other._rows)
 
 
 def as_dict(document: dict | WholeDocument | None) -> dict | None:
