@@ -59,10 +59,11 @@ def document_texts(fast: FastDocuments) -> tuple[pa.StringArray, np.ndarray]:
         # each kind's elements are pieces of their own: the pieces are put in order once, at the end
         for kind in kinds_in(values.kind):
             where = np.flatnonzero(values.kind == kind)
-            text, unrendered = _value_texts(fast, kind, values, where)
+            parts, unrendered = _value_texts(fast, kind, values, where)
             python[values.root[where[unrendered]]] = True
             offsets.append(level.offset[where])
-            pieces.append(pc.binary_join_element_wise(prefixes.take(pa.array(prefix_index[where])), text, ""))
+            prefix = prefixes.take(pa.array(prefix_index[where]))
+            pieces.append(pc.binary_join_element_wise(prefix, *parts, ""))
         containers = (values.kind == _DOCUMENT) | (values.kind == _ARRAY)
         if containers.any():
             closing = np.where(values.kind[containers] == _DOCUMENT, "}", "]")
@@ -84,41 +85,43 @@ def document_texts(fast: FastDocuments) -> tuple[pa.StringArray, np.ndarray]:
 
 def _value_texts(
     fast: FastDocuments, kind: int, values: Values, where: np.ndarray
-) -> tuple[pa.Array, np.ndarray]:
+) -> tuple[tuple[pa.Array | str, ...], np.ndarray]:
     """The Extended JSON text of the values at ``where``, all of BSON type ``kind`` (a document's or
-    array's opening bracket), and the positions in ``where`` of those left to ``extjson`` (a binary,
-    a string with a control character)."""
+    array's opening bracket), as parts to join (texts and, the same for every value, strings), and
+    the positions in ``where`` of those left to ``extjson`` (a binary, a string with a control
+    character)."""
     none = np.zeros(0, np.int64)
     at = values.at[where]
     if kind == _DOUBLE:
-        return _doubles(fast.gather(at, 8).view("<f8").reshape(-1)), none
+        return (_doubles(fast.gather(at, 8).view("<f8").reshape(-1)),), none
     if kind == _STRING:
         raw = fast.ranges(at + 4, values.size[where] - 5, pa.string())
         return _strings(raw)
     if kind in (_DOCUMENT, _ARRAY):
-        return _repeat("{" if kind == _DOCUMENT else "[", len(where)), none
+        return ("{" if kind == _DOCUMENT else "[",), none
     if kind == _OBJECT_ID:
-        return _fixed_width(b'{"$oid":"', _HEX[fast.gather(at, 12)].reshape(len(at), 24), b'"}'), none
+        return (_fixed_width(b'{"$oid":"', _HEX[fast.gather(at, 12)].reshape(len(at), 24), b'"}'),), none
     if kind == _BOOL:
         flags = pa.array(fast.buffer.data[at] != 0, pa.int8())
-        return pa.array(["false", "true"], pa.string()).take(flags), none
+        return (pa.array(["false", "true"], pa.string()).take(flags),), none
     if kind == _DATE:
         millis = pa.array(fast.int64(at), pa.int64()).cast(pa.string())
-        return pc.binary_join_element_wise('{"$date":{"$numberLong":"', millis, '"}}', ""), none
+        return ('{"$date":{"$numberLong":"', millis, '"}}'), none
     if kind == _NULL:
-        return _repeat("null", len(where)), none
+        return ("null",), none
     if kind == _INT32:
-        return pa.array(fast.int32(at), pa.int64()).cast(pa.string()), none
+        return (pa.array(fast.int32(at), pa.int64()).cast(pa.string()),), none
     if kind == _INT64:
         number = pa.array(fast.int64(at), pa.int64()).cast(pa.string())
-        return pc.binary_join_element_wise('{"$numberLong":"', number, '"}', ""), none
+        return ('{"$numberLong":"', number, '"}'), none
     # a binary: base64 is left to extjson
-    return _repeat("", len(where)), np.arange(len(where))
+    return ("",), np.arange(len(where))
 
 
-def _strings(raw: pa.StringArray) -> tuple[pa.Array, np.ndarray]:
-    """Strings quoted as JSON, and the indexes of those left to ``extjson`` (holding a control
-    character). Their bytes are looked at once: most strings hold no quote nor backslash to escape."""
+def _strings(raw: pa.StringArray) -> tuple[tuple[pa.Array | str, ...], np.ndarray]:
+    """Strings quoted as JSON (parts to join), and the indexes of those left to ``extjson`` (holding
+    a control character). Their bytes are looked at once: most strings hold no quote nor backslash
+    to escape."""
     offsets = np.frombuffer(raw.buffers()[1], np.int32)[raw.offset : raw.offset + len(raw) + 1]
     buffer = raw.buffers()[2]
     data = (
@@ -131,7 +134,7 @@ def _strings(raw: pa.StringArray) -> tuple[pa.Array, np.ndarray]:
     escaped = raw
     if ((data == ord("\\")) | (data == ord('"'))).any():
         escaped = pc.replace_substring(pc.replace_substring(raw, "\\", "\\\\"), '"', '\\"')
-    return pc.binary_join_element_wise('"', escaped, '"', ""), unrendered
+    return ('"', escaped, '"'), unrendered
 
 
 _NON_FINITE = {"NaN": '{"$numberDouble":"NaN"}', "Infinity": '{"$numberDouble":"Infinity"}',
