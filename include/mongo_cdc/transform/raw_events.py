@@ -5,7 +5,8 @@ its own: ``applied_app_id``). Its new events are the raw rows of committed batch
 (``lake.batch_log.BatchWindow``); backfilled history rows (``lake.HISTORY_SEQ``) belong to no batch.
 
 Rows are read column-wise where that is enough (``event_keys``: the normalised key of every row
-at once) and as ``ChangeEvent`` objects (``event_from_row``) where an event's values are needed.
+at once; ``RowDocuments``: their documents as a column of BSON) and as ``ChangeEvent`` objects
+(``event_from_row``) where an event's values are needed.
 """
 
 from __future__ import annotations
