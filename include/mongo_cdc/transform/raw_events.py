@@ -154,7 +154,7 @@ class RowDocuments(Sequence):
 
     def __init__(
         self,
-        column: pa.BinaryArray,
+        column: pa.BinaryArray | pa.ChunkedArray,
         rows: pa.Array | None = None,
         values: dict[int, Any] | None = None,
         made: dict[int, WholeDocument] | None = None,
@@ -213,7 +213,7 @@ class RowDocuments(Sequence):
         """These documents with the items at ``values``' positions replaced by its values."""
         return RowDocuments(self._column, self._rows, {**self._values, **values}, self._made)
 
-    def missing(self) -> pa.BooleanArray:
+    def missing(self) -> pa.BooleanArray | pa.ChunkedArray:
         """Whether each item has no document."""
         absent = pc.is_null(self._column)
         if self._rows is not None:
@@ -224,7 +224,7 @@ class RowDocuments(Sequence):
         return absent
 
     @property
-    def bson(self) -> pa.BinaryArray:
+    def bson(self) -> pa.BinaryArray | pa.ChunkedArray:
         """The BSON of each item's whole document (null: none, or a value of its own)."""
         column = self._column if self._rows is None else self._column.take(self._rows)
         if self._values:

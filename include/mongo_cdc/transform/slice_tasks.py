@@ -296,7 +296,7 @@ def transform_slice(
     documents_bson = pc.if_else(
         pc.and_(pc.or_(in_changes, single), pc.invert(deletes)),
         after_column,
-        pa.nulls(rows.num_rows, pa.binary()),
+        pa.nulls(rows.num_rows, after_column.type),
     )
     if before_images:
         before = rows.column("before").combine_chunks()
