@@ -133,3 +133,21 @@ def test_a_plan_finds_no_document_folded_apart_where_the_pieces_hold_disjoint_ra
     # a document twice in a piece, or an update (which may lack after): the buckets decide
     assert plan_slice(location, repeating, WINDOW).key_ranges is None
     assert not none_folded_apart([plan_slice(location, updating, WINDOW)])
+
+
+def test_an_update_with_its_after_among_rows_that_are_no_event_is_not_folded_apart(tmp_path: Path) -> None:
+    """The documents are read again only for a slice with updates: each update's own after, past a
+    drop and a tombstone (rows that are no document's event) before it."""
+    location = LakeLocation(str(tmp_path))
+    [one_slice] = slices_of(
+        tmp_path,
+        [
+            {**event(1, None, lake.DROP), "key": COLLECTION_KEY},
+            event(2, 5, None),
+            event(3, "f", "u", partial=True),
+            event(4, "g", "u", after=False, partial=True),
+            event(5, "h", "u", partial=True),
+        ],
+    )
+    blocks = [block for _, block in slice_key_buckets(location, 0, one_slice, WINDOW, 1)]
+    assert dict(folded_keys(blocks)) == {keys.document_key("g"): KeyCount(1, True, (0,))}

@@ -33,8 +33,11 @@ from mongo_cdc.lake.storage import LakeLocation
 from mongo_cdc.transform.raw_events import event_keys
 from mongo_cdc.transform.slices import RawSlice, collection_operations, read_slice
 
-# What ``slice_key_buckets`` reads of the raw rows (``BatchWindow.filter`` takes source and batch_seq).
-KEY_COUNT_COLUMNS = ["key", "op", "after", "updateDescription", "source", "batch_seq"]
+# What ``BatchWindow.filter`` reads of the raw rows.
+_FILTER_COLUMNS = ["source", "batch_seq"]
+# What ``slice_key_buckets`` reads of the raw rows: not the documents (``after``), but where a slice
+# holds an update.
+KEY_COUNT_COLUMNS = ["key", "op", "updateDescription", *_FILTER_COLUMNS]
 
 
 # A key of an integer _id that int64 holds (``keys.document_key``): its range is taken by number, as a
@@ -72,16 +75,21 @@ def slice_key_buckets(
     """The document keys of slice ``index``'s events in the window, each with its events there and
     whether one is an update without ``after``, as ``(bucket, Arrow IPC block)`` pairs."""
     rows = read_slice(location, raw_slice, window.filter(), KEY_COUNT_COLUMNS)
-    keyed = rows.filter(pc.and_(pc.invert(collection_operations(rows)), pc.is_valid(rows.column("op"))))
+    keyed_rows = pc.and_(pc.invert(collection_operations(rows)), pc.is_valid(rows.column("op")))
+    keyed = rows.filter(keyed_rows)
     if not keyed.num_rows:
         return []
     keys, _ = event_keys(keyed.column("key"))
-    partial = pc.and_(
-        pc.and_(pc.equal(keyed.column("op"), "u"), pc.is_null(keyed.column("after"))),
-        pc.is_valid(keyed.column("updateDescription")),
+    partial = pc.fill_null(
+        pc.and_(pc.equal(keyed.column("op"), "u"), pc.is_valid(keyed.column("updateDescription"))), False
     )
+    if pc.any(partial).as_py():
+        # only an update may lack its after; the documents are most of a slice's bytes, so they are
+        # read (the same rows again) where the slice holds updates only
+        after = read_slice(location, raw_slice, window.filter(), ["after", *_FILTER_COLUMNS]).column("after")
+        partial = pc.and_(partial, pc.is_null(after.filter(keyed_rows)))
     counted = (
-        pa.table({"key": keys, "partial": pc.fill_null(partial, False)})
+        pa.table({"key": keys, "partial": partial})
         .group_by("key")
         .aggregate([("partial", "count"), ("partial", "any")])
     )
