@@ -6,7 +6,8 @@ in the very commit of its rows, so its backlog is read from the lake alone: the 
 ``BatchWindow.of`` selects past that, which are those the transform's next run applies. A
 collection whose transform fails stays behind while the pulls keep committing its batches; the
 Spark job and the CDC DAG's ``summary`` report the count every run, and it goes back to 0 at the
-first run that catches the collection up.
+first run that catches the collection up. A collection the source's applied mark covers
+(``applied_mark``) is behind by nothing, and its tables are not read.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from mongo_cdc import lake
 from mongo_cdc.lake.batch_log import Batch, BatchWindow
 from mongo_cdc.lake.landing import SourceLake
 from mongo_cdc.lake.storage import table_if_exists
+from mongo_cdc.transform.applied_mark import read_mark
 from mongo_cdc.transform.raw_events import applied_batches
 
 # How many collections' tables are read at once (each read is mostly waiting on the lake's storage):
@@ -69,9 +71,13 @@ def collection_backlog(source_lake: SourceLake, namespace: str, batches: Sequenc
 def source_backlogs(source_lake: SourceLake, batches: Sequence[Batch]) -> dict[str, Backlog]:
     """The backlog of every collection the committed ``batches`` wrote raw rows to, by namespace."""
     namespaces = sorted({namespace for batch in batches for namespace in batch.namespaces})
+    mark = read_mark(source_lake)
+    unsettled = set(namespaces) if mark is None else mark.unsettled(batches)
+    read = [namespace for namespace in namespaces if namespace in unsettled]
     with ThreadPoolExecutor(READ_THREADS, thread_name_prefix="backlog") as pool:
-        found = pool.map(lambda namespace: collection_backlog(source_lake, namespace, batches), namespaces)
-        return dict(zip(namespaces, found, strict=True))
+        found = pool.map(lambda namespace: collection_backlog(source_lake, namespace, batches), read)
+        backlogs = dict(zip(read, found, strict=True))
+    return {namespace: backlogs.get(namespace, Backlog()) for namespace in namespaces}
 
 
 def collections_behind(backlogs: Mapping[str, Backlog]) -> dict[str, int]:

@@ -63,6 +63,7 @@ from mongo_cdc.lake.errors import LakeFileError, damage_in
 from mongo_cdc.lake.landing import COMMIT_RETRIES, SourceLake
 from mongo_cdc.lake.maintenance import maintain_table, remove_uncommitted_leftovers
 from mongo_cdc.lake.storage import row_count, table_if_exists
+from mongo_cdc.transform.applied_mark import AppliedMark, write_mark
 from mongo_cdc.transform.backlog import behind_text, collection_backlog
 from mongo_cdc.transform.changes_commit import ChangesRun
 from mongo_cdc.transform.data_files import delete_directory
@@ -417,9 +418,9 @@ def transform_collections(
     rebuild_hours: tuple[str, ...],
     maintenance: dict[str, int] | None,
 ) -> JobSummary:
-    """The collections ``namespaces`` (those with work, ``work.source_work``) brought up to the
+    """The collections ``namespaces`` (every one with work, ``work.source_work``) brought up to the
     committed ``batches``, COLLECTION_THREADS at a time; a collection that fails is logged and holds
-    back no other."""
+    back no other. Then the source's applied mark says so: every other collection needed nothing."""
 
     transforms = {
         namespace: CollectionTransform(context, source_lake, namespace, batches, flattening, rebuild_hours)
@@ -463,6 +464,7 @@ def transform_collections(
                 behind = collection_backlog(source_lake, namespace, batches).batches
                 log.exception("FAILED: %s; the other collections carry on", behind_text({namespace: behind}))
                 summary.failed[namespace] = {"error": _error_line(error), "batches_behind": behind}
+    write_mark(source_lake, AppliedMark.of(batches, flattening, summary.failed))
     if maintenance is not None:  # any table's, a collection of no batch's too: a source-wide listing
         removed = remove_uncommitted_leftovers(
             source_lake.location,
@@ -472,6 +474,14 @@ def transform_collections(
         )
         log.info(
             "removed %d files no table's log names (commits that never happened): %s", len(removed), removed
+        )
+        # one version per run: the replaced marks' files go as a table's do
+        maintain_table(
+            source_lake.source_uri(lake.APPLIED_MARK),
+            source_lake.options,
+            maintenance["optimize_interval_hours"],
+            maintenance["retention_hours"],
+            dt.datetime.now(dt.timezone.utc),
         )
     return summary
 

@@ -6,7 +6,9 @@ to apply or was written with other flattening options (rebuilt); when the run re
 change rows (``--rebuild-hours``, a backfill); or when the run maintains the tables (``--maintain``).
 The transform's driver runs only the collections with work (``CollectionTransform.update`` decides
 from the same ``CollectionWork``), and the CDC DAG's ``plan_transform`` asks the same question
-before Spark starts: a run where no collection has work starts no Spark at all.
+before Spark starts: a run where no collection has work starts no Spark at all. A collection the
+source's applied mark covers (``applied_mark``: no batch since the transform's last run names it) has
+no work, and its tables are not read.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from mongo_cdc import lake
 from mongo_cdc.lake.batch_log import Batch, BatchWindow
 from mongo_cdc.lake.landing import SourceLake
 from mongo_cdc.lake.storage import table_if_exists
+from mongo_cdc.transform.applied_mark import read_mark
 from mongo_cdc.transform.backlog import READ_THREADS
 from mongo_cdc.transform.changes_commit import recorded_flattening
 from mongo_cdc.transform.flatten_options import FlatteningOptions
@@ -111,8 +114,13 @@ def source_work(
     maintain: bool = False,
 ) -> dict[str, CollectionWork]:
     """The work of every collection of the committed ``batches`` that has some, by namespace (an
-    empty dict: the run has nothing to do). Reads each collection's state and changes tables' logs."""
+    empty dict: the run has nothing to do). Reads the state and changes tables' logs of each collection
+    the applied mark does not cover (every collection when rewriting hours or maintaining)."""
     namespaces = sorted({ns for batch in batches for ns in (*batch.namespaces, *(batch.collections or ()))})
+    mark = None if rebuild_hours or maintain else read_mark(source_lake)
+    if mark is not None and mark.written_with(flattening):
+        unsettled = mark.unsettled(batches)
+        namespaces = [namespace for namespace in namespaces if namespace in unsettled]
 
     def work_of(namespace: str) -> CollectionWork:
         db, _, collection = namespace.partition(".")
