@@ -37,6 +37,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -57,6 +58,10 @@ log = logging.getLogger(__name__)
 
 # delta-rs retries a commit that lost a race with another writer (shards land concurrently)
 COMMIT_RETRIES = 20
+
+
+# How many raw tables one batch commits to at once (``write_raw_tables``).
+RAW_COMMIT_THREADS = 8
 
 
 class SourceLake:
@@ -168,6 +173,20 @@ class SourceLake:
 
     def write_raw(self, rs: str, seq: int, namespace: str, data: pa.Table | pa.RecordBatchReader) -> None:
         self.write(self.raw_uri(namespace), rs, seq, data)
+
+    def write_raw_tables(self, rs: str, seq: int, tables: Mapping[str, pa.Table]) -> None:
+        """Batch ``seq``'s rows of each namespace (``write_raw``), the tables' commits side by side: a
+        batch of changes to many collections commits to as many tables, and delta-rs spends much of
+        each commit waiting on storage."""
+        if len(tables) < 2:
+            for namespace, data in tables.items():
+                self.write_raw(rs, seq, namespace, data)
+            return
+        with ThreadPoolExecutor(
+            min(len(tables), RAW_COMMIT_THREADS), thread_name_prefix="raw-commit"
+        ) as pool:
+            for done in [pool.submit(self.write_raw, rs, seq, *item) for item in tables.items()]:
+                done.result()
 
     def write_history(self, rs: str, namespace: str, hour: str, data: pa.Table) -> None:
         """Replace the history rows (``lake.HISTORY_SEQ``) of one replica set and hour of a raw table."""
