@@ -162,7 +162,9 @@ class BatchWindow:
         by compute kernels: a dataset projection costs a millisecond a call, which a transform of many
         small collections pays twice per collection."""
         seqs, rs = rows.column("batch_seq"), pc.struct_field(rows.column("source"), "rs")
-        keep = pc.equal(seqs, HISTORY_SEQ) if self.include_history else pa.repeat(False, rows.num_rows)
+        keep = pc.equal(seqs, HISTORY_SEQ)
+        if not self.include_history:
+            keep = pc.and_kleene(keep, False)  # every row false, a column like the rows'
         for name, found in self.seqs.items():
             keep = pc.or_kleene(
                 keep, pc.and_kleene(pc.equal(rs, name), pc.is_in(seqs, pa.array(found, pa.int64())))
