@@ -350,17 +350,18 @@ class CollectionTransform:
             summary.update(state.finish(slices, [output.state for output in outputs]))
         else:
             summary.update(new_events=0, state_rows=row_count(run.state_table))
-        written = 0
+        written, change_rows = 0, row_count(changes_table)
         if changes is not None:
-            written = changes.finish(slices, [output.changes for output in outputs])
-            changes_table = self.read("changes")
+            written, change_rows = changes.finish(slices, [output.changes for output in outputs])
         # a changes table this run created too: the hours' history rows are only in the rebuild
+        if self.rebuild_hours and changes is not None:
+            changes_table = self.read("changes")
         if self.rebuild_hours and changes_table is not None:
             every = BatchWindow.of(self.batches, self.namespace, include_history=True)
             written += ChangesRun(self, changes_table, False, every).rebuild(set(self.rebuild_hours))
-            changes_table = table_if_exists(self.changes_uri, self.options)
+            change_rows = row_count(table_if_exists(self.changes_uri, self.options))
         summary.update(
-            change_rows=row_count(changes_table),
+            change_rows=change_rows,
             change_rows_written=written,
             changes_rebuilt=run.work.changes_rebuilt,
         )

@@ -360,9 +360,9 @@ class StateRun:
         filesystem, base = transform.location.filesystem()
         tables = [
             widened(
-                pq.read_table(
+                pq.ParquetFile(
                     lake_path(base, f"{transform.state_path}/{file['path']}"), filesystem=filesystem
-                ),
+                ).read(),
                 layout.schema,
             )
             for file in stored
