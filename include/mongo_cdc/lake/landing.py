@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import pyarrow as pa
@@ -62,6 +62,8 @@ COMMIT_RETRIES = 20
 
 # How many raw tables one batch commits to at once (``write_raw_tables``).
 RAW_COMMIT_THREADS = 8
+# How many tables' logs are read at once (``tables``): each read is mostly a wait on the lake's storage.
+TABLE_READ_THREADS = 8
 
 
 class SourceLake:
@@ -85,6 +87,21 @@ class SourceLake:
 
     def source_uri(self, name: str) -> str:
         return lake.source_table_uri(self.location, self.prefix, name)
+
+    def tables(
+        self, namespaces: Iterable[str], zones: Sequence[str]
+    ) -> dict[tuple[str, str], DeltaTable | None]:
+        """The latest version of each collection's table in each of ``zones`` (None: none yet), by
+        (namespace, zone), TABLE_READ_THREADS at a time: a source of many collections has as many
+        table logs to read."""
+        uris = {
+            (namespace, zone): lake.table_uri(self.location, zone, self.prefix, *namespace.split(".", 1))
+            for namespace in namespaces
+            for zone in zones
+        }
+        with ThreadPoolExecutor(TABLE_READ_THREADS, thread_name_prefix="table-reads") as pool:
+            found = pool.map(lambda uri: table_if_exists(uri, self.options), uris.values())
+            return dict(zip(uris, found, strict=True))
 
     def _table(self, uri: str) -> DeltaTable | None:
         table = self._tables.get(uri)

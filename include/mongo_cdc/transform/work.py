@@ -14,17 +14,13 @@ no work, and its tables are not read.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from deltalake import DeltaTable
 
-from mongo_cdc import lake
 from mongo_cdc.lake.batch_log import Batch, BatchWindow
 from mongo_cdc.lake.landing import SourceLake
-from mongo_cdc.lake.storage import table_if_exists
 from mongo_cdc.transform.applied_mark import read_mark
-from mongo_cdc.transform.backlog import READ_THREADS
 from mongo_cdc.transform.changes_commit import recorded_flattening
 from mongo_cdc.transform.flatten_options import FlatteningOptions
 from mongo_cdc.transform.raw_events import applied_batches
@@ -122,17 +118,17 @@ def source_work(
         unsettled = mark.unsettled(batches)
         namespaces = [namespace for namespace in namespaces if namespace in unsettled]
 
-    def work_of(namespace: str) -> CollectionWork:
-        db, _, collection = namespace.partition(".")
-        state, changes = (
-            table_if_exists(
-                lake.table_uri(source_lake.location, zone, source_lake.prefix, db, collection),
-                source_lake.options,
-            )
-            for zone in ("state", "changes")
+    tables = source_lake.tables(namespaces, ("state", "changes"))
+    found = {
+        namespace: CollectionWork.of(
+            batches,
+            namespace,
+            tables[namespace, "state"],
+            tables[namespace, "changes"],
+            flattening,
+            rebuild_hours,
+            maintain,
         )
-        return CollectionWork.of(batches, namespace, state, changes, flattening, rebuild_hours, maintain)
-
-    with ThreadPoolExecutor(READ_THREADS, thread_name_prefix="work") as pool:
-        found = dict(zip(namespaces, pool.map(work_of, namespaces), strict=True))
+        for namespace in namespaces
+    }
     return {namespace: work for namespace, work in found.items() if work.reasons}

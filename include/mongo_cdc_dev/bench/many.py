@@ -12,7 +12,8 @@ in all. Each goes through the DAG's tasks' work, one run after the other:
 Each run asks what ``plan_transform`` asks (``work.source_work``: does any collection have work?)
 and, when one has, runs the transform as the DAG's ``transform`` task does: ``spark-submit`` of
 ``spark_apps/cdc_transform.py`` (``bench.transform.run_transform``), Spark's start included, as in
-every DAG run that transforms. Then it reads each collection's backlog, as ``summary`` does. Budgets
+every DAG run that transforms. Then it reads what ``summary`` reads: each collection's backlog, and
+the tables of those transformed, whose versions and rows its asset events carry. Budgets
 (issue 28): the many collections' first run and change run at most FIRST_RUN_MAX and CHANGE_RUN_MAX
 times the single collection's, the idle run at most IDLE_RUN_MAX times. The per-collection overhead
 row is the difference of the two runs over the collections: Spark's start, the same in both, is not
@@ -38,7 +39,7 @@ from mongo_cdc.capture.snapshot import run_snapshot
 from mongo_cdc.capture.streaming import pull_changes
 from mongo_cdc.config import SourceConfig
 from mongo_cdc.lake.landing import SourceLake
-from mongo_cdc.lake.storage import LakeLocation
+from mongo_cdc.lake.storage import LakeLocation, row_count
 from mongo_cdc.transform.backlog import collections_behind, source_backlogs
 from mongo_cdc.transform.flatten_options import FlatteningOptions
 from mongo_cdc.transform.work import source_work
@@ -106,6 +107,9 @@ class Source:
             if summary["failed"]:
                 raise AssertionError(f"{self.name}: the transform failed for {sorted(summary['failed'])}")
             collections = summary["collections"]
+        # summary's reads: every collection's backlog, the tables of those transformed (asset events)
+        for table in self.lake.tables(collections, ("state", "changes")).values():
+            row_count(table)
         behind = collections_behind(source_backlogs(self.lake, self.lake.batches()))
         if behind:
             raise AssertionError(f"{self.name}: collections left behind: {behind}")
