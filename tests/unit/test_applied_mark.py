@@ -5,14 +5,16 @@ a mark that says more than the tables do is how a test tells a read table from o
 from __future__ import annotations
 
 import logging
+import zlib
 
 import pyarrow as pa
 from deltalake import write_deltalake
-from test_backlog import ORDERS, USERS, commit, record_applied
+from test_backlog import EVERY_TABLE, ORDERS, USERS, commit, record_applied
 
 from mongo_cdc import lake
 from mongo_cdc.lake.batch_log import BATCH_LOG_SCHEMA, Batch
 from mongo_cdc.lake.landing import SourceLake
+from mongo_cdc.lake.maintenance import maintained
 from mongo_cdc.lake.storage import LakeLocation
 from mongo_cdc.transform.applied_mark import AppliedMark, read_mark, write_mark
 from mongo_cdc.transform.backlog import Backlog, source_backlogs
@@ -84,7 +86,13 @@ def test_the_mark_is_not_trusted_where_it_may_be_wrong(tmp_path, caplog):
     flattened = FlatteningOptions(flatten_struct=True)
     assert sorted(source_work(source_lake, batches, flattened)) == [ORDERS, USERS]
     assert sorted(source_work(source_lake, batches, DEFAULTS, ("2024-05-01T13",))) == [ORDERS, USERS]
-    assert sorted(source_work(source_lake, batches, DEFAULTS, maintain=True)) == [ORDERS, USERS]
+    assert sorted(source_work(source_lake, batches, DEFAULTS, maintenance=EVERY_TABLE)) == [ORDERS, USERS]
+    # a scheduled run maintains one share of the collections: only those are read besides the mark's
+    share = {**EVERY_TABLE, "slot": zlib.crc32(USERS.encode()) % 24}
+    assert not maintained(share, ORDERS)  # the test's two collections fall in different shares
+    assert {
+        ns: w.reasons for ns, w in source_work(source_lake, batches, DEFAULTS, maintenance=share).items()
+    } == {USERS: ["maintenance"]}
 
     # a batch numbered below the mark's last, committed after it (the batch log is not the one the
     # mark counted): every batch of that replica set is read, not those of the others

@@ -14,10 +14,11 @@ applies never comes from the mark. It is a cache of what the tables record:
 * written after the commits it describes: a mark behind the tables costs reads, never data;
 * ignored for a replica set whose batches up to ``through`` are no longer ``batches`` of them (a
   batch log rewritten since), when the flattening options differ (``work.source_work``: every
-  changes table is rebuilt), in a run that rewrites hours or maintains the tables, and when it cannot
-  be read (a warning; the next job writes a new one);
-* a table deleted by hand is therefore noticed at its collection's next change or the next
-  maintenance run (``--maintain`` reads every table), not by an idle run.
+  changes table is rebuilt), in a run that rewrites hours, and when it cannot be read (a warning;
+  the next job writes a new one); the collections a run maintains are read as well;
+* a table deleted by hand is therefore noticed at its collection's next change or its next
+  maintenance (``lake.maintenance.maintained``: once per ``lake.optimize.interval.hours``), not by an
+  idle run.
 """
 
 from __future__ import annotations

@@ -61,7 +61,12 @@ from mongo_cdc import lake
 from mongo_cdc.lake.batch_log import Batch, BatchWindow
 from mongo_cdc.lake.errors import LakeFileError, damage_in
 from mongo_cdc.lake.landing import COMMIT_RETRIES, SourceLake
-from mongo_cdc.lake.maintenance import maintain_table, remove_uncommitted_leftovers
+from mongo_cdc.lake.maintenance import (
+    maintain_table,
+    maintained,
+    maintains_source,
+    remove_uncommitted_leftovers,
+)
 from mongo_cdc.lake.storage import row_count, table_if_exists
 from mongo_cdc.transform.applied_mark import AppliedMark, write_mark
 from mongo_cdc.transform.backlog import behind_text, collection_backlog
@@ -142,7 +147,7 @@ class CollectionTransform:
     ) -> dict[str, Any]:
         """The run (``shared``: its task of a shared job ran it), then the tables' maintenance."""
         summary = self.converged() if shared is None else self.converged_shared(*shared)
-        if maintenance is not None:
+        if maintenance is not None and maintained(maintenance, self.namespace):
             summary["maintenance"] = self.maintain(maintenance)
         return summary
 
@@ -466,7 +471,7 @@ def transform_collections(
                 log.exception("FAILED: %s; the other collections carry on", behind_text({namespace: behind}))
                 summary.failed[namespace] = {"error": _error_line(error), "batches_behind": behind}
     write_mark(source_lake, AppliedMark.of(batches, flattening, summary.failed))
-    if maintenance is not None:  # any table's, a collection of no batch's too: a source-wide listing
+    if maintenance is not None and maintains_source(maintenance):  # a source-wide listing: any table's
         removed = remove_uncommitted_leftovers(
             source_lake.location,
             source_lake.prefix,

@@ -13,13 +13,14 @@ no work, and its tables are not read.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from deltalake import DeltaTable
 
 from mongo_cdc.lake.batch_log import Batch, BatchWindow
 from mongo_cdc.lake.landing import SourceLake
+from mongo_cdc.lake.maintenance import maintained
 from mongo_cdc.transform.applied_mark import read_mark
 from mongo_cdc.transform.changes_commit import recorded_flattening
 from mongo_cdc.transform.flatten_options import FlatteningOptions
@@ -107,16 +108,18 @@ def source_work(
     batches: Sequence[Batch],
     flattening: FlatteningOptions,
     rebuild_hours: tuple[str, ...] = (),
-    maintain: bool = False,
+    maintenance: Mapping[str, int] | None = None,
 ) -> dict[str, CollectionWork]:
     """The work of every collection of the committed ``batches`` that has some, by namespace (an
     empty dict: the run has nothing to do). Reads the state and changes tables' logs of each collection
-    the applied mark does not cover (every collection when rewriting hours or maintaining)."""
+    the applied mark does not cover (every collection when rewriting hours), and of those the run
+    maintains (``maintenance``: the ``--maintain`` settings, ``lake.maintenance.maintained``)."""
     namespaces = sorted({ns for batch in batches for ns in (*batch.namespaces, *(batch.collections or ()))})
-    mark = None if rebuild_hours or maintain else read_mark(source_lake)
+    maintains = {ns for ns in namespaces if maintenance is not None and maintained(maintenance, ns)}
+    mark = None if rebuild_hours else read_mark(source_lake)
     if mark is not None and mark.written_with(flattening):
         unsettled = mark.unsettled(batches)
-        namespaces = [namespace for namespace in namespaces if namespace in unsettled]
+        namespaces = [ns for ns in namespaces if ns in unsettled or ns in maintains]
 
     tables = source_lake.tables(namespaces, ("state", "changes"))
     found = {
@@ -127,7 +130,7 @@ def source_work(
             tables[namespace, "changes"],
             flattening,
             rebuild_hours,
-            maintain,
+            namespace in maintains,
         )
         for namespace in namespaces
     }
