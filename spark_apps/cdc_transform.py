@@ -66,14 +66,16 @@ def _maintenance(text: str) -> dict[str, int]:
     keys = {"optimize_interval_hours", "retention_hours"}
     if (
         not isinstance(settings, dict)
-        or set(settings) != keys
+        or set(settings) - {"slot"} != keys
         or not all(
             isinstance(value, int) and not isinstance(value, bool) and value >= 0
             for value in settings.values()
         )
+        or settings.get("slot", 0) >= max(settings["optimize_interval_hours"], 1)
     ):
         raise argparse.ArgumentTypeError(
-            'expected {"optimize_interval_hours": <hours>, "retention_hours": <hours>}'
+            'expected {"optimize_interval_hours": <hours>, "retention_hours": <hours>} and optionally '
+            '"slot": <the share of the collections this run maintains, below optimize_interval_hours>'
         )
     return settings
 
@@ -98,8 +100,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--maintain",
         type=_maintenance,
         default=None,
-        help='compact and vacuum every table afterwards, e.g. {"optimize_interval_hours": 24, '
-        '"retention_hours": 168}',
+        help='compact and vacuum the tables afterwards, e.g. {"optimize_interval_hours": 24, '
+        '"retention_hours": 168}: every table, or with "slot": N the collections of share N of '
+        "optimize_interval_hours (lake.maintenance.maintained)",
     )
     args = parser.parse_args(argv)
     if args.topic_prefix in ("", ".", "..") or "/" in args.topic_prefix:
@@ -129,7 +132,7 @@ def main(argv: list[str] | None = None, context: SparkContext | None = None) -> 
     source_lake = SourceLake(LakeLocation.from_env(args.lake_root), args.topic_prefix)
     refuse_legacy_layout(source_lake.location, args.topic_prefix)
     batches = source_lake.batches()
-    work = source_work(source_lake, batches, args.flattening, args.rebuild_hours, args.maintain is not None)
+    work = source_work(source_lake, batches, args.flattening, args.rebuild_hours, args.maintain)
     for namespace, collection_work in work.items():
         logging.info("%s: %s", namespace, ", ".join(collection_work.reasons))
     summary = JobSummary()

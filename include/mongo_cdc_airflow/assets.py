@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
 from urllib.parse import quote
 
@@ -26,8 +25,8 @@ from mongo_cdc import lake
 from mongo_cdc.config import SourceConfig
 from mongo_cdc.lake.batch_log import Batch, last_batches
 from mongo_cdc.lake.landing import SourceLake
-from mongo_cdc.lake.storage import LakeLocation, row_count, table_if_exists
-from mongo_cdc.transform.backlog import READ_THREADS, Backlog, collections_behind
+from mongo_cdc.lake.storage import LakeLocation, row_count
+from mongo_cdc.transform.backlog import Backlog, collections_behind
 
 log = logging.getLogger(__name__)
 
@@ -149,27 +148,13 @@ def emit_table_events(
     touched = touched_namespaces(run_summary["events"], batches, committed_before)
     verified = run_summary.get("verification") or {}
     namespaces = sorted({*touched, *pending, *collections_behind(backlogs), *verified})
-    uris = {
-        (namespace, zone): lake.table_uri(
-            source_lake.location, zone, source_lake.prefix, *namespace.split(".", 1)
-        )
-        for namespace in namespaces
-        for zone in zones
-    }
-    # read side by side: a source of many collections has as many table logs to read
-    with ThreadPoolExecutor(READ_THREADS, thread_name_prefix="asset-tables") as pool:
-        tables = dict(
-            zip(
-                uris,
-                pool.map(lambda uri: table_if_exists(uri, source_lake.options), uris.values()),
-                strict=True,
-            )
-        )
+    tables = source_lake.tables(namespaces, zones)
     for namespace in namespaces:
         new_events = sum(run_summary["events"].get(namespace, {}).values())
         backlog = backlogs.get(namespace, Backlog())
         for zone in zones:
-            uri, table = uris[namespace, zone], tables[namespace, zone]
+            uri = lake.table_uri(source_lake.location, zone, source_lake.prefix, *namespace.split(".", 1))
+            table = tables[namespace, zone]
             if table is None:  # the transform wrote nothing for it (nothing to write yet)
                 log.info("%s: no %s table yet, so no asset event for it", namespace, zone)
                 continue

@@ -24,7 +24,7 @@ from mongo_cdc_airflow.failures import deterministic_failures, fail_at_once
 from mongo_cdc_airflow.hooks import MongoCdcHook
 from mongo_cdc_airflow.lake_storage import source_lake
 from mongo_cdc_airflow.params import check_known, resnapshot_request
-from mongo_cdc_airflow.shard_sync import is_backfill, on_interval_hour, unreachable
+from mongo_cdc_airflow.shard_sync import is_backfill, unreachable
 from mongo_cdc_airflow.variables import (
     offset_keeper,
     store_topology,
@@ -113,12 +113,12 @@ def plan_transform(config: SourceConfig) -> list[str]:
         from mongo_cdc.capture.backfill import hour_partitions
 
         hours = tuple(hour_partitions(context["data_interval_start"], context["data_interval_end"]))
-    maintenance = maintenance_arguments(config, context.get("data_interval_start"))  # none for manual runs
+    maintenance = maintenance_settings(config, context.get("data_interval_start"))  # none for manual runs
     # What the job will find to do, asked as it asks it: a run with nothing starts no Spark (the
     # transform task reads the work key). The collections behind, for the summary's asset events:
     # one catching up after a failed run has tables that change although no batch of it landed now.
     lake = source_lake(config)
-    work = source_work(lake, lake.batches(), config.flattening, hours, bool(maintenance))
+    work = source_work(lake, lake.batches(), config.flattening, hours, maintenance)
     for namespace, collection_work in work.items():
         log.info("transform work for %s: %s", namespace, ", ".join(collection_work.reasons))
     if not work:
@@ -137,19 +137,27 @@ def plan_transform(config: SourceConfig) -> list[str]:
         config.topic_prefix,
         *config.flattening.spark_arguments(),
         *(["--rebuild-hours", json.dumps(list(hours))] if hours else []),
-        *maintenance,
+        *maintenance_arguments(config, context.get("data_interval_start")),
     ]
 
 
-def maintenance_arguments(config: SourceConfig, interval_start: dt.datetime | None) -> list[str]:
-    """``--maintain`` in the runs whose interval starts on a multiple of ``lake.optimize.interval.hours``
-    (UTC hours since the epoch: daily at midnight by default), so a table is compacted and vacuumed
-    once per interval without reading its history every run."""
+def maintenance_settings(config: SourceConfig, interval_start: dt.datetime | None) -> dict[str, int] | None:
+    """The ``--maintain`` settings of every scheduled run, for one share of the collections: the run
+    whose interval starts at UTC hour H since the epoch maintains ``slot`` H mod
+    ``lake.optimize.interval.hours`` (``lake.maintenance.maintained``), so each table is compacted and
+    vacuumed once per interval (daily by default) and no run visits every table of a source of
+    thousands. None (no maintenance) for manual runs (no interval) and an interval of 0."""
     every = config.lake_optimize_interval_hours
-    if not on_interval_hour(every, interval_start):
-        return []
-    settings = {"optimize_interval_hours": every, "retention_hours": config.lake_retention_hours}
-    return ["--maintain", json.dumps(settings, sort_keys=True)]
+    if not every or interval_start is None:
+        return None
+    slot = int(interval_start.timestamp() // 3600) % every
+    return {"optimize_interval_hours": every, "retention_hours": config.lake_retention_hours, "slot": slot}
+
+
+def maintenance_arguments(config: SourceConfig, interval_start: dt.datetime | None) -> list[str]:
+    """The job's ``--maintain`` argument (``maintenance_settings``), if any."""
+    settings = maintenance_settings(config, interval_start)
+    return [] if settings is None else ["--maintain", json.dumps(settings, sort_keys=True)]
 
 
 def summary(config: SourceConfig) -> dict:

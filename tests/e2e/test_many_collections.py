@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from cdc_support import assert_state_equals_collection, truncate_state_files
 
+from mongo_cdc.lake.batch_log import last_batches
+from mongo_cdc.transform.applied_mark import read_mark
+
 COLLECTIONS = 200
 DOCUMENTS = 3  # per collection
 BROKEN = "c0100"  # in the middle of the collections' order: failures before and after it are possible
@@ -55,6 +58,11 @@ def test_many_collections_land_exactly_and_one_failing_holds_back_none_of_the_ot
         count = behind[broken]
         named = f"{broken} ({count} batch{'' if count == 1 else 'es'} behind)"
         assert f"the transform failed for {named}; the other collections landed" in output
+        # the job's applied mark: the next runs read the tables of the failed collection only, until
+        # a batch names another
+        mark = read_mark(source.lake)
+        assert mark is not None and mark.lagging == {broken}
+        assert mark.through == {rs: batch.seq for rs, batch in last_batches(source.lake.batches()).items()}
         for name in names():
             if name != BROKEN:
                 assert_state_equals_collection(source, client, name)

@@ -23,9 +23,10 @@ from deltalake import DeltaTable
 
 from mongo_cdc import extjson
 from mongo_cdc.capture import chunk_reads, snapshot
-from mongo_cdc.capture.events import SnapshotColumns, SourceInfo, rows_to_table
+from mongo_cdc.capture.events import SourceInfo, rows_to_table
 from mongo_cdc.capture.field_filters import FieldFilters, parse_rules
 from mongo_cdc.capture.replica_set import ReplicaSetCapture
+from mongo_cdc.capture.snapshot_columns import SnapshotColumns
 from mongo_cdc.config import SourceConfig
 from mongo_cdc.lake import RAW_SCHEMA
 from mongo_cdc.lake.landing import SourceLake

@@ -23,6 +23,7 @@ from mongo_cdc.transform.raw_events import applied_app_id
 from mongo_cdc.transform.work import source_work
 
 ORDERS, USERS, EMPTY = "shop.orders", "shop.users", "shop.empty"
+EVERY_TABLE = {"optimize_interval_hours": 24, "retention_hours": 168}  # --maintain without a slot
 
 
 def commit(source_lake: SourceLake, rs: str, seq: int, namespaces: tuple[str, ...], **manifest) -> None:
@@ -135,5 +136,5 @@ def test_a_collection_has_transform_work_for_batches_a_manifest_other_flattening
     } == {namespace: ["hours of change rows to rewrite"] for namespace in (ORDERS, USERS)}
     assert {
         namespace: w.reasons
-        for namespace, w in source_work(source_lake, batches, defaults, maintain=True).items()
+        for namespace, w in source_work(source_lake, batches, defaults, maintenance=EVERY_TABLE).items()
     } == {namespace: ["maintenance"] for namespace in (ORDERS, USERS)}

@@ -1,28 +1,58 @@
-"""Which transform runs compact and vacuum the tables (``lake.optimize.interval.hours``)."""
+"""Which transform runs compact and vacuum which collections' tables (``lake.optimize.interval.hours``)."""
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
 import json
+from collections import Counter
+
+import pytest
+from cdc_support import spark_job
 
 from mongo_cdc.config import SourceConfig
+from mongo_cdc.lake.maintenance import maintained, maintains_source
 from mongo_cdc_airflow.source_tasks import maintenance_arguments
 
 CONFIG = SourceConfig(name="s", path="s.yaml", topic_prefix="s", lake_root="/lake")
 MIDNIGHT = dt.datetime(2026, 1, 2, tzinfo=dt.timezone.utc)
 
 
-def test_the_run_starting_on_an_interval_boundary_maintains_the_tables():
-    assert maintenance_arguments(CONFIG, MIDNIGHT) == [
+def test_each_scheduled_run_maintains_its_share_and_each_collection_is_maintained_once_an_interval():
+    assert maintenance_arguments(CONFIG, MIDNIGHT + dt.timedelta(hours=3)) == [
         "--maintain",
-        json.dumps({"optimize_interval_hours": 24, "retention_hours": 168}, sort_keys=True),
+        json.dumps({"optimize_interval_hours": 24, "retention_hours": 168, "slot": 3}, sort_keys=True),
     ]
-    assert maintenance_arguments(CONFIG, MIDNIGHT + dt.timedelta(hours=1)) == []
+    namespaces = [f"db.c{index:04d}" for index in range(1_000)]
+    maintained_by = {namespace: [] for namespace in namespaces}
+    for hour in range(24):
+        settings = json.loads(maintenance_arguments(CONFIG, MIDNIGHT + dt.timedelta(hours=hour))[1])
+        assert maintains_source(settings) == (hour == 0)  # the leftovers' listing once a day
+        for namespace in namespaces:
+            if maintained(settings, namespace):
+                maintained_by[namespace].append(hour)
+    assert all(len(hours) == 1 for hours in maintained_by.values())
+    per_run = Counter(hours[0] for hours in maintained_by.values())
+    assert len(per_run) == 24 and max(per_run.values()) < 3 * 1_000 / 24  # spread, not all in one run
     every_six = dataclasses.replace(CONFIG, lake_optimize_interval_hours=6)
-    assert maintenance_arguments(every_six, MIDNIGHT + dt.timedelta(hours=6)) != []
+    assert json.loads(maintenance_arguments(every_six, MIDNIGHT + dt.timedelta(hours=7))[1])["slot"] == 1
+
+
+def test_settings_without_a_slot_maintain_every_collection_and_the_source():
+    settings = {"optimize_interval_hours": 24, "retention_hours": 168}
+    assert all(maintained(settings, f"db.c{index}") for index in range(100)) and maintains_source(settings)
 
 
 def test_manual_runs_without_an_interval_and_a_zero_interval_never_maintain():
     assert maintenance_arguments(CONFIG, None) == []
     assert maintenance_arguments(dataclasses.replace(CONFIG, lake_optimize_interval_hours=0), MIDNIGHT) == []
+
+
+def test_the_job_reads_back_the_settings_and_refuses_a_slot_outside_the_interval(tmp_path, capsys):
+    base = ["--lake-root", str(tmp_path), "--topic-prefix", "s"]
+    arguments = maintenance_arguments(CONFIG, MIDNIGHT + dt.timedelta(hours=5))
+    assert spark_job().parse_args([*base, *arguments]).maintain == json.loads(arguments[1])
+    for bad in ({"optimize_interval_hours": 24, "retention_hours": 1, "slot": 24}, {"slot": 1}):
+        with pytest.raises(SystemExit):
+            spark_job().parse_args([*base, "--maintain", json.dumps(bad)])
+        assert '"slot": <the share of the collections this run maintains' in capsys.readouterr().err

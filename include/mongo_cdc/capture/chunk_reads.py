@@ -2,7 +2,7 @@
 
 A chunk is read with ``cursor.min``/``max`` on its index (or in natural order when whole), and
 each server reply is handed on as it came (``_raw_batches``: no per-document cursor objects, no
-decode), so ``events.SnapshotColumns`` slices the documents' bytes straight into Arrow. While one
+decode), so ``snapshot_columns.SnapshotColumns`` slices the documents' bytes straight into Arrow. While one
 batch is encoded, the next is read on a thread (``ChunkReads``), across chunks too.
 """
 

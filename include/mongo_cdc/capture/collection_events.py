@@ -38,7 +38,6 @@ from mongo_cdc.capture.chunk_reads import _elements, _int32
 from mongo_cdc.capture.chunking import ID_INDEX, _id_index_ordered
 from mongo_cdc.capture.events import (
     RawRow,
-    SnapshotColumns,
     SourceInfo,
     bson_bytes,
     event_position,
@@ -47,6 +46,7 @@ from mongo_cdc.capture.events import (
     raw_row,
 )
 from mongo_cdc.capture.offsets import Offset, OffsetKeeper
+from mongo_cdc.capture.snapshot_columns import SnapshotColumns
 from mongo_cdc.config import SourceConfig
 from mongo_cdc.lake import COLLECTION_KEY, RAW_SCHEMA, RENAMED_COPY_ORDER
 from mongo_cdc.lake.batch_log import Batch

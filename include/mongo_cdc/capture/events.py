@@ -16,7 +16,6 @@ from __future__ import annotations
 import binascii
 import struct
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, NamedTuple
@@ -542,59 +541,3 @@ def keys_and_documents(
         return keys, documents
     # per-document work only when the collection has rules
     return keys, pa.array([fields.document(document) for document in documents.to_pylist()], pa.binary())
-
-
-class SnapshotColumns:
-    """Snapshot reads of one collection as Arrow record batches: the hot path of a snapshot.
-
-    Only ``key`` and ``after`` differ per document. ``after`` is the server's batch itself, cut
-    into documents without copying (rewritten by elements where field rules change documents); keys of
-    ObjectId ``_id``s are built in bulk. The constant columns are built once and sliced.
-    """
-
-    def __init__(
-        self,
-        source_block: dict[str, Any],
-        cluster_time: int,
-        seq: int,
-        fields: CollectionFieldRules | None = None,
-        max_rows: int = 50_000,
-        event_order: str = "",  # a rename's copy: RENAMED_COPY_ORDER
-    ) -> None:
-        self._fields = fields
-        self.max_rows = max_rows
-        constant = pa.Table.from_pylist(
-            [
-                {
-                    "key": "",
-                    "op": "r",
-                    "ts_ms": 0,
-                    "before": None,
-                    "after": None,
-                    "updateDescription": None,
-                    "source": source_block,
-                    "cluster_time": cluster_time,
-                    "event_order": event_order,
-                    "transaction": None,
-                    "batch_seq": seq,
-                    "hour": hour_partition(cluster_time),
-                }
-            ],
-            schema=RAW_SCHEMA,
-        )
-        self._constant = constant.take(pa.array([0] * max_rows, pa.int32())).combine_chunks().to_batches()[0]
-
-    def record_batches(self, batch: bytes) -> Iterator[pa.RecordBatch]:
-        """The rows of one batch of raw documents (concatenated BSON), ``max_rows`` at most a record batch."""
-        documents = raw_documents(batch)
-        for start in range(0, len(documents), self.max_rows):
-            yield self._rows(documents.slice(start, self.max_rows))
-
-    def _rows(self, documents: pa.BinaryArray) -> pa.RecordBatch:
-        count = len(documents)
-        keys, afters = keys_and_documents(documents, self._fields)
-        columns = self._constant.slice(0, count).columns
-        columns[RAW_SCHEMA.get_field_index("key")] = keys
-        columns[RAW_SCHEMA.get_field_index("after")] = afters
-        columns[RAW_SCHEMA.get_field_index("ts_ms")] = pa.repeat(pa.scalar(now_ms(), pa.int64()), count)
-        return pa.RecordBatch.from_arrays(columns, schema=RAW_SCHEMA)

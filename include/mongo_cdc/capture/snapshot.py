@@ -40,9 +40,10 @@ from pymongo.errors import OperationFailure
 from mongo_cdc.capture.capture_modes import captured_collection_options, require_images
 from mongo_cdc.capture.chunk_reads import ChunkReads
 from mongo_cdc.capture.chunking import plan_chunks
-from mongo_cdc.capture.events import SnapshotColumns, SourceInfo, token_cluster_time
+from mongo_cdc.capture.events import SourceInfo, token_cluster_time
 from mongo_cdc.capture.offsets import Offset, OffsetKeeper
 from mongo_cdc.capture.replica_set import ReplicaSetCapture
+from mongo_cdc.capture.snapshot_columns import SnapshotColumns
 from mongo_cdc.capture.streaming import CHANGE_STREAM_HISTORY_LOST
 from mongo_cdc.capture.topology import owned_ranges
 from mongo_cdc.config import SourceConfig
@@ -184,7 +185,7 @@ def _copy_chunk(
     """Copy one chunk into its raw table as one commit of batch ``seq``: the snapshot's hot loop.
 
     Batches arrive as raw BSON (no per-document cursor objects) and become Arrow batches of at most
-    ``ROW_GROUP_ROWS`` rows without decoding a document (``events.SnapshotColumns``).
+    ``ROW_GROUP_ROWS`` rows without decoding a document (``snapshot_columns.SnapshotColumns``).
     """
     db, _, collection = chunk.namespace.partition(".")
     block = source.block(db, collection, cluster_time, (cluster_time >> 32) * 1000, snapshot=True)

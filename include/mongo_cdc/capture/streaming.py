@@ -107,8 +107,9 @@ def _land(
     """Land one micro-batch (a commit per raw table, plus its transaction records), then commit it with
     its resume token (``landing``)."""
     seq = offset.batch_seq + 1
-    for namespace, rows in batch.rows.items():
-        keeper.lake.write_raw(rs, seq, namespace, raw_rows_table(rows, seq))
+    keeper.lake.write_raw_tables(
+        rs, seq, {namespace: raw_rows_table(rows, seq) for namespace, rows in batch.rows.items()}
+    )
     if transaction_records is not None:
         lake = keeper.lake
         lake.write(lake.source_uri(TRANSACTION_DIR), rs, seq, transaction_records, TRANSACTION_SCHEMA, "rs")

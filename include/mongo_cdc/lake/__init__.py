@@ -18,6 +18,7 @@ Nothing here imports the capture or the transform.
 """
 
 from mongo_cdc.lake.layout import (
+    APPLIED_MARK,
     BATCH_LOG,
     COLLECTION_KEY,
     COLLECTION_OPERATIONS,
@@ -53,6 +54,7 @@ from mongo_cdc.lake.layout import (
 )
 
 __all__ = [
+    "APPLIED_MARK",
     "BATCH_LOG",
     "COLLECTION_KEY",
     "COLLECTION_OPERATIONS",

@@ -36,7 +36,8 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -57,6 +58,12 @@ log = logging.getLogger(__name__)
 
 # delta-rs retries a commit that lost a race with another writer (shards land concurrently)
 COMMIT_RETRIES = 20
+
+
+# How many raw tables one batch commits to at once (``write_raw_tables``).
+RAW_COMMIT_THREADS = 8
+# How many tables' logs are read at once (``tables``): each read is mostly a wait on the lake's storage.
+TABLE_READ_THREADS = 8
 
 
 class SourceLake:
@@ -80,6 +87,21 @@ class SourceLake:
 
     def source_uri(self, name: str) -> str:
         return lake.source_table_uri(self.location, self.prefix, name)
+
+    def tables(
+        self, namespaces: Iterable[str], zones: Sequence[str]
+    ) -> dict[tuple[str, str], DeltaTable | None]:
+        """The latest version of each collection's table in each of ``zones`` (None: none yet), by
+        (namespace, zone), TABLE_READ_THREADS at a time: a source of many collections has as many
+        table logs to read."""
+        uris = {
+            (namespace, zone): lake.table_uri(self.location, zone, self.prefix, *namespace.split(".", 1))
+            for namespace in namespaces
+            for zone in zones
+        }
+        with ThreadPoolExecutor(TABLE_READ_THREADS, thread_name_prefix="table-reads") as pool:
+            found = pool.map(lambda uri: table_if_exists(uri, self.options), uris.values())
+            return dict(zip(uris, found, strict=True))
 
     def _table(self, uri: str) -> DeltaTable | None:
         table = self._tables.get(uri)
@@ -168,6 +190,20 @@ class SourceLake:
 
     def write_raw(self, rs: str, seq: int, namespace: str, data: pa.Table | pa.RecordBatchReader) -> None:
         self.write(self.raw_uri(namespace), rs, seq, data)
+
+    def write_raw_tables(self, rs: str, seq: int, tables: Mapping[str, pa.Table]) -> None:
+        """Batch ``seq``'s rows of each namespace (``write_raw``), the tables' commits side by side: a
+        batch of changes to many collections commits to as many tables, and delta-rs spends much of
+        each commit waiting on storage."""
+        if len(tables) < 2:
+            for namespace, data in tables.items():
+                self.write_raw(rs, seq, namespace, data)
+            return
+        with ThreadPoolExecutor(
+            min(len(tables), RAW_COMMIT_THREADS), thread_name_prefix="raw-commit"
+        ) as pool:
+            for done in [pool.submit(self.write_raw, rs, seq, *item) for item in tables.items()]:
+                done.result()
 
     def write_history(self, rs: str, namespace: str, hour: str, data: pa.Table) -> None:
         """Replace the history rows (``lake.HISTORY_SEQ``) of one replica set and hour of a raw table."""

@@ -125,6 +125,7 @@ RENAMED_COPY_ORDER = "0"
 BATCH_LOG = "_batches"
 SNAPSHOT_LOG = "_snapshots"
 VERIFICATION_LOG = "_verifications"
+APPLIED_MARK = "_applied"
 DELETIONS_DIR = "_deletions"
 TRANSACTION_DIR = "transaction"
 HEARTBEAT_DIR = "__heartbeat"
@@ -247,7 +248,7 @@ def _deletions_parts(prefix: str, db: str, collection: str) -> tuple[str, ...]:
 
 def source_table_uri(lake: LakeLocation, prefix: str, name: str) -> str:
     """A source-wide table under ``raw/<prefix>/`` (``BATCH_LOG``, ``SNAPSHOT_LOG``, ``TRANSACTION_DIR``,
-    ``HEARTBEAT_DIR``, ``VERIFICATION_LOG``)."""
+    ``HEARTBEAT_DIR``, ``VERIFICATION_LOG``, ``APPLIED_MARK``)."""
     return lake.table_uri("raw", prefix, name)
 
 

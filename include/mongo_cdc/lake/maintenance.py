@@ -18,11 +18,18 @@ the files); ``remove_uncommitted_leftovers`` deletes its files once they are as 
 Files no log names are kept at least ``UNCOMMITTED_MIN_AGE_HOURS`` whatever the retention: a writer
 between its data files and its commit (a pull landing raw rows beside this transform, a first build)
 has written exactly such files, and deleting them would make its commit name missing files.
+
+Spread over runs. A scheduled run maintains one share of the collections (``maintained``: its
+settings' ``slot`` of ``optimize_interval_hours``, by a stable hash of the namespace), so each
+collection's tables are maintained once per interval and no run visits every table of a source of
+thousands; the source-wide work (the leftovers' listing) is the slot-0 run's (``maintains_source``).
+Settings without a slot (a run by hand) maintain everything.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import zlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -37,6 +44,19 @@ _DEFAULT_LOG_RETENTION_HOURS = 30 * 24
 
 # no mongo-cdc writer takes this long between its first data file and its commit
 UNCOMMITTED_MIN_AGE_HOURS = 24
+
+
+def maintained(settings: Mapping[str, int], namespace: str) -> bool:
+    """Whether a run with these ``--maintain`` settings maintains the collection's tables: every
+    collection without a ``slot``; with one, those whose namespace's CRC-32 falls in it (stable across
+    processes and runs, where Python's ``hash`` is not)."""
+    shares, slot = settings["optimize_interval_hours"], settings.get("slot")
+    return slot is None or not shares or zlib.crc32(namespace.encode()) % shares == slot
+
+
+def maintains_source(settings: Mapping[str, int]) -> bool:
+    """Whether the run does the source-wide maintenance too (``remove_uncommitted_leftovers``)."""
+    return settings.get("slot") in (None, 0)
 
 
 def maintain_table(

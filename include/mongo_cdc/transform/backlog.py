@@ -6,24 +6,20 @@ in the very commit of its rows, so its backlog is read from the lake alone: the 
 ``BatchWindow.of`` selects past that, which are those the transform's next run applies. A
 collection whose transform fails stays behind while the pulls keep committing its batches; the
 Spark job and the CDC DAG's ``summary`` report the count every run, and it goes back to 0 at the
-first run that catches the collection up.
+first run that catches the collection up. A collection the source's applied mark covers
+(``applied_mark``) is behind by nothing, and its tables are not read.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from mongo_cdc import lake
 from mongo_cdc.lake.batch_log import Batch, BatchWindow
 from mongo_cdc.lake.landing import SourceLake
-from mongo_cdc.lake.storage import table_if_exists
+from mongo_cdc.transform.applied_mark import read_mark
 from mongo_cdc.transform.raw_events import applied_batches
 
-# How many collections' tables are read at once (each read is mostly waiting on the lake's storage):
-# a source of thousands of collections has as many table logs to read.
-READ_THREADS = 8
 # The tables the transform derives from a collection's raw rows.
 DERIVED_TABLES = ("state", "changes")
 
@@ -56,22 +52,37 @@ def unapplied(
 
 def collection_backlog(source_lake: SourceLake, namespace: str, batches: Sequence[Batch]) -> Backlog:
     """What ``namespace``'s tables have not applied of the committed ``batches`` (the batch log's rows)."""
-    db, _, collection = namespace.partition(".")
-    replica_sets = {batch.rs for batch in batches}
-    pending = {}
-    for zone in DERIVED_TABLES:
-        uri = lake.table_uri(source_lake.location, zone, source_lake.prefix, db, collection)
-        table = table_if_exists(uri, source_lake.options)
-        pending[zone] = unapplied(batches, namespace, applied_batches(table, zone, replica_sets))
-    return Backlog(**pending)
+    return _read_backlogs(source_lake, batches, [namespace])[namespace]
 
 
 def source_backlogs(source_lake: SourceLake, batches: Sequence[Batch]) -> dict[str, Backlog]:
-    """The backlog of every collection the committed ``batches`` wrote raw rows to, by namespace."""
+    """The backlog of every collection the committed ``batches`` wrote raw rows to, by namespace.
+    Reads the tables of those the applied mark does not cover."""
     namespaces = sorted({namespace for batch in batches for namespace in batch.namespaces})
-    with ThreadPoolExecutor(READ_THREADS, thread_name_prefix="backlog") as pool:
-        found = pool.map(lambda namespace: collection_backlog(source_lake, namespace, batches), namespaces)
-        return dict(zip(namespaces, found, strict=True))
+    mark = read_mark(source_lake)
+    unsettled = set(namespaces) if mark is None else mark.unsettled(batches)
+    backlogs = _read_backlogs(
+        source_lake, batches, [namespace for namespace in namespaces if namespace in unsettled]
+    )
+    return {namespace: backlogs.get(namespace, Backlog()) for namespace in namespaces}
+
+
+def _read_backlogs(
+    source_lake: SourceLake, batches: Sequence[Batch], namespaces: list[str]
+) -> dict[str, Backlog]:
+    tables = source_lake.tables(namespaces, DERIVED_TABLES)
+    replica_sets = {batch.rs for batch in batches}
+    return {
+        namespace: Backlog(
+            **{
+                zone: unapplied(
+                    batches, namespace, applied_batches(tables[namespace, zone], zone, replica_sets)
+                )
+                for zone in DERIVED_TABLES
+            }
+        )
+        for namespace in namespaces
+    }
 
 
 def collections_behind(backlogs: Mapping[str, Backlog]) -> dict[str, int]:

@@ -20,6 +20,7 @@ from deltalake.transaction import create_table_with_add_actions
 
 from mongo_cdc import lake
 from mongo_cdc.lake.batch_log import BatchWindow
+from mongo_cdc.lake.storage import row_count
 from mongo_cdc.transform.data_files import DataFile, add_actions, delete_data_files
 from mongo_cdc.transform.flatten_options import FlatteningOptions
 from mongo_cdc.transform.slice_tasks import ChangesSpec, Output, transform_slice
@@ -94,8 +95,10 @@ class ChangesRun:
                 outputs[index] = output
         return layout, [file for output in outputs if output is not None for file in output.files]
 
-    def finish(self, slices: list[RawSlice], outputs: list[Output | None]) -> int:
-        """Commit the run's change rows: appended, or replacing the whole table (a rebuild)."""
+    def finish(self, slices: list[RawSlice], outputs: list[Output | None]) -> tuple[int, int]:
+        """Commit the run's change rows: appended, or replacing the whole table (a rebuild). The rows
+        written, and the table's rows afterwards (counted without reading the table again)."""
+        before = row_count(self.table)  # none for a new or rebuilt table
         layout, files = self.settle(slices, outputs, staged=False)
         schema = self.schema(layout)
         properties = self.transform.commit_properties("changes")
@@ -141,7 +144,8 @@ class ChangesRun:
                 partition_by=[lake.HOUR_COLUMN],
                 commit_properties=properties,
             )
-        return sum(file.rows for file in files)
+        written = sum(file.rows for file in files)
+        return written, before + written
 
     def rebuild(self, hours: set[str]) -> int:
         """Replace the rows of ``hours`` with the change rows of their raw rows and history (a backfill)."""

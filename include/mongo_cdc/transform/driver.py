@@ -61,8 +61,14 @@ from mongo_cdc import lake
 from mongo_cdc.lake.batch_log import Batch, BatchWindow
 from mongo_cdc.lake.errors import LakeFileError, damage_in
 from mongo_cdc.lake.landing import COMMIT_RETRIES, SourceLake
-from mongo_cdc.lake.maintenance import maintain_table, remove_uncommitted_leftovers
+from mongo_cdc.lake.maintenance import (
+    maintain_table,
+    maintained,
+    maintains_source,
+    remove_uncommitted_leftovers,
+)
 from mongo_cdc.lake.storage import row_count, table_if_exists
+from mongo_cdc.transform.applied_mark import AppliedMark, write_mark
 from mongo_cdc.transform.backlog import behind_text, collection_backlog
 from mongo_cdc.transform.changes_commit import ChangesRun
 from mongo_cdc.transform.data_files import delete_directory
@@ -141,7 +147,7 @@ class CollectionTransform:
     ) -> dict[str, Any]:
         """The run (``shared``: its task of a shared job ran it), then the tables' maintenance."""
         summary = self.converged() if shared is None else self.converged_shared(*shared)
-        if maintenance is not None:
+        if maintenance is not None and maintained(maintenance, self.namespace):
             summary["maintenance"] = self.maintain(maintenance)
         return summary
 
@@ -349,17 +355,18 @@ class CollectionTransform:
             summary.update(state.finish(slices, [output.state for output in outputs]))
         else:
             summary.update(new_events=0, state_rows=row_count(run.state_table))
-        written = 0
+        written, change_rows = 0, row_count(changes_table)
         if changes is not None:
-            written = changes.finish(slices, [output.changes for output in outputs])
-            changes_table = self.read("changes")
+            written, change_rows = changes.finish(slices, [output.changes for output in outputs])
         # a changes table this run created too: the hours' history rows are only in the rebuild
+        if self.rebuild_hours and changes is not None:
+            changes_table = self.read("changes")
         if self.rebuild_hours and changes_table is not None:
             every = BatchWindow.of(self.batches, self.namespace, include_history=True)
             written += ChangesRun(self, changes_table, False, every).rebuild(set(self.rebuild_hours))
-            changes_table = table_if_exists(self.changes_uri, self.options)
+            change_rows = row_count(table_if_exists(self.changes_uri, self.options))
         summary.update(
-            change_rows=row_count(changes_table),
+            change_rows=change_rows,
             change_rows_written=written,
             changes_rebuilt=run.work.changes_rebuilt,
         )
@@ -417,9 +424,9 @@ def transform_collections(
     rebuild_hours: tuple[str, ...],
     maintenance: dict[str, int] | None,
 ) -> JobSummary:
-    """The collections ``namespaces`` (those with work, ``work.source_work``) brought up to the
+    """The collections ``namespaces`` (every one with work, ``work.source_work``) brought up to the
     committed ``batches``, COLLECTION_THREADS at a time; a collection that fails is logged and holds
-    back no other."""
+    back no other. Then the source's applied mark says so: every other collection needed nothing."""
 
     transforms = {
         namespace: CollectionTransform(context, source_lake, namespace, batches, flattening, rebuild_hours)
@@ -463,7 +470,8 @@ def transform_collections(
                 behind = collection_backlog(source_lake, namespace, batches).batches
                 log.exception("FAILED: %s; the other collections carry on", behind_text({namespace: behind}))
                 summary.failed[namespace] = {"error": _error_line(error), "batches_behind": behind}
-    if maintenance is not None:  # any table's, a collection of no batch's too: a source-wide listing
+    write_mark(source_lake, AppliedMark.of(batches, flattening, summary.failed))
+    if maintenance is not None and maintains_source(maintenance):  # a source-wide listing: any table's
         removed = remove_uncommitted_leftovers(
             source_lake.location,
             source_lake.prefix,
@@ -472,6 +480,14 @@ def transform_collections(
         )
         log.info(
             "removed %d files no table's log names (commits that never happened): %s", len(removed), removed
+        )
+        # one version per run: the replaced marks' files go as a table's do
+        maintain_table(
+            source_lake.source_uri(lake.APPLIED_MARK),
+            source_lake.options,
+            maintenance["optimize_interval_hours"],
+            maintenance["retention_hours"],
+            dt.datetime.now(dt.timezone.utc),
         )
     return summary
 

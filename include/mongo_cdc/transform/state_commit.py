@@ -1,12 +1,13 @@
 """One run's update of a collection's ``state`` table and its deletion markers (``StateRun``).
 
 The new events are folded per document (its normalised ``_id``, ``transform.keys``), with the stored
-version where an update without ``after`` needs it, then MERGEd into the table in one commit: newer
-versions update, deletions delete, new documents insert; an event at or before a document's stored
-position changes nothing. A committed snapshot manifest, drop or rename in the new batches also
-deletes the documents of that replica set sitting before it (the MERGE's
-``when_not_matched_by_source``). Only the data files holding changed documents are rewritten. A new
-table is one commit of the files the tasks wrote.
+version where an update without ``after`` needs it, then applied to the table in one commit
+(``state_merge``'s rule): newer versions update, deletions delete, new documents insert; an event at
+or before a document's stored position changes nothing. A committed snapshot manifest, drop or
+rename in the new batches also deletes the documents of that replica set sitting before it. A MERGE
+rewrites only the data files holding changed documents; a small table (``REWRITE_MAX_ROWS``) is
+written again whole, which costs a tenth of a MERGE. A new table is one commit of the files the
+tasks wrote.
 
 How a run goes: ``plan`` (which documents are folded apart: more than one new event, or an update
 without ``after``), the tasks' writes (``slice_tasks.transform_slice``), ``fold`` (the documents
@@ -27,19 +28,22 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from deltalake import DeltaTable, Schema, write_deltalake
-from deltalake.transaction import create_table_with_add_actions
+from deltalake.transaction import RemoveAction, create_table_with_add_actions
 from pyspark import RDD, StorageLevel
 
 from mongo_cdc.lake.batch_log import BatchWindow
 from mongo_cdc.lake.storage import row_count, table_if_exists
 from mongo_cdc.transform import columns
-from mongo_cdc.transform.data_files import DataFile, add_actions, delete_data_files
+from mongo_cdc.transform.data_files import DataFile, add_actions, delete_data_files, write_data_file
 from mongo_cdc.transform.folded_keys import folded_keys, slice_key_buckets
 from mongo_cdc.transform.slice_tasks import (
     DELETED_FLAG,
     DELETION_COLUMNS,
     DELETION_SCHEMA,
+    STATE_STATS_COLUMNS,
     ChangesSpec,
     KeyedFile,
     Output,
@@ -49,21 +53,22 @@ from mongo_cdc.transform.slice_tasks import (
     StateSpec,
     fold_documents,
     fold_inputs,
+    in_order,
     none_folded_apart,
     plan_slice,
     transform_slice,
 )
-from mongo_cdc.transform.slices import SLICE_ROWS, RawSlice
+from mongo_cdc.transform.slices import SLICE_ROWS, RawSlice, lake_path
+from mongo_cdc.transform.state_merge import Gone, merge_into, merged_rows
 from mongo_cdc.transform.table_commits import (
     creating,
     log,
     position_after,
     settled_layout,
-    sql_literal,
     staged_rows,
     stored_layout,
 )
-from mongo_cdc.transform.table_layout import TableLayout
+from mongo_cdc.transform.table_layout import TableLayout, widened
 
 if TYPE_CHECKING:
     from mongo_cdc.transform.driver import CollectionTransform
@@ -81,6 +86,10 @@ STATE_METADATA_COLUMNS: tuple[tuple[str, columns.ColumnType], ...] = (
 # A MERGE source of at most this many rows is handed to delta-rs whole, which lets it read and
 # rewrite only the state files whose key range may hold a source key; a larger one is streamed.
 MERGE_IN_MEMORY_ROWS = 200_000
+# A table of at most this many rows and bytes of files, whose layout the run keeps, is written again
+# whole rather than MERGEd (``state_merge.merged_rows``): the source of many small collections' case.
+REWRITE_MAX_ROWS = 10_000
+REWRITE_MAX_BYTES = 16 << 20
 
 
 class SharedRunMisfit(RuntimeError):
@@ -257,12 +266,10 @@ class StateRun:
                     storage_options=self.transform.options,
                     commit_properties=self.transform.commit_properties("state"),
                 )
+            rows = sum(file.rows for file in files)
         else:
-            self.merge(layout, files)
-        return {
-            "new_events": self.new_events,
-            "state_rows": row_count(table_if_exists(self.transform.state_uri, self.transform.options)),
-        }
+            rows = self.merge(layout, files)
+        return {"new_events": self.new_events, "state_rows": rows}
 
     def fits(self, output: Output, layout: TableLayout) -> bool:
         return self.layout.reads_as(output.survey, layout)
@@ -318,41 +325,63 @@ class StateRun:
             .execute()
         )
 
-    def merge(self, layout: TableLayout, files: list[DataFile]) -> None:
-        """MERGE the staged rows into the table in one commit."""
+    def merge(self, layout: TableLayout, files: list[DataFile]) -> int:
+        """Apply the staged rows to the table in one commit (``state_merge``'s rule); its rows after."""
         assert self.table is not None
         schema = layout.schema.append(pa.field(DELETED_FLAG, pa.bool_()))
         source = staged_rows(self.transform.location, self.directory, files, schema)
-        in_memory = sum(file.rows for file in files) <= MERGE_IN_MEMORY_ROWS
-        if in_memory:  # delta-rs then reads only the files whose key range may hold a source key
-            source = source.read_all()
-        merger = self.table.merge(
-            source,
-            predicate="t.__key = s.__key",
-            source_alias="s",
-            target_alias="t",
-            merge_schema=True,
-            streamed_exec=not in_memory,
-            commit_properties=self.transform.commit_properties("state"),
-        )
-        newer = position_after("s", "t")
-        merger = merger.when_matched_delete(predicate=f"s.{DELETED_FLAG} AND {newer}")
-        merger = merger.when_matched_update_all(
-            predicate=f"NOT s.{DELETED_FLAG} AND {newer}", except_cols=[DELETED_FLAG]
-        )
-        merger = merger.when_not_matched_insert_all(
-            predicate=f"NOT s.{DELETED_FLAG}", except_cols=[DELETED_FLAG]
-        )
-        # documents the new batches did not touch: gone if a snapshot missed them or a drop came after
         gone = [
-            f"(t.__rs = {sql_literal(rs)} AND (t.__cluster_time < {ct} OR (t.__cluster_time = {ct} "
-            f"AND t.__event_order < {sql_literal(order)})))"
-            for (ct, order), rs in [(m.position, m.rs) for m in self.manifests] + list(self.drops)
+            Gone(rs, *position)
+            for position, rs in [(m.position, m.rs) for m in self.manifests] + list(self.drops)
         ]
-        if gone:
-            merger = merger.when_not_matched_by_source_delete(predicate=" OR ".join(gone))
-        metrics = merger.execute()
+        stored = pa.table(self.table.get_add_actions(flatten=True)).select(
+            ["path", "size_bytes", "num_records"]
+        )
+        source_rows = sum(file.rows for file in files)
+        if (
+            layout is self.layout
+            and stored.column("num_records").null_count == 0
+            and max(source_rows, pc.sum(stored.column("num_records")).as_py() or 0) <= REWRITE_MAX_ROWS
+            and (pc.sum(stored.column("size_bytes")).as_py() or 0) <= REWRITE_MAX_BYTES
+        ):
+            return self.rewrite(layout, stored.to_pylist(), source.read_all(), gone)
+        if source_rows <= MERGE_IN_MEMORY_ROWS:  # delta-rs then reads only the files a source key may be in
+            source = source.read_all()
+        metrics = merge_into(self.table, source, gone, self.transform.commit_properties("state"))
         log.info("%s state merge: %s", self.transform.namespace, metrics)
+        return row_count(self.table)
+
+    def rewrite(self, layout: TableLayout, stored: list[dict], source: pa.Table, gone: list[Gone]) -> int:
+        """A small table's rows after the run (``merged_rows``) written as one file, which one commit
+        adds while it removes the table's files (``stored``: their add actions): the commit a MERGE
+        makes, without its cost."""
+        assert self.table is not None
+        transform = self.transform
+        filesystem, base = transform.location.filesystem()
+        tables = [
+            widened(
+                pq.ParquetFile(
+                    lake_path(base, f"{transform.state_path}/{file['path']}"), filesystem=filesystem
+                ).read(),
+                layout.schema,
+            )
+            for file in stored
+        ]
+        rows = merged_rows(pa.concat_tables([layout.schema.empty_table(), *tables]), source, gone)
+        written = write_data_file(
+            transform.location, transform.state_path, in_order(rows, ["__key"]), STATE_STATS_COLUMNS
+        )
+        removed = [
+            RemoveAction(file["path"], True, int(time.time() * 1000), file["size_bytes"]) for file in stored
+        ]
+        self.table.create_write_transaction(
+            [*removed, *add_actions([written])],
+            mode="append",
+            schema=self.table.schema(),
+            commit_properties=transform.commit_properties("state"),
+        )
+        log.info("%s state written again whole: %d rows", transform.namespace, rows.num_rows)
+        return rows.num_rows
 
 
 def keyed_files(table: DeltaTable | None, table_path: str) -> tuple[KeyedFile, ...]:

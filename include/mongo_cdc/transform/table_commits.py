@@ -84,7 +84,7 @@ def staged_rows(
     def batches() -> Iterator[pa.RecordBatch]:
         for file in files:
             path = lake_path(base, f"{directory}/{file.path}")
-            rows = pq.read_table(path, filesystem=filesystem)
+            rows = pq.ParquetFile(path, filesystem=filesystem).read()  # read_table's dataset costs ~1 ms more
             for column, value in file.partition:
                 rows = rows.append_column(column, pa.array([value] * rows.num_rows, pa.string()))
             yield from widened(rows, schema).to_batches()

@@ -6,22 +6,22 @@ to apply or was written with other flattening options (rebuilt); when the run re
 change rows (``--rebuild-hours``, a backfill); or when the run maintains the tables (``--maintain``).
 The transform's driver runs only the collections with work (``CollectionTransform.update`` decides
 from the same ``CollectionWork``), and the CDC DAG's ``plan_transform`` asks the same question
-before Spark starts: a run where no collection has work starts no Spark at all.
+before Spark starts: a run where no collection has work starts no Spark at all. A collection the
+source's applied mark covers (``applied_mark``: no batch since the transform's last run names it) has
+no work, and its tables are not read.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from deltalake import DeltaTable
 
-from mongo_cdc import lake
 from mongo_cdc.lake.batch_log import Batch, BatchWindow
 from mongo_cdc.lake.landing import SourceLake
-from mongo_cdc.lake.storage import table_if_exists
-from mongo_cdc.transform.backlog import READ_THREADS
+from mongo_cdc.lake.maintenance import maintained
+from mongo_cdc.transform.applied_mark import read_mark
 from mongo_cdc.transform.changes_commit import recorded_flattening
 from mongo_cdc.transform.flatten_options import FlatteningOptions
 from mongo_cdc.transform.raw_events import applied_batches
@@ -108,23 +108,30 @@ def source_work(
     batches: Sequence[Batch],
     flattening: FlatteningOptions,
     rebuild_hours: tuple[str, ...] = (),
-    maintain: bool = False,
+    maintenance: Mapping[str, int] | None = None,
 ) -> dict[str, CollectionWork]:
     """The work of every collection of the committed ``batches`` that has some, by namespace (an
-    empty dict: the run has nothing to do). Reads each collection's state and changes tables' logs."""
+    empty dict: the run has nothing to do). Reads the state and changes tables' logs of each collection
+    the applied mark does not cover (every collection when rewriting hours), and of those the run
+    maintains (``maintenance``: the ``--maintain`` settings, ``lake.maintenance.maintained``)."""
     namespaces = sorted({ns for batch in batches for ns in (*batch.namespaces, *(batch.collections or ()))})
+    maintains = {ns for ns in namespaces if maintenance is not None and maintained(maintenance, ns)}
+    mark = None if rebuild_hours else read_mark(source_lake)
+    if mark is not None and mark.written_with(flattening):
+        unsettled = mark.unsettled(batches)
+        namespaces = [ns for ns in namespaces if ns in unsettled or ns in maintains]
 
-    def work_of(namespace: str) -> CollectionWork:
-        db, _, collection = namespace.partition(".")
-        state, changes = (
-            table_if_exists(
-                lake.table_uri(source_lake.location, zone, source_lake.prefix, db, collection),
-                source_lake.options,
-            )
-            for zone in ("state", "changes")
+    tables = source_lake.tables(namespaces, ("state", "changes"))
+    found = {
+        namespace: CollectionWork.of(
+            batches,
+            namespace,
+            tables[namespace, "state"],
+            tables[namespace, "changes"],
+            flattening,
+            rebuild_hours,
+            namespace in maintains,
         )
-        return CollectionWork.of(batches, namespace, state, changes, flattening, rebuild_hours, maintain)
-
-    with ThreadPoolExecutor(READ_THREADS, thread_name_prefix="work") as pool:
-        found = dict(zip(namespaces, pool.map(work_of, namespaces), strict=True))
+        for namespace in namespaces
+    }
     return {namespace: work for namespace, work in found.items() if work.reasons}

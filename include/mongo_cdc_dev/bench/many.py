@@ -9,21 +9,21 @@ in all. Each goes through the DAG's tasks' work, one run after the other:
    (``pull_changes``) and transformed;
 3. an idle run: a pull that finds nothing, and no transform (no collection has work).
 
-Each run also reads what ``plan_transform`` and ``summary`` read (every collection's work before the
-transform, ``work.source_work``, and its backlog after). The transform is the job's body
-(``driver.transform_collections``) on one SparkContext started before the first run: Spark's start
-(the same for both sources) is in no figure, so each ratio is the per-collection overhead against
-the data's work, undiluted. Budgets (issue 28): the many collections' first run and change run at
-most FIRST_RUN_MAX and CHANGE_RUN_MAX times the single collection's, the idle run at most
-IDLE_RUN_MAX times. Every run is checked: nothing failed,
-every collection's state holds its documents, the events applied are the changes made.
+Each run asks what ``plan_transform`` asks (``work.source_work``: does any collection have work?)
+and, when one has, runs the transform as the DAG's ``transform`` task does: ``spark-submit`` of
+``spark_apps/cdc_transform.py`` (``bench.transform.run_transform``), Spark's start included, as in
+every DAG run that transforms. Then it reads what ``summary`` reads: each collection's backlog, and
+the tables of those transformed, whose versions and rows its asset events carry. Budgets
+(issue 28): the many collections' first run and change run at most FIRST_RUN_MAX and CHANGE_RUN_MAX
+times the single collection's, the idle run at most IDLE_RUN_MAX times. The per-collection overhead
+row is the difference of the two runs over the collections: Spark's start, the same in both, is not
+in it. Every run is checked: nothing failed, every collection's state holds its documents, the
+events applied are the changes made.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -39,18 +39,16 @@ from mongo_cdc.capture.snapshot import run_snapshot
 from mongo_cdc.capture.streaming import pull_changes
 from mongo_cdc.config import SourceConfig
 from mongo_cdc.lake.landing import SourceLake
-from mongo_cdc.lake.storage import LakeLocation
+from mongo_cdc.lake.storage import LakeLocation, row_count
 from mongo_cdc.transform.backlog import collections_behind, source_backlogs
-from mongo_cdc.transform.driver import JobSummary, transform_collections
 from mongo_cdc.transform.flatten_options import FlatteningOptions
 from mongo_cdc.transform.work import source_work
 from mongo_cdc_dev.bench.data import small_documents
 from mongo_cdc_dev.bench.table import Row
+from mongo_cdc_dev.bench.transform import run_transform
 from mongo_cdc_dev.testing.lake import database_source, memory_keeper
 
 if TYPE_CHECKING:
-    from pyspark import SparkContext
-
     from mongo_cdc_dev.bench.context import Bench
 
 # budgets (issue 28): the many collections' run against the single collection's
@@ -99,22 +97,23 @@ class Source:
         capture = ReplicaSetCapture(self.client, self.config, self.keeper)
         run_snapshot(capture) if first else pull_changes(capture)
 
-    def transform(self, context: SparkContext) -> dict[str, Any]:
-        """The run's transform with the reads around it (``plan_transform``'s, ``summary``'s); none
-        when no collection has work, as in the DAG."""
-        batches = self.lake.batches()
-        work = source_work(self.lake, batches, FlatteningOptions())
-        summary = JobSummary()
-        if work:
-            summary = transform_collections(
-                context, self.lake, batches, sorted(work), FlatteningOptions(), (), None
-            )
-        if summary.failed:
-            raise AssertionError(f"{self.name}: the transform failed for {sorted(summary.failed)}")
+    def transform(self) -> dict[str, Any]:
+        """The run's transform, as the DAG runs it: none when no collection has work
+        (``plan_transform``), else the Spark job; then the backlog ``summary`` reads. Each collection's
+        figures (the job's summary)."""
+        collections: dict[str, Any] = {}
+        if source_work(self.lake, self.lake.batches(), FlatteningOptions()):
+            summary = run_transform(self.lake_root, self.config.topic_prefix, echo_log=False).summary
+            if summary["failed"]:
+                raise AssertionError(f"{self.name}: the transform failed for {sorted(summary['failed'])}")
+            collections = summary["collections"]
+        # summary's reads: every collection's backlog, the tables of those transformed (asset events)
+        for table in self.lake.tables(collections, ("state", "changes")).values():
+            row_count(table)
         behind = collections_behind(source_backlogs(self.lake, self.lake.batches()))
         if behind:
             raise AssertionError(f"{self.name}: collections left behind: {behind}")
-        return summary.collections
+        return collections
 
     def check(self, collections: dict[str, Any], events: int) -> None:
         """Every collection's state holds its documents; ``events`` were applied in all (a run
@@ -132,7 +131,7 @@ class Source:
             if landed != expected:
                 raise AssertionError(f"{self.name}.{name}: the state holds {landed} rows, not {expected}")
 
-    def runs(self, context: SparkContext, changes: int) -> dict[str, float]:
+    def runs(self, changes: int) -> dict[str, float]:
         """Seconds of each of RUNS (``changes``: the inserts of the second), each checked."""
         seconds = {}
         for run, events in zip(RUNS, (self.collections * self.documents, changes, 0), strict=True):
@@ -140,7 +139,7 @@ class Source:
                 self.change(events)
             with _timed(f"{self.name}: {run}") as took:
                 self.capture(first=run == RUNS[0])
-                collections = self.transform(context)
+                collections = self.transform()
             self.check(collections, events)
             seconds[run] = took()
         return seconds
@@ -153,25 +152,6 @@ def _timed(name: str) -> Iterator[Callable[[], float]]:
     yield lambda: ended[0] - started
     ended.append(time.perf_counter())
     print(f"many collections: {name}: {ended[0] - started:.1f}s", flush=True)
-
-
-@contextmanager
-def _spark() -> Iterator[SparkContext]:
-    """The job's SparkContext in this process (its Python workers import mongo_cdc like this one)."""
-    from pyspark import SparkConf, SparkContext
-
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    conf = SparkConf().setMaster("local[*]").setAppName("bench-many-collections")
-    context = SparkContext(
-        conf=conf.set("spark.ui.enabled", "false").set("spark.ui.showConsoleProgress", "false")
-    )
-    context.setLogLevel("WARN")
-    # the first jobs start the Python workers: a cost of neither source
-    context.parallelize(range(2), 2).map(abs).collect()
-    try:
-        yield context
-    finally:
-        context.stop()
 
 
 def many_collections(bench: Bench) -> list[Row]:
@@ -187,9 +167,8 @@ def many_collections(bench: Bench) -> list[Row]:
         one = Source("one", client, bench.rs.name, bench.lake("one"), 1, count * documents)
         for source in (many, one):
             source.load()
-        with _spark() as context:
-            one_seconds = one.runs(context, count)
-            many_seconds = many.runs(context, count)
+        one_seconds = one.runs(count)
+        many_seconds = many.runs(count)
     finally:
         client.close()
         oplog_log.setLevel(level)

@@ -292,8 +292,9 @@ def run_empty_job() -> float:
     return seconds
 
 
-def run_transform(lake: str, prefix: str) -> TransformRun:
-    """One run of the Spark job over a lake, timed from spark-submit's start to its exit."""
+def run_transform(lake: str, prefix: str, echo_log: bool = True) -> TransformRun:
+    """One run of the Spark job over a lake, timed from spark-submit's start to its exit
+    (``echo_log``: print its log lines, not only the figures)."""
     if not APP.is_file():
         raise RuntimeError(f"{APP} not found: run the benchmark from a checkout of mongo-cdc")
     env = _spark_env()
@@ -324,7 +325,7 @@ def run_transform(lake: str, prefix: str) -> TransformRun:
     run = TransformRun(
         seconds, cpu, summary, peak_mib, role, memory.peak_of("Python driver"), memory.peak_of("driver JVM")
     )
-    for line in (stdout + stderr).splitlines():  # the job's log (spark-submit may pass it to stdout)
+    for line in (stdout + stderr).splitlines() if echo_log else ():  # spark-submit may pass it to stdout
         if " cdc_transform " in line:
             print("   ", line.partition(" cdc_transform ")[2][:300], flush=True)
     print(

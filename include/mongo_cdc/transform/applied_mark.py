@@ -1,0 +1,156 @@
+"""The applied mark (``raw/<topic.prefix>/_applied``): how far every collection's derived tables are
+known to be, so a run reads only the tables of the collections with newer batches.
+
+Without it, every run reads two table logs per collection to learn that nothing changed: a source of
+thousands of collections pays thousands of reads an hour for none of its data (issue 28). The
+transform job writes the mark after its commits (``driver.transform_collections``): the collections
+it failed (``lagging``) aside, every collection's tables have applied every batch the job read
+(``through``: per replica set, its last batch, with the count of batches up to it, ``batches``).
+
+The mark only says which collections need no read (``unsettled`` names the others: a batch past the
+mark names them, or they lag); a collection with newer batches is read as before, so what a table
+applies never comes from the mark. It is a cache of what the tables record:
+
+* written after the commits it describes: a mark behind the tables costs reads, never data;
+* ignored for a replica set whose batches up to ``through`` are no longer ``batches`` of them (a
+  batch log rewritten since), when the flattening options differ (``work.source_work``: every
+  changes table is rebuilt), in a run that rewrites hours, and when it cannot be read (a warning;
+  the next job writes a new one); the collections a run maintains are read as well;
+* a table deleted by hand is therefore noticed at its collection's next change or its next
+  maintenance (``lake.maintenance.maintained``: once per ``lake.optimize.interval.hours``), not by an
+  idle run.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+from deltalake import CommitProperties, write_deltalake
+from deltalake.exceptions import CommitFailedError, DeltaError
+
+from mongo_cdc import lake
+from mongo_cdc.lake.batch_log import Batch, last_batches
+from mongo_cdc.lake.landing import SourceLake
+from mongo_cdc.lake.storage import table_if_exists
+from mongo_cdc.lake.table_reads import read_rows
+from mongo_cdc.transform.flatten_options import FlatteningOptions
+
+log = logging.getLogger(__name__)
+
+APPLIED_MARK_SCHEMA = pa.schema(
+    [
+        pa.field("through", pa.string(), nullable=False),  # JSON {rs: the last batch the job read}
+        pa.field("batches", pa.string(), nullable=False),  # JSON {rs: how many batches up to it}
+        pa.field("flattening", pa.string(), nullable=False),  # the job's FlatteningOptions (flattening_text)
+        pa.field("lagging", pa.list_(pa.string()), nullable=False),  # namespaces the job failed
+        pa.field("written_at", pa.timestamp("us", tz="UTC"), nullable=False),
+    ]
+)
+
+
+@dataclass(frozen=True)
+class AppliedMark:
+    """Every collection but ``lagging`` has applied the batches up to ``through`` (per replica set),
+    ``batches`` of them, with the changes tables written with ``flattening``."""
+
+    through: Mapping[str, int]
+    batches: Mapping[str, int]
+    flattening: str
+    lagging: frozenset[str] = frozenset()
+
+    @classmethod
+    def of(
+        cls, batches: Sequence[Batch], flattening: FlatteningOptions, lagging: Iterable[str]
+    ) -> AppliedMark:
+        """The mark of a job that read ``batches`` and failed the collections ``lagging``."""
+        through = {rs: batch.seq for rs, batch in last_batches(batches).items()}
+        counts = dict(Counter(batch.rs for batch in batches))
+        return cls(through, counts, flattening_text(flattening), frozenset(lagging))
+
+    def written_with(self, flattening: FlatteningOptions) -> bool:
+        """Whether the job that wrote the mark had these flattening options."""
+        return self.flattening == flattening_text(flattening)
+
+    def unsettled(self, batches: Sequence[Batch]) -> set[str]:
+        """The namespaces the mark does not cover: those ``lagging`` and those a batch past it names
+        (rows, or a copy's manifest)."""
+        within = Counter(batch.rs for batch in batches if batch.seq <= self.through.get(batch.rs, 0))
+        # a replica set whose batches up to the mark are not the mark's: every batch of it is past
+        trusted = {rs: seq for rs, seq in self.through.items() if within[rs] == self.batches.get(rs)}
+        found = set(self.lagging)
+        for batch in batches:
+            if batch.seq > trusted.get(batch.rs, 0):
+                found.update(batch.namespaces)
+                found.update(batch.collections or ())
+        return found
+
+
+def read_mark(source_lake: SourceLake) -> AppliedMark | None:
+    """The source's applied mark; None when there is none or it cannot be read (a warning)."""
+    uri = source_lake.source_uri(lake.APPLIED_MARK)
+    try:
+        table = table_if_exists(uri, source_lake.options)
+        rows = [] if table is None else read_rows(table).to_pylist()
+        if not rows:
+            return None
+        (row,) = rows
+        return AppliedMark(
+            through=_counts(json.loads(row["through"])),
+            batches=_counts(json.loads(row["batches"])),
+            flattening=row["flattening"],
+            lagging=frozenset(row["lagging"]),
+        )
+    except (DeltaError, OSError, ValueError, TypeError, KeyError) as error:
+        log.warning(
+            "the applied mark %s cannot be read (%s: %s): every collection's tables are read instead, "
+            "and the transform's next run writes a new mark",
+            uri, type(error).__name__, error,
+        )  # fmt: skip
+        return None
+
+
+def write_mark(source_lake: SourceLake, mark: AppliedMark) -> None:
+    """Replace the source's applied mark with ``mark``. A lost race with another job's mark is left
+    at that (either mark was true when written), and so is a failed write (a warning): the tables
+    are committed, and a missing or older mark only costs the next runs reads."""
+    row = {
+        "through": json.dumps(dict(mark.through), sort_keys=True),
+        "batches": json.dumps(dict(mark.batches), sort_keys=True),
+        "flattening": mark.flattening,
+        "lagging": sorted(mark.lagging),
+        "written_at": dt.datetime.now(dt.timezone.utc),
+    }
+    uri = source_lake.source_uri(lake.APPLIED_MARK)
+    try:
+        write_deltalake(
+            uri,
+            pa.Table.from_pylist([row], schema=APPLIED_MARK_SCHEMA),
+            mode="overwrite",
+            storage_options=source_lake.options,
+            commit_properties=CommitProperties(max_commit_retries=0),
+        )
+    except CommitFailedError as error:
+        log.info("the applied mark %s was not replaced (%s): another job wrote one", uri, error)
+    except (DeltaError, OSError) as error:
+        log.warning(
+            "the applied mark %s could not be written (%s: %s): the next runs read every collection's "
+            "tables until a transform writes it", uri, type(error).__name__, error,
+        )  # fmt: skip
+
+
+def flattening_text(flattening: FlatteningOptions) -> str:
+    return json.dumps(flattening.to_json(), sort_keys=True)
+
+
+def _counts(value: object) -> dict[str, int]:
+    if not isinstance(value, dict) or not all(
+        isinstance(rs, str) and type(seq) is int for rs, seq in value.items()
+    ):
+        raise ValueError(f"expected an object of replica set names to batch numbers, got {value!r}")
+    return value

@@ -1,0 +1,107 @@
+"""``transform.state_merge``: the state's rule run by delta-rs' MERGE (``merge_into``, on a real
+Delta table) and by pyarrow over a small table (``merged_rows``) gives the same rows, for stated
+cases and for random ones (ties of position, deletions, copies' and drops' positions)."""
+
+from __future__ import annotations
+
+import random
+
+import pyarrow as pa
+import pytest
+from deltalake import CommitProperties, DeltaTable, write_deltalake
+
+from mongo_cdc.transform.slice_tasks import DELETED_FLAG
+from mongo_cdc.transform.state_merge import Gone, merge_into, merged_rows
+
+SCHEMA = pa.schema(
+    [
+        ("__key", pa.string()),
+        ("__cluster_time", pa.int64()),
+        ("__event_order", pa.string()),
+        ("__rs", pa.string()),
+        ("v", pa.int64()),
+    ]
+)
+SOURCE_SCHEMA = SCHEMA.append(pa.field(DELETED_FLAG, pa.bool_()))
+
+
+def rows(schema: pa.Schema, items: list[tuple]) -> pa.Table:
+    return pa.Table.from_pylist([dict(zip(schema.names, item, strict=True)) for item in items], schema=schema)
+
+
+def both_engines(tmp_path, stored: pa.Table, source: pa.Table, gone: list[Gone]) -> tuple[list, list]:
+    """The table's rows after the MERGE, and after ``merged_rows``, each sorted by key."""
+    write_deltalake(tmp_path, stored, mode="overwrite")
+    table = DeltaTable(tmp_path)
+    merge_into(table, source, gone, CommitProperties())
+    merged = table.to_pyarrow_table().cast(SCHEMA).sort_by("__key").to_pylist()
+    assert table.version() == DeltaTable(tmp_path).version()  # the object is at the new version
+    return merged, merged_rows(stored, source, gone).sort_by("__key").to_pylist()
+
+
+def test_newer_versions_win_deletions_delete_and_copies_remove_what_they_did_not_find(tmp_path):
+    stored = rows(
+        SCHEMA,
+        [
+            ("updated", 10, "b", "rs0", 1),
+            ("older update", 10, "b", "rs0", 2),
+            ("deleted", 10, "b", "rs0", 3),
+            ("older deletion", 10, "b", "rs0", 4),
+            ("not found by the copy", 10, "b", "rs0", 5),
+            ("after the copy", 30, "", "rs0", 6),
+            ("of another replica set", 10, "b", "rs1", 7),
+            ("named, not newer", 10, "b", "rs0", 8),
+        ],
+    )
+    source = rows(
+        SOURCE_SCHEMA,
+        [
+            ("updated", 10, "c", "rs0", 10, False),  # same time, later order: newer
+            ("older update", 10, "a", "rs0", 20, False),
+            ("deleted", 11, "", "rs0", None, True),
+            ("older deletion", 9, "z", "rs0", None, True),
+            ("inserted", 12, "a", "rs0", 90, False),
+            ("deleted, never stored", 12, "a", "rs0", None, True),
+            ("named, not newer", 10, "b", "rs0", 80, False),  # the same position: not after
+        ],
+    )
+    merged, in_memory = both_engines(tmp_path / "t", stored, source, [Gone("rs0", 20, "")])
+    assert merged == in_memory
+    assert {row["__key"]: row["v"] for row in in_memory} == {
+        "updated": 10,
+        "older update": 2,
+        "older deletion": 4,
+        "after the copy": 6,
+        "of another replica set": 7,
+        "named, not newer": 8,
+        "inserted": 90,
+    }
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_both_engines_give_the_same_rows_for_random_runs(tmp_path, seed):
+    draw = random.Random(seed)
+
+    def position() -> tuple[int, str]:
+        return draw.randint(1, 4), draw.choice(["", "a", "b"])
+
+    keys = [f"k{index}" for index in range(30)]
+    stored = rows(
+        SCHEMA,
+        [
+            (key, *position(), draw.choice(["rs0", "rs1"]), index)
+            for index, key in enumerate(keys)
+            if draw.random() < 0.6
+        ],
+    )
+    source = rows(
+        SOURCE_SCHEMA,
+        [
+            (key, *position(), draw.choice(["rs0", "rs1"]), 100 + index, draw.random() < 0.3)
+            for index, key in enumerate(keys)
+            if draw.random() < 0.5
+        ],
+    )
+    gone = [Gone(draw.choice(["rs0", "rs1"]), *position()) for _ in range(draw.randint(0, 2))]
+    merged, in_memory = both_engines(tmp_path / "t", stored, source, gone)
+    assert merged == in_memory
