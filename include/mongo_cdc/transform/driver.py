@@ -358,13 +358,15 @@ class CollectionTransform:
         written, change_rows = 0, row_count(changes_table)
         if changes is not None:
             written, change_rows = changes.finish(slices, [output.changes for output in outputs])
-        # a changes table this run created too: the hours' history rows are only in the rebuild
-        if self.rebuild_hours and changes is not None:
-            changes_table = self.read("changes")
-        if self.rebuild_hours and changes_table is not None:
-            every = BatchWindow.of(self.batches, self.namespace, include_history=True)
-            written += ChangesRun(self, changes_table, False, every).rebuild(set(self.rebuild_hours))
-            change_rows = row_count(table_if_exists(self.changes_uri, self.options))
+        if self.rebuild_hours:
+            # the table as committed: one this run created too, whose hours' history rows are only in
+            # the rebuild
+            if changes is not None:
+                changes_table = self.read("changes")
+            if changes_table is not None:
+                every = BatchWindow.of(self.batches, self.namespace, include_history=True)
+                written += ChangesRun(self, changes_table, False, every).rebuild(set(self.rebuild_hours))
+                change_rows = row_count(table_if_exists(self.changes_uri, self.options))
         summary.update(
             change_rows=change_rows,
             change_rows_written=written,

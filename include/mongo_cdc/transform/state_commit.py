@@ -121,8 +121,10 @@ class StateRun:
         # the fold's outputs when the run's task of a job shared by small collections made them (``shared``)
         self.shared_folds: tuple[StateOutput, ...] | None = None
         # the files the tasks read stored versions and deletion markers from, for their own keys
-        self.state_files = keyed_files(table, transform.state_path)
-        self.deletion_files = keyed_files(self.deletions, transform.deletions_path)
+        # the table's files as read (add actions, flattened): the tasks' key ranges, a rewrite's removes
+        self.stored_files = _file_actions(table)
+        self.state_files = keyed_files(self.stored_files, transform.state_path)
+        self.deletion_files = keyed_files(_file_actions(self.deletions), transform.deletions_path)
 
     def spec(self, layout: TableLayout | None = None) -> StateSpec:
         return StateSpec(
@@ -334,9 +336,8 @@ class StateRun:
             Gone(rs, *position)
             for position, rs in [(m.position, m.rs) for m in self.manifests] + list(self.drops)
         ]
-        stored = pa.table(self.table.get_add_actions(flatten=True)).select(
-            ["path", "size_bytes", "num_records"]
-        )
+        assert self.stored_files is not None
+        stored = self.stored_files.select(["path", "size_bytes", "num_records"])
         source_rows = sum(file.rows for file in files)
         if (
             layout is self.layout
@@ -384,12 +385,15 @@ class StateRun:
         return rows.num_rows
 
 
-def keyed_files(table: DeltaTable | None, table_path: str) -> tuple[KeyedFile, ...]:
-    """The data files of a table keyed by ``__key`` (``table_path``: under the lake root), with their
-    keys' range where the statistics hold it."""
-    if table is None:
+def _file_actions(table: DeltaTable | None) -> pa.Table | None:
+    return None if table is None else pa.table(table.get_add_actions(flatten=True))
+
+
+def keyed_files(actions: pa.Table | None, table_path: str) -> tuple[KeyedFile, ...]:
+    """The data files of a table keyed by ``__key`` (``actions``: its add actions, flattened;
+    ``table_path``: under the lake root), with their keys' range where the statistics hold it."""
+    if actions is None:
         return ()
-    actions = pa.table(table.get_add_actions(flatten=True))
     names = actions.column_names
     return tuple(
         KeyedFile(
