@@ -77,6 +77,11 @@ STORED_VERSION_COLUMNS = ("__key", "__id", "__doc_bson", "__cluster_time", "__ev
 # Columns with file statistics (min/max/null count) in the data files the job writes.
 STATE_STATS_COLUMNS = ("__key", "__cluster_time", "__event_order", "__rs")
 CHANGES_STATS_COLUMNS = ("__cluster_time", "__event_order")
+# Below this many rows, a table's rows take the lossless path (``field_values``): the fast path's
+# fixed cost (its census passes, ~4-5 ms of CPU a slice) is more than decoding a few dozen documents,
+# and a source of many small collections is mostly slices of a few changes. Both paths give the
+# same rows (tests/unit/test_bson_columns.py); small documents break even at a few hundred rows.
+FAST_PATH_MIN_ROWS = 64
 # The state table's columns holding a value of each document's own (``write_data_file``'s unique
 # columns, with the column of ``_id``).
 PER_DOCUMENT_COLUMNS = ("__key", "__id", "__doc", "__doc_bson")
@@ -463,8 +468,9 @@ def field_values(
 ) -> columns.FieldValues | SplitValues:
     """The field values of rows for ``layout``: ``documents`` (None reads as ``{}``) and each one's
     BSON (null where it is not those bytes), split between the fast and the lossless path where
-    numpy is installed (``transform.bson_columns``), else all lossless."""
-    if split_documents is None:
+    numpy is installed (``transform.bson_columns``) and there are FAST_PATH_MIN_ROWS rows or more,
+    else all lossless."""
+    if split_documents is None or len(documents) < FAST_PATH_MIN_ROWS:
         return columns.FieldValues([as_dict(document) or {} for document in documents])
     return split_documents(layout.stored_fields, document_bson, documents, as_dict)
 
