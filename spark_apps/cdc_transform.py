@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None, context: SparkContext | None = None) -> 
                 context,
                 source_lake,
                 batches,
-                sorted(work),
+                work,
                 args.flattening,
                 args.rebuild_hours,
                 args.maintain,

@@ -34,6 +34,7 @@ from mongo_cdc.transform.changes_commit import ChangesRun
 from mongo_cdc.transform.driver import CollectionTransform, transform_collections
 from mongo_cdc.transform.flatten_options import FlatteningOptions
 from mongo_cdc.transform.state_commit import StateRun
+from mongo_cdc.transform.work import source_work
 
 LOST_RACE = "lost a commit race"
 
@@ -345,8 +346,15 @@ def test_a_run_in_the_job_shared_by_small_collections_that_loses_a_commit_race_r
             monkeypatch, StateRun, "merge", lambda: transform(spark_context, source, live_log)
         )
         namespace = f"{db_name}.items"
+        batches = source.lake.batches()
         summary = transform_collections(
-            spark_context, source.lake, source.lake.batches(), [namespace], FlatteningOptions(), (), None
+            spark_context,
+            source.lake,
+            batches,
+            source_work(source.lake, batches, FlatteningOptions()),
+            FlatteningOptions(),
+            (),
+            None,
         )
         assert summary.failed == {} and summary.collections[namespace]["state_rows"] == 35
         assert len(shared) == 1 and shared[0].folded_documents >= 1  # _id 31: inserted, then updated

@@ -48,7 +48,7 @@ import datetime as dt
 import json
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -109,7 +109,11 @@ class CollectionTransform:
         batches: list[Batch],
         flattening: FlatteningOptions,
         rebuild_hours: tuple[str, ...],
+        work: CollectionWork | None = None,
     ) -> None:
+        """``work``: the collection's ``work.source_work`` answer, whose tables the first ``read`` of
+        each takes rather than read it again (two table reads a collection, a cost of many small
+        ones)."""
         self.context = context
         self.source_lake = source_lake
         self.location = source_lake.location
@@ -134,6 +138,9 @@ class CollectionTransform:
         self.changes_uri = lake.table_uri(self.location, "changes", source_lake.prefix, db, collection)
         # MERGE sources and rebuilt tables are written here first (never read as the tables' data)
         self.staging = f"{self.state_path}/{lake.STAGING_DIR}/{uuid.uuid4()}"
+        self._already_read = (
+            {"state": work.state_table, "changes": work.changes_table} if work is not None else {}
+        )
 
     @cached_property
     def files(self) -> list[RawFile]:
@@ -231,7 +238,10 @@ class CollectionTransform:
         """The ``state`` or ``changes`` table as it is now. LostCommitRace if it has applied batches past
         this run's batch log: a run that read a newer log committed first, and a commit of this run's
         view would record older batches as applied (applied again, their change rows would double)."""
-        table = table_if_exists(self.state_uri if name == "state" else self.changes_uri, self.options)
+        if name in self._already_read:
+            table = self._already_read.pop(name)
+        else:
+            table = table_if_exists(self.state_uri if name == "state" else self.changes_uri, self.options)
         ahead = {rs: seq for rs, seq in self.applied(table, name).items() if seq > self.committed[rs]}
         if ahead:
             raise LostCommitRace(
@@ -421,17 +431,20 @@ def transform_collections(
     context: SparkContext,
     source_lake: SourceLake,
     batches: list[Batch],
-    namespaces: list[str],
+    work: Mapping[str, CollectionWork],
     flattening: FlatteningOptions,
     rebuild_hours: tuple[str, ...],
     maintenance: dict[str, int] | None,
 ) -> JobSummary:
-    """The collections ``namespaces`` (every one with work, ``work.source_work``) brought up to the
-    committed ``batches``, COLLECTION_THREADS at a time; a collection that fails is logged and holds
-    back no other. Then the source's applied mark says so: every other collection needed nothing."""
-
+    """The collections of ``work`` (every one with work, ``work.source_work``'s answer) brought up to
+    the committed ``batches``, COLLECTION_THREADS at a time; a collection that fails is logged and
+    holds back no other. Then the source's applied mark says so: every other collection needed
+    nothing."""
+    namespaces = sorted(work)
     transforms = {
-        namespace: CollectionTransform(context, source_lake, namespace, batches, flattening, rebuild_hours)
+        namespace: CollectionTransform(
+            context, source_lake, namespace, batches, flattening, rebuild_hours, work[namespace]
+        )
         for namespace in namespaces
     }
     summary = JobSummary()

@@ -14,7 +14,7 @@ no work, and its tables are not read.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from deltalake import DeltaTable
 
@@ -37,6 +37,9 @@ class CollectionWork:
     changes_rebuilt: bool  # the changes table was written with other flattening options
     rebuild_hours: tuple[str, ...]  # hours of change rows to rewrite (only with a changes table)
     maintain: bool  # the run compacts and vacuums the collection's tables
+    # the tables as read for this answer: the run's first try takes them rather than read them again
+    state_table: DeltaTable | None = field(default=None, compare=False, repr=False)
+    changes_table: DeltaTable | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def of(
@@ -69,6 +72,8 @@ class CollectionWork:
             changes_rebuilt=rebuilt,
             rebuild_hours=rebuild_hours if changes_table is not None else (),
             maintain=maintain,
+            state_table=state_table,
+            changes_table=changes_table,
         )
 
     @property
