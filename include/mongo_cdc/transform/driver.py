@@ -111,9 +111,9 @@ class CollectionTransform:
         rebuild_hours: tuple[str, ...],
         work: CollectionWork | None = None,
     ) -> None:
-        """``work``: the collection's ``work.source_work`` answer, whose tables the first ``read`` of
-        each takes rather than read it again (two table reads a collection, a cost of many small
-        ones)."""
+        """``work``: the collection's ``work.source_work`` answer from ``batches``, which the first
+        ``prepared`` takes with the tables it read rather than read them again (two table reads and
+        their app transactions a collection: a cost of many small collections)."""
         self.context = context
         self.source_lake = source_lake
         self.location = source_lake.location
@@ -138,9 +138,7 @@ class CollectionTransform:
         self.changes_uri = lake.table_uri(self.location, "changes", source_lake.prefix, db, collection)
         # MERGE sources and rebuilt tables are written here first (never read as the tables' data)
         self.staging = f"{self.state_path}/{lake.STAGING_DIR}/{uuid.uuid4()}"
-        self._already_read = (
-            {"state": work.state_table, "changes": work.changes_table} if work is not None else {}
-        )
+        self._given_work = work
 
     @cached_property
     def files(self) -> list[RawFile]:
@@ -238,16 +236,17 @@ class CollectionTransform:
         """The ``state`` or ``changes`` table as it is now. LostCommitRace if it has applied batches past
         this run's batch log: a run that read a newer log committed first, and a commit of this run's
         view would record older batches as applied (applied again, their change rows would double)."""
-        if name in self._already_read:
-            table = self._already_read.pop(name)
-        else:
-            table = table_if_exists(self.state_uri if name == "state" else self.changes_uri, self.options)
-        ahead = {rs: seq for rs, seq in self.applied(table, name).items() if seq > self.committed[rs]}
+        table = table_if_exists(self.state_uri if name == "state" else self.changes_uri, self.options)
+        self.refuse_ahead(name, self.applied(table, name))
+        return table
+
+    def refuse_ahead(self, name: str, applied: dict[str, int]) -> None:
+        """LostCommitRace if the table ``name`` has ``applied`` batches past this run's batch log."""
+        ahead = {rs: seq for rs, seq in applied.items() if seq > self.committed[rs]}
         if ahead:
             raise LostCommitRace(
                 f"its {name} table has applied batches {ahead}, past this run's batch log {self.committed}"
             )
-        return table
 
     def commit_properties(self, name: str, versions: dict[str, int] | None = None) -> CommitProperties:
         """The commit's app transactions: this table has applied every committed batch (``versions``:
@@ -284,16 +283,27 @@ class CollectionTransform:
 
     def prepared(self) -> PreparedRun:
         """The run's tables read, its work (``CollectionWork``) and the slices of its new raw rows."""
-        state_table = self.read("state")
-        changes_table = self.read("changes")
-        work = CollectionWork.of(
-            self.batches, self.namespace, state_table, changes_table, self.flattening, self.rebuild_hours
-        )
+        work, self._given_work = self._given_work, None  # source_work's, for the first try only
+        if work is None:
+            work = CollectionWork.of(
+                self.batches,
+                self.namespace,
+                self.read("state"),
+                self.read("changes"),
+                self.flattening,
+                self.rebuild_hours,
+            )
+        else:
+            self.refuse_ahead("state", work.state_applied)
+            self.refuse_ahead("changes", work.changes_applied)
+        state_table, changes_table = work.state_table, work.changes_table
         if work.changes_rebuilt:
             log.warning(
                 "%s: other flattening options than the changes table's: rebuilding it", self.namespace
             )
-        state = StateRun(self, state_table, work.state_window) if work.updates_state else None
+        state = (
+            StateRun(self, state_table, work.state_window, work.state_applied) if work.updates_state else None
+        )
         changes = (
             ChangesRun(
                 self,
@@ -365,9 +375,10 @@ class CollectionTransform:
             summary.update(state.finish(slices, [output.state for output in outputs]))
         else:
             summary.update(new_events=0, state_rows=row_count(run.state_table))
-        written, change_rows = 0, row_count(changes_table)
         if changes is not None:
             written, change_rows = changes.finish(slices, [output.changes for output in outputs])
+        else:
+            written, change_rows = 0, row_count(changes_table)
         if self.rebuild_hours:
             # the table as committed: one this run created too, whose hours' history rows are only in
             # the rebuild

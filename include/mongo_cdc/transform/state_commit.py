@@ -99,11 +99,17 @@ class SharedRunMisfit(RuntimeError):
 class StateRun:
     """One run's update of a collection's state table (and its deletion markers)."""
 
-    def __init__(self, transform: CollectionTransform, table: DeltaTable | None, window: BatchWindow) -> None:
+    def __init__(
+        self,
+        transform: CollectionTransform,
+        table: DeltaTable | None,
+        window: BatchWindow,
+        applied: dict[str, int],
+    ) -> None:
+        """``applied``: the batches ``table`` has applied, per replica set (``applied_batches``)."""
         self.transform = transform
         self.table = table
         self.window = window
-        applied = transform.applied(table, "state")
         self.manifests = tuple(
             m for m in transform.manifests if applied.get(m.rs, 0) < m.seq <= transform.committed.get(m.rs, 0)
         )

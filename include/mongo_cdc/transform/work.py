@@ -37,9 +37,12 @@ class CollectionWork:
     changes_rebuilt: bool  # the changes table was written with other flattening options
     rebuild_hours: tuple[str, ...]  # hours of change rows to rewrite (only with a changes table)
     maintain: bool  # the run compacts and vacuums the collection's tables
-    # the tables as read for this answer: the run's first try takes them rather than read them again
+    # the tables as read for this answer, and the batches each has applied per replica set (the
+    # changes table's even when rebuilt): the run's first try takes them rather than read them again
     state_table: DeltaTable | None = field(default=None, compare=False, repr=False)
     changes_table: DeltaTable | None = field(default=None, compare=False, repr=False)
+    state_applied: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
+    changes_applied: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def of(
@@ -64,16 +67,18 @@ class CollectionWork:
             for batch in batches
         )
         rebuilt = changes_table is not None and recorded_flattening(changes_table) != flattening.to_json()
-        changes_applied = {} if rebuilt else applied_batches(changes_table, "changes", replica_sets)
+        changes_applied = applied_batches(changes_table, "changes", replica_sets)
         return cls(
             state_window=BatchWindow.of(batches, namespace, state_applied),
             manifest_pending=manifest_pending,
-            changes_window=BatchWindow.of(batches, namespace, changes_applied),
+            changes_window=BatchWindow.of(batches, namespace, {} if rebuilt else changes_applied),
             changes_rebuilt=rebuilt,
             rebuild_hours=rebuild_hours if changes_table is not None else (),
             maintain=maintain,
             state_table=state_table,
             changes_table=changes_table,
+            state_applied=state_applied,
+            changes_applied=changes_applied,
         )
 
     @property
