@@ -44,6 +44,14 @@ def test_plain_names_keep_their_paths():
     assert lake.table_path("state", "shop", "shop", "orders") == "state/shop/shop/orders"
 
 
+def test_a_source_tables_path_is_its_uri_under_the_root():
+    path = lake.source_table_path("shop", lake.APPLIED_MARK)
+    assert lake.source_table_uri(LakeLocation("/lake"), "shop", lake.APPLIED_MARK) == f"/lake/{path}"
+    assert lake.source_table_uri(LakeLocation("s3://bucket/x"), "shop", lake.APPLIED_MARK) == (
+        f"s3://bucket/x/{path}"
+    )
+
+
 @pytest.mark.parametrize(
     ("name", "escaped"),
     [

@@ -252,6 +252,11 @@ def source_table_uri(lake: LakeLocation, prefix: str, name: str) -> str:
     return lake.table_uri("raw", prefix, name)
 
 
+def source_table_path(prefix: str, name: str) -> str:
+    """``source_table_uri``'s path under the lake root."""
+    return f"raw/{prefix}/{name}"
+
+
 def hour_partition(cluster_time: int) -> str:
     """The UTC hour (``YYYY-MM-DDTHH``) of a packed cluster time: the ``hour`` partition value."""
     return _hour_text((cluster_time >> 32) // 3600)

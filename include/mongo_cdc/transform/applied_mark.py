@@ -154,7 +154,7 @@ def _rows(source_lake: SourceLake, table: DeltaTable) -> list[dict]:
     over delta-rs' storage handler left a thread that, in a job that exits right after (one with
     no work), aborted the process at exit in about one run in seven."""
     filesystem, base = source_lake.location.filesystem()
-    directory = f"raw/{source_lake.prefix}/{lake.APPLIED_MARK}"
+    directory = lake.source_table_path(source_lake.prefix, lake.APPLIED_MARK)
     paths = table.get_add_actions(flatten=True).column("path").to_pylist()
     return [
         row
