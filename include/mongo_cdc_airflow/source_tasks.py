@@ -137,7 +137,7 @@ def plan_transform(config: SourceConfig) -> list[str]:
         config.topic_prefix,
         *config.flattening.spark_arguments(),
         *(["--rebuild-hours", json.dumps(list(hours))] if hours else []),
-        *maintenance_arguments(config, context.get("data_interval_start")),
+        *maintenance_arguments(maintenance),
     ]
 
 
@@ -154,9 +154,8 @@ def maintenance_settings(config: SourceConfig, interval_start: dt.datetime | Non
     return {"optimize_interval_hours": every, "retention_hours": config.lake_retention_hours, "slot": slot}
 
 
-def maintenance_arguments(config: SourceConfig, interval_start: dt.datetime | None) -> list[str]:
-    """The job's ``--maintain`` argument (``maintenance_settings``), if any."""
-    settings = maintenance_settings(config, interval_start)
+def maintenance_arguments(settings: dict[str, int] | None) -> list[str]:
+    """The job's ``--maintain`` argument for ``maintenance_settings``' answer, if any."""
     return [] if settings is None else ["--maintain", json.dumps(settings, sort_keys=True)]
 
 

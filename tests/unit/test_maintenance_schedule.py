@@ -12,21 +12,23 @@ from cdc_support import spark_job
 
 from mongo_cdc.config import SourceConfig
 from mongo_cdc.lake.maintenance import maintained, maintains_source
-from mongo_cdc_airflow.source_tasks import maintenance_arguments
+from mongo_cdc_airflow.source_tasks import maintenance_arguments, maintenance_settings
 
 CONFIG = SourceConfig(name="s", path="s.yaml", topic_prefix="s", lake_root="/lake")
 MIDNIGHT = dt.datetime(2026, 1, 2, tzinfo=dt.timezone.utc)
 
 
 def test_each_scheduled_run_maintains_its_share_and_each_collection_is_maintained_once_an_interval():
-    assert maintenance_arguments(CONFIG, MIDNIGHT + dt.timedelta(hours=3)) == [
+    assert maintenance_arguments(maintenance_settings(CONFIG, MIDNIGHT + dt.timedelta(hours=3))) == [
         "--maintain",
         json.dumps({"optimize_interval_hours": 24, "retention_hours": 168, "slot": 3}, sort_keys=True),
     ]
     namespaces = [f"db.c{index:04d}" for index in range(1_000)]
     maintained_by = {namespace: [] for namespace in namespaces}
     for hour in range(24):
-        settings = json.loads(maintenance_arguments(CONFIG, MIDNIGHT + dt.timedelta(hours=hour))[1])
+        settings = json.loads(
+            maintenance_arguments(maintenance_settings(CONFIG, MIDNIGHT + dt.timedelta(hours=hour)))[1]
+        )
         assert maintains_source(settings) == (hour == 0)  # the leftovers' listing once a day
         for namespace in namespaces:
             if maintained(settings, namespace):
@@ -35,7 +37,12 @@ def test_each_scheduled_run_maintains_its_share_and_each_collection_is_maintaine
     per_run = Counter(hours[0] for hours in maintained_by.values())
     assert len(per_run) == 24 and max(per_run.values()) < 3 * 1_000 / 24  # spread, not all in one run
     every_six = dataclasses.replace(CONFIG, lake_optimize_interval_hours=6)
-    assert json.loads(maintenance_arguments(every_six, MIDNIGHT + dt.timedelta(hours=7))[1])["slot"] == 1
+    assert (
+        json.loads(
+            maintenance_arguments(maintenance_settings(every_six, MIDNIGHT + dt.timedelta(hours=7)))[1]
+        )["slot"]
+        == 1
+    )
 
 
 def test_settings_without_a_slot_maintain_every_collection_and_the_source():
@@ -44,13 +51,18 @@ def test_settings_without_a_slot_maintain_every_collection_and_the_source():
 
 
 def test_manual_runs_without_an_interval_and_a_zero_interval_never_maintain():
-    assert maintenance_arguments(CONFIG, None) == []
-    assert maintenance_arguments(dataclasses.replace(CONFIG, lake_optimize_interval_hours=0), MIDNIGHT) == []
+    assert maintenance_arguments(maintenance_settings(CONFIG, None)) == []
+    assert (
+        maintenance_arguments(
+            maintenance_settings(dataclasses.replace(CONFIG, lake_optimize_interval_hours=0), MIDNIGHT)
+        )
+        == []
+    )
 
 
 def test_the_job_reads_back_the_settings_and_refuses_a_slot_outside_the_interval(tmp_path, capsys):
     base = ["--lake-root", str(tmp_path), "--topic-prefix", "s"]
-    arguments = maintenance_arguments(CONFIG, MIDNIGHT + dt.timedelta(hours=5))
+    arguments = maintenance_arguments(maintenance_settings(CONFIG, MIDNIGHT + dt.timedelta(hours=5)))
     assert spark_job().parse_args([*base, *arguments]).maintain == json.loads(arguments[1])
     for bad in ({"optimize_interval_hours": 24, "retention_hours": 1, "slot": 24}, {"slot": 1}):
         with pytest.raises(SystemExit):
