@@ -323,8 +323,9 @@ def test_a_run_in_the_job_shared_by_small_collections_that_loses_a_commit_race_r
     cdc_source, replica_set, db_name, spark_context, monkeypatch, lost_races
 ):
     """A small collection runs in the job shared by small collections (``transform_collections``: one
-    task for the whole collection); another writer commits its state first: the shared run's commit
-    loses, and it runs again with jobs of its own from a fresh read, applying every batch once."""
+    task for the whole collection, which writes the small state table again whole); another writer
+    commits its state first: the shared run's commit loses, and it runs again with jobs of its own
+    from a fresh read, applying every batch once."""
     source = cdc_source(db_name)
     with replica_set.client() as client:
         items = client[db_name].items
@@ -358,4 +359,5 @@ def test_a_run_in_the_job_shared_by_small_collections_that_loses_a_commit_race_r
         )
         assert summary.failed == {} and summary.collections[namespace]["state_rows"] == 35
         assert len(shared) == 1 and shared[0].folded_documents >= 1  # _id 31: inserted, then updated
+        assert shared[0].rewritten is not None  # the task wrote the small state table whole
         assert_converged(source, client, lost_races)

@@ -1,17 +1,20 @@
 """``transform.state_merge``: the state's rule run by delta-rs' MERGE (``merge_into``, on a real
 Delta table) and by pyarrow over a small table (``merged_rows``) gives the same rows, for stated
-cases and for random ones (ties of position, deletions, copies' and drops' positions)."""
+cases and for random ones (ties of position, deletions, copies' and drops' positions); a small
+table's ``rewrite`` writes those rows of its files as one new file."""
 
 from __future__ import annotations
 
 import random
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 
+from mongo_cdc.lake.storage import LakeLocation
 from mongo_cdc.transform.slice_tasks import DELETED_FLAG
-from mongo_cdc.transform.state_merge import Gone, merge_into, merged_rows
+from mongo_cdc.transform.state_merge import Gone, Rewrite, merge_into, merged_rows, rewrite
 
 SCHEMA = pa.schema(
     [
@@ -105,3 +108,28 @@ def test_both_engines_give_the_same_rows_for_random_runs(tmp_path, seed):
     gone = [Gone(draw.choice(["rs0", "rs1"]), *position()) for _ in range(draw.randint(0, 2))]
     merged, in_memory = both_engines(tmp_path / "t", stored, source, gone)
     assert merged == in_memory
+
+
+def test_a_rewrite_writes_the_rows_after_the_run_of_every_file_of_the_table_as_one_new_file(tmp_path):
+    stored = rows(
+        SCHEMA, [("kept", 10, "b", "rs0", 1), ("updated", 10, "b", "rs0", 2), ("deleted", 10, "b", "rs0", 3)]
+    )
+    table_path = tmp_path / "state"
+    write_deltalake(table_path, stored.slice(0, 2))
+    write_deltalake(table_path, stored.slice(2), mode="append")  # two files, both read
+    table = DeltaTable(table_path)
+    files = tuple(table.get_add_actions(flatten=True).column("path").to_pylist())
+    source = rows(
+        SOURCE_SCHEMA,
+        [
+            ("updated", 11, "a", "rs0", 20, False),
+            ("deleted", 11, "b", "rs0", None, True),
+            ("new", 12, "a", "rs0", 4, False),
+        ],
+    )
+    written = rewrite(LakeLocation(str(tmp_path)), Rewrite("state", SCHEMA, files), source, [])
+    new_rows = pq.read_table(table_path / written.path).to_pylist()
+    assert len(files) == 2 and written.rows == 3
+    assert new_rows == merged_rows(stored, source, []).sort_by("__key").to_pylist()
+    assert {row["__key"]: row["v"] for row in new_rows} == {"kept": 1, "updated": 20, "new": 4}
+    assert DeltaTable(table_path).version() == table.version()  # written, not committed

@@ -21,18 +21,12 @@ from deltalake.transaction import create_table_with_add_actions
 from mongo_cdc import lake
 from mongo_cdc.lake.batch_log import BatchWindow
 from mongo_cdc.lake.storage import row_count
-from mongo_cdc.transform.data_files import DataFile, add_actions, delete_data_files
+from mongo_cdc.transform.data_files import DataFile, add_actions, delete_data_files, staged_rows
 from mongo_cdc.transform.flatten_options import FlatteningOptions
 from mongo_cdc.transform.slice_tasks import ChangesSpec, Output, transform_slice
 from mongo_cdc.transform.slices import RawSlice
-from mongo_cdc.transform.table_commits import (
-    creating,
-    log,
-    settled_layout,
-    sql_literal,
-    staged_rows,
-    stored_layout,
-)
+from mongo_cdc.transform.state_merge import sql_literal
+from mongo_cdc.transform.table_commits import creating, log, settled_layout, stored_layout
 from mongo_cdc.transform.table_layout import TableLayout
 
 if TYPE_CHECKING:

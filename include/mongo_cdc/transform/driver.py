@@ -332,7 +332,8 @@ class CollectionTransform:
         state_spec = run.state.spec() if run.state is not None else None
         changes_spec = run.changes.spec() if run.changes is not None else None
         state_files = run.state.state_files if run.state is not None else ()
-        return lambda: whole_collection(location, raw_slice, state_spec, changes_spec, state_files)
+        target = run.state.rewrite_target() if run.state is not None else None
+        return lambda: whole_collection(location, raw_slice, state_spec, changes_spec, state_files, target)
 
     def update(self) -> dict[str, Any]:
         """The run with Spark jobs of its own."""
@@ -366,7 +367,7 @@ class CollectionTransform:
         assert output.transformed is not None
         if run.state is not None:
             assert output.plan is not None
-            run.state.shared(output.plan, output.folded_documents, output.folded)
+            run.state.shared(output.plan, output.folded_documents, output.folded, output.rewritten)
         return self.finished(run, [output.transformed])
 
     def finished(self, run: PreparedRun, outputs: list[SliceOutput]) -> dict[str, Any]:

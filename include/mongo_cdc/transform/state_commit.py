@@ -5,9 +5,10 @@ version where an update without ``after`` needs it, then applied to the table in
 (``state_merge``'s rule): newer versions update, deletions delete, new documents insert; an event at
 or before a document's stored position changes nothing. A committed snapshot manifest, drop or
 rename in the new batches also deletes the documents of that replica set sitting before it. A MERGE
-rewrites only the data files holding changed documents; a small table (``REWRITE_MAX_ROWS``) is
-written again whole, which costs a tenth of a MERGE. A new table is one commit of the files the
-tasks wrote.
+rewrites only the data files holding changed documents; a small table (``state_merge.REWRITE_MAX_ROWS``)
+is written again whole, which costs a tenth of a MERGE (by the task of a job shared by small
+collections, when it ran the collection's whole run: the driver then only commits). A new table is
+one commit of the files the tasks wrote.
 
 How a run goes: ``plan`` (which documents are folded apart: more than one new event, or an update
 without ``after``), the tasks' writes (``slice_tasks.transform_slice``), ``fold`` (the documents
@@ -29,7 +30,6 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from deltalake import DeltaTable, Schema, write_deltalake
 from deltalake.transaction import RemoveAction, create_table_with_add_actions
 from pyspark import RDD, StorageLevel
@@ -37,13 +37,12 @@ from pyspark import RDD, StorageLevel
 from mongo_cdc.lake.batch_log import BatchWindow
 from mongo_cdc.lake.storage import row_count, table_if_exists
 from mongo_cdc.transform import columns
-from mongo_cdc.transform.data_files import DataFile, add_actions, delete_data_files, write_data_file
+from mongo_cdc.transform.data_files import DataFile, add_actions, delete_data_files, staged_rows
 from mongo_cdc.transform.folded_keys import folded_keys, slice_key_buckets
 from mongo_cdc.transform.slice_tasks import (
     DELETED_FLAG,
     DELETION_COLUMNS,
     DELETION_SCHEMA,
-    STATE_STATS_COLUMNS,
     ChangesSpec,
     KeyedFile,
     Output,
@@ -53,22 +52,22 @@ from mongo_cdc.transform.slice_tasks import (
     StateSpec,
     fold_documents,
     fold_inputs,
-    in_order,
     none_folded_apart,
     plan_slice,
     transform_slice,
 )
-from mongo_cdc.transform.slices import SLICE_ROWS, RawSlice, lake_path
-from mongo_cdc.transform.state_merge import Gone, merge_into, merged_rows
-from mongo_cdc.transform.table_commits import (
-    creating,
-    log,
+from mongo_cdc.transform.slices import SLICE_ROWS, RawSlice
+from mongo_cdc.transform.state_merge import (
+    REWRITE_MAX_BYTES,
+    REWRITE_MAX_ROWS,
+    Rewrite,
+    gone_positions,
+    merge_into,
     position_after,
-    settled_layout,
-    staged_rows,
-    stored_layout,
+    rewrite,
 )
-from mongo_cdc.transform.table_layout import TableLayout, widened
+from mongo_cdc.transform.table_commits import creating, log, settled_layout, stored_layout
+from mongo_cdc.transform.table_layout import TableLayout
 
 if TYPE_CHECKING:
     from mongo_cdc.transform.driver import CollectionTransform
@@ -86,10 +85,6 @@ STATE_METADATA_COLUMNS: tuple[tuple[str, columns.ColumnType], ...] = (
 # A MERGE source of at most this many rows is handed to delta-rs whole, which lets it read and
 # rewrite only the state files whose key range may hold a source key; a larger one is streamed.
 MERGE_IN_MEMORY_ROWS = 200_000
-# A table of at most this many rows and bytes of files, whose layout the run keeps, is written again
-# whole rather than MERGEd (``state_merge.merged_rows``): the source of many small collections' case.
-REWRITE_MAX_ROWS = 10_000
-REWRITE_MAX_BYTES = 16 << 20
 
 
 class SharedRunMisfit(RuntimeError):
@@ -126,6 +121,8 @@ class StateRun:
         self.folded: RDD | None = None
         # the fold's outputs when the run's task of a job shared by small collections made them (``shared``)
         self.shared_folds: tuple[StateOutput, ...] | None = None
+        # the table's rows after the run, written whole by that task (``state_merge.rewrite``)
+        self.shared_rewrite: DataFile | None = None
         # the files the tasks read stored versions and deletion markers from, for their own keys
         # the table's files as read (add actions, flattened): the tasks' key ranges, a rewrite's removes
         self.stored_files = _file_actions(table)
@@ -185,13 +182,34 @@ class StateRun:
             self.transform.namespace, self.new_events, self.folded_documents, time.monotonic() - started,
         )  # fmt: skip
 
-    def shared(self, plan: SlicePlan, folded_documents: int, folded: tuple[StateOutput, ...]) -> None:
+    def shared(
+        self,
+        plan: SlicePlan,
+        folded_documents: int,
+        folded: tuple[StateOutput, ...],
+        rewritten: DataFile | None,
+    ) -> None:
         """What the run's task of a shared job (``shared_tasks.whole_collection``) planned and folded, in
-        place of ``plan``'s and ``fold``'s Spark jobs."""
+        place of ``plan``'s and ``fold``'s Spark jobs, and the table it wrote again whole (None: the
+        driver merges its rows)."""
         self.new_events = plan.rows
         self.drops = tuple(sorted(plan.drops))
         self.folded_documents = folded_documents
         self.shared_folds = folded
+        self.shared_rewrite = rewritten
+
+    def rewrite_target(self) -> Rewrite | None:
+        """The table as a ``state_merge.Rewrite`` when it is small enough to be written again whole
+        (``REWRITE_MAX_ROWS``, ``REWRITE_MAX_BYTES``, its files' rows known), else None."""
+        stored = self.stored_files
+        if stored is None or stored.column("num_records").null_count:
+            return None
+        rows, size = (pc.sum(stored.column(name)).as_py() or 0 for name in ("num_records", "size_bytes"))
+        if rows > REWRITE_MAX_ROWS or size > REWRITE_MAX_BYTES:
+            return None
+        return Rewrite(
+            self.transform.state_path, self.layout.schema, tuple(stored.column("path").to_pylist())
+        )
 
     def slice_inputs(self, slices: list[RawSlice]) -> RDD:
         """Each slice with its index and its keys of documents folded apart: without any, the slices
@@ -336,59 +354,38 @@ class StateRun:
     def merge(self, layout: TableLayout, files: list[DataFile]) -> int:
         """Apply the staged rows to the table in one commit (``state_merge``'s rule); its rows after."""
         assert self.table is not None
+        if self.shared_rewrite is not None:
+            return self.commit_rewrite(self.shared_rewrite)
+        gone = gone_positions(self.manifests, self.drops)
         schema = layout.schema.append(pa.field(DELETED_FLAG, pa.bool_()))
         source = staged_rows(self.transform.location, self.directory, files, schema)
-        gone = [
-            Gone(rs, *position)
-            for position, rs in [(m.position, m.rs) for m in self.manifests] + list(self.drops)
-        ]
-        assert self.stored_files is not None
-        stored = self.stored_files.select(["path", "size_bytes", "num_records"])
+        target = self.rewrite_target() if layout is self.layout else None
         source_rows = sum(file.rows for file in files)
-        if (
-            layout is self.layout
-            and stored.column("num_records").null_count == 0
-            and max(source_rows, pc.sum(stored.column("num_records")).as_py() or 0) <= REWRITE_MAX_ROWS
-            and (pc.sum(stored.column("size_bytes")).as_py() or 0) <= REWRITE_MAX_BYTES
-        ):
-            return self.rewrite(layout, stored.to_pylist(), source.read_all(), gone)
+        if target is not None and source_rows <= REWRITE_MAX_ROWS:
+            return self.commit_rewrite(rewrite(self.transform.location, target, source.read_all(), gone))
         if source_rows <= MERGE_IN_MEMORY_ROWS:  # delta-rs then reads only the files a source key may be in
             source = source.read_all()
         metrics = merge_into(self.table, source, gone, self.transform.commit_properties("state"))
         log.info("%s state merge: %s", self.transform.namespace, metrics)
         return row_count(self.table)
 
-    def rewrite(self, layout: TableLayout, stored: list[dict], source: pa.Table, gone: list[Gone]) -> int:
-        """A small table's rows after the run (``merged_rows``) written as one file, which one commit
-        adds while it removes the table's files (``stored``: their add actions): the commit a MERGE
-        makes, without its cost."""
-        assert self.table is not None
-        transform = self.transform
-        filesystem, base = transform.location.filesystem()
-        tables = [
-            widened(
-                pq.ParquetFile(
-                    lake_path(base, f"{transform.state_path}/{file['path']}"), filesystem=filesystem
-                ).read(),
-                layout.schema,
-            )
-            for file in stored
-        ]
-        rows = merged_rows(pa.concat_tables([layout.schema.empty_table(), *tables]), source, gone)
-        written = write_data_file(
-            transform.location, transform.state_path, in_order(rows, ["__key"]), STATE_STATS_COLUMNS
-        )
+    def commit_rewrite(self, written: DataFile) -> int:
+        """One commit that adds ``written``, the table's rows after the run (``state_merge.rewrite``),
+        and removes every file the run read: the commit a MERGE makes, without its cost."""
+        assert self.table is not None and self.stored_files is not None
+        now_ms = int(time.time() * 1000)
         removed = [
-            RemoveAction(file["path"], True, int(time.time() * 1000), file["size_bytes"]) for file in stored
+            RemoveAction(file["path"], True, now_ms, file["size_bytes"])
+            for file in self.stored_files.select(["path", "size_bytes"]).to_pylist()
         ]
         self.table.create_write_transaction(
             [*removed, *add_actions([written])],
             mode="append",
             schema=self.table.schema(),
-            commit_properties=transform.commit_properties("state"),
+            commit_properties=self.transform.commit_properties("state"),
         )
-        log.info("%s state written again whole: %d rows", transform.namespace, rows.num_rows)
-        return rows.num_rows
+        log.info("%s state written again whole: %d rows", self.transform.namespace, written.rows)
+        return written.rows
 
 
 def _file_actions(table: DeltaTable | None) -> pa.Table | None:

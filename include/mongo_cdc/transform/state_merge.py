@@ -9,24 +9,37 @@ collection was dropped since.
 
 ``merge_into`` runs the rule as a delta-rs MERGE (DataFusion), which reads and rewrites only the
 files whose key range may hold a source key: the way for large tables. ``merged_rows`` runs it in
-pyarrow over the whole of a small table, in a millisecond or two where a MERGE takes 15 ms of CPU
-and holds the GIL throughout: a source of many small collections paid one MERGE per collection and
-run (issue 28). tests/unit/test_state_merge.py holds the two engines to the same rows.
+pyarrow over the whole of a small table (``REWRITE_MAX_ROWS``), in a millisecond or two where a
+MERGE takes 15 ms of CPU and holds the GIL throughout: a source of many small collections paid one
+MERGE per collection and run (issue 28). ``rewrite`` writes a small table's rows after the run as one
+new file, for the driver to commit in place of the table's files; a shared job's task runs it for its
+collection (``shared_tasks``), so the driver of many small collections only commits. Executor side:
+no deltalake import at run time. tests/unit/test_state_merge.py holds the two engines to the same rows.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
-from mongo_cdc.transform.slice_tasks import DELETED_FLAG
-from mongo_cdc.transform.table_commits import position_after, sql_literal
+from mongo_cdc.lake import SnapshotManifest
+from mongo_cdc.lake.storage import LakeLocation
+from mongo_cdc.transform.data_files import DataFile, write_data_file
+from mongo_cdc.transform.slice_tasks import DELETED_FLAG, STATE_STATS_COLUMNS, in_order
+from mongo_cdc.transform.slices import lake_path
+from mongo_cdc.transform.table_layout import widened
 
 if TYPE_CHECKING:
     from deltalake import CommitProperties, DeltaTable
+
+# A table of at most this many rows and bytes of files, whose layout the run keeps, is written again
+# whole (``rewrite``) rather than MERGEd; the run's rows too are at most this many.
+REWRITE_MAX_ROWS = 10_000
+REWRITE_MAX_BYTES = 16 << 20
 
 
 class Gone(NamedTuple):
@@ -35,6 +48,37 @@ class Gone(NamedTuple):
     rs: str
     cluster_time: int
     event_order: str
+
+
+def gone_positions(
+    manifests: Iterable[SnapshotManifest], drops: Iterable[tuple[tuple[int, str], str]]
+) -> list[Gone]:
+    """The ``Gone`` positions of a run's committed copies (``manifests``) and drops or renames."""
+    return [Gone(rs, *position) for position, rs in [(m.position, m.rs) for m in manifests] + list(drops)]
+
+
+class Rewrite(NamedTuple):
+    """A small state table to write again whole: its directory under the lake root, its layout's
+    schema, and its data files (paths relative to the directory), all of which the commit removes."""
+
+    table_path: str
+    schema: pa.Schema
+    stored: tuple[str, ...]
+
+
+def rewrite(location: LakeLocation, target: Rewrite, source: pa.Table, gone: Sequence[Gone]) -> DataFile:
+    """The table's rows after the run (``merged_rows`` of its files' rows and ``source``: rows of its
+    schema and ``DELETED_FLAG``) written as one new file of the table, which no commit names yet."""
+    filesystem, base = location.filesystem()
+    stored = [
+        widened(
+            pq.ParquetFile(lake_path(base, f"{target.table_path}/{path}"), filesystem=filesystem).read(),
+            target.schema,
+        )
+        for path in target.stored
+    ]
+    rows = merged_rows(pa.concat_tables([target.schema.empty_table(), *stored]), source, gone)
+    return write_data_file(location, target.table_path, in_order(rows, ["__key"]), STATE_STATS_COLUMNS)
 
 
 def merge_into(
@@ -99,6 +143,19 @@ def merged_rows(stored: pa.Table, source: pa.Table, gone: Sequence[Gone]) -> pa.
     removed = pc.or_(replaced, pc.and_(pc.invert(named), _gone(stored, gone)))
     kept_stored = stored.filter(pc.invert(removed))
     return pa.concat_tables([kept_stored, source.filter(kept_source).drop_columns([DELETED_FLAG])])
+
+
+def position_after(left: str, right: str) -> str:
+    """SQL: ``left``'s position is after ``right``'s."""
+    return (
+        f"({left}.__cluster_time > {right}.__cluster_time OR ({left}.__cluster_time = {right}.__cluster_time "
+        f"AND {left}.__event_order > {right}.__event_order))"
+    )
+
+
+def sql_literal(value: str) -> str:
+    """``value`` as a SQL string literal."""
+    return "'" + value.replace("'", "''") + "'"
 
 
 def _fired(predicate: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:

@@ -2,8 +2,7 @@
 
 The job's log (``log``, named ``cdc_transform``: the bench reads its lines by that name), the
 lost commit race (``LostCommitRace``, ``creating``), the layouts read from a table and settled from
-the tasks' needs (``stored_layout``, ``settled_layout``), staged rows read back for a MERGE or a
-rewrite (``staged_rows``) and the SQL of the MERGE predicates. Driver only: imports deltalake.
+the tasks' needs (``stored_layout``, ``settled_layout``). Driver only: imports deltalake.
 """
 
 from __future__ import annotations
@@ -14,16 +13,13 @@ from collections.abc import Iterator
 from functools import reduce
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError, DeltaError
 
-from mongo_cdc.lake.storage import LakeLocation, table_if_exists
+from mongo_cdc.lake.storage import table_if_exists
 from mongo_cdc.transform import columns
-from mongo_cdc.transform.data_files import DataFile
 from mongo_cdc.transform.slice_tasks import Output
-from mongo_cdc.transform.slices import lake_path
-from mongo_cdc.transform.table_layout import TableLayout, widened
+from mongo_cdc.transform.table_layout import TableLayout
 
 log = logging.getLogger("cdc_transform")
 
@@ -45,19 +41,6 @@ def stored_layout(
     return TableLayout.from_arrow(schema, metadata_columns, reserved_names, sanitize_field_names)
 
 
-def position_after(left: str, right: str) -> str:
-    """SQL: ``left``'s position is after ``right``'s."""
-    return (
-        f"({left}.__cluster_time > {right}.__cluster_time OR ({left}.__cluster_time = {right}.__cluster_time "
-        f"AND {left}.__event_order > {right}.__event_order))"
-    )
-
-
-def sql_literal(value: str) -> str:
-    """``value`` as a SQL string literal."""
-    return "'" + value.replace("'", "''") + "'"
-
-
 def settled_layout(stored: TableLayout, outputs: list[Output]) -> TableLayout:
     """The table's layout after this run: ``stored`` with what every task's rows needed."""
     return stored.evolved(reduce(lambda a, b: a.merge(b), (o.survey for o in outputs), columns.NO_CHANGES))
@@ -73,20 +56,3 @@ def creating(uri: str, options: dict[str, str]) -> Iterator[None]:
         if isinstance(error, CommitFailedError) or table_if_exists(uri, options) is None:
             raise
         raise LostCommitRace(f"{uri} was created by another writer since this run read it") from error
-
-
-def staged_rows(
-    location: LakeLocation, directory: str, files: list[DataFile], schema: pa.Schema
-) -> pa.RecordBatchReader:
-    """The rows of staged ``files``, one file at a time, as rows of ``schema`` (``widened``)."""
-    filesystem, base = location.filesystem()
-
-    def batches() -> Iterator[pa.RecordBatch]:
-        for file in files:
-            path = lake_path(base, f"{directory}/{file.path}")
-            rows = pq.ParquetFile(path, filesystem=filesystem).read()  # read_table's dataset costs ~1 ms more
-            for column, value in file.partition:
-                rows = rows.append_column(column, pa.array([value] * rows.num_rows, pa.string()))
-            yield from widened(rows, schema).to_batches()
-
-    return pa.RecordBatchReader.from_batches(schema, batches())
