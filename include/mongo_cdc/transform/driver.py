@@ -51,7 +51,6 @@ import uuid
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from deltalake import CommitProperties, DeltaTable, Transaction
@@ -141,13 +140,18 @@ class CollectionTransform:
         # MERGE sources and rebuilt tables are written here first (never read as the tables' data)
         self.staging = f"{self.state_path}/{lake.STAGING_DIR}/{uuid.uuid4()}"
         self._given_work = work
+        self._files: list[RawFile] | None = None
 
-    @cached_property
+    @property
     def files(self) -> list[RawFile]:
         """The raw table's files, read only when the collection has batches to apply or hours to
-        rebuild: an idle collection's run reads no raw table."""
-        raw = table_if_exists(self.raw_uri, self.options)
-        return raw_files(raw, self.raw_path) if raw is not None else []
+        rebuild: an idle collection's run reads no raw table. Kept by hand, not by a
+        ``cached_property``, whose lock (one for every instance, in Python 3.11) made the collection
+        threads read their raw tables one at a time."""
+        if self._files is None:
+            raw = table_if_exists(self.raw_uri, self.options)
+            self._files = raw_files(raw, self.raw_path) if raw is not None else []
+        return self._files
 
     def run(
         self, maintenance: dict[str, int] | None, shared: tuple[PreparedRun, SharedOutput] | None = None
