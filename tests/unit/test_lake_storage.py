@@ -22,7 +22,10 @@ from mongo_cdc.lake.storage import (
     LakeLocation,
     LakeRootError,
     _object_store_filesystem,
+    file_actions,
+    file_stats,
     resolve_root,
+    row_count,
 )
 from mongo_cdc_airflow.lake_storage import lake_location
 
@@ -195,3 +198,15 @@ def _s3_client(lake: LakeLocation):
         aws_secret_access_key=MOTO_KEY,
         region_name=lake.storage_options["AWS_REGION"],
     )
+
+
+def test_file_actions_give_each_files_rows_statistics_and_partition_values(tmp_path: Path) -> None:
+    rows = pa.table({"hour": ["h1", "h1", "h2"], "k": ["b", "a", "c"], "n": [1, 2, 3]})
+    write_deltalake(tmp_path / "t", rows, partition_by=["hour"])
+    table = DeltaTable(tmp_path / "t")
+    actions = file_actions(table).sort_by("num_records")
+    assert actions.column("num_records").to_pylist() == [1, 2] and row_count(table) == 3
+    assert file_stats(actions, "partition", "hour") == ["h2", "h1"]
+    assert file_stats(actions, "min", "k") == ["c", "a"] and file_stats(actions, "max", "k") == ["c", "b"]
+    assert file_stats(actions, "max", "no such column") is None
+    assert file_stats(actions, "no such statistic", "k") is None

@@ -21,7 +21,7 @@ from urllib.parse import unquote
 from pyarrow.fs import FileType
 
 from mongo_cdc.lake.layout import table_names
-from mongo_cdc.lake.storage import LakeLocation, TableVersion, open_table
+from mongo_cdc.lake.storage import LakeLocation, TableVersion, file_actions, open_table
 
 ZONES = ("raw", "changes", "state")
 
@@ -44,9 +44,7 @@ def damaged_files(
     table_uri: str, storage_options: Mapping[str, str] | None = None, version: TableVersion = None
 ) -> list[DamagedFile]:
     """The live files of a table version whose object is missing or not the size its log recorded."""
-    import pyarrow as pa
-
-    actions = pa.table(open_table(table_uri, storage_options, version).get_add_actions(flatten=True))
+    actions = file_actions(open_table(table_uri, storage_options, version))
     base = table_uri.rstrip("/")
     fs, root = LakeLocation(base, storage_options or {}).filesystem()
     # the log holds paths relative to the table, percent-encoded like URIs

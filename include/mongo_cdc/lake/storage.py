@@ -187,10 +187,34 @@ def row_count(table: DeltaTable | None) -> int:
     deletion vectors)."""
     if table is None:
         return 0
+    import pyarrow.compute as pc
+
+    return pc.sum(file_actions(table).column("num_records")).as_py() or 0
+
+
+def file_actions(table: DeltaTable) -> pa.Table:
+    """The add actions of a table version as delta-rs gives them unflattened: ``path``, ``size_bytes``,
+    ``num_records``, and the structs of statistics and partition values (``file_stats``). Flattened,
+    they cost delta-rs four times as much: 4 ms against 1 for a small state table, at each read of
+    each table of a source of many collections."""
+    import pyarrow as pa
+
+    return pa.table(table.get_add_actions(flatten=False))
+
+
+def file_stats(actions: pa.Table, kind: str, column: str) -> list[Any] | None:
+    """Each file's statistic ``kind`` (``min``, ``max``, ``null_count``) or partition value
+    (``partition``) of the top-level ``column`` in ``actions`` (``file_actions``); None when the log
+    holds none for it."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    return pc.sum(pa.table(table.get_add_actions(flatten=True)).column("num_records")).as_py() or 0
+    if kind not in actions.column_names:
+        return None
+    values = actions.column(kind)
+    if not pa.types.is_struct(values.type) or values.type.get_field_index(column) < 0:
+        return None
+    return pc.struct_field(values, column).to_pylist()
 
 
 def open_table(

@@ -38,7 +38,7 @@ from deltalake.exceptions import CommitFailedError, DeltaError
 from mongo_cdc import lake
 from mongo_cdc.lake.batch_log import Batch, last_batches
 from mongo_cdc.lake.landing import SourceLake
-from mongo_cdc.lake.storage import table_if_exists
+from mongo_cdc.lake.storage import file_actions, table_if_exists
 from mongo_cdc.transform.flatten_options import FlatteningOptions
 from mongo_cdc.transform.slices import lake_path
 
@@ -155,7 +155,7 @@ def _rows(source_lake: SourceLake, table: DeltaTable) -> list[dict]:
     no work), aborted the process at exit in about one run in seven."""
     filesystem, base = source_lake.location.filesystem()
     directory = lake.source_table_path(source_lake.prefix, lake.APPLIED_MARK)
-    paths = table.get_add_actions(flatten=True).column("path").to_pylist()
+    paths = file_actions(table).column("path").to_pylist()
     return [
         row
         for path in paths

@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from mongo_cdc import lake
-from mongo_cdc.lake.storage import LakeLocation
+from mongo_cdc.lake.storage import LakeLocation, file_actions, file_stats
 from mongo_cdc.lake.table_reads import plain
 from mongo_cdc.transform.raw_events import RAW_COLUMNS
 
@@ -56,18 +56,19 @@ RawSlice = tuple[RawPiece, ...]
 
 
 def raw_files(table: DeltaTable, table_path: str) -> list[RawFile]:
-    actions = pa.table(table.get_add_actions(flatten=True))
-    names = actions.column_names
+    actions = file_actions(table)
+    unknown = [None] * actions.num_rows
     return [
-        RawFile(
-            f"{table_path}/{row['path']}",
-            row["partition.hour"],
-            row["min.batch_seq"] if "min.batch_seq" in names else None,
-            row["max.batch_seq"] if "max.batch_seq" in names else None,
-            row["num_records"] or 0,
-            row["size_bytes"] or 0,
+        RawFile(f"{table_path}/{path}", hour, low, high, rows or 0, size or 0)
+        for path, hour, low, high, rows, size in zip(
+            actions.column("path").to_pylist(),
+            file_stats(actions, "partition", "hour") or unknown,
+            file_stats(actions, "min", "batch_seq") or unknown,
+            file_stats(actions, "max", "batch_seq") or unknown,
+            actions.column("num_records").to_pylist(),
+            actions.column("size_bytes").to_pylist(),
+            strict=True,
         )
-        for row in actions.to_pylist()
     ]
 
 

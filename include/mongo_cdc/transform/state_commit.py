@@ -35,7 +35,7 @@ from deltalake.transaction import RemoveAction, create_table_with_add_actions
 from pyspark import RDD, StorageLevel
 
 from mongo_cdc.lake.batch_log import BatchWindow
-from mongo_cdc.lake.storage import row_count, table_if_exists
+from mongo_cdc.lake.storage import file_actions, file_stats, row_count, table_if_exists
 from mongo_cdc.transform import columns
 from mongo_cdc.transform.data_files import DataFile, add_actions, delete_data_files, staged_rows
 from mongo_cdc.transform.folded_keys import folded_keys, slice_key_buckets
@@ -389,22 +389,21 @@ class StateRun:
 
 
 def _file_actions(table: DeltaTable | None) -> pa.Table | None:
-    return None if table is None else pa.table(table.get_add_actions(flatten=True))
+    return None if table is None else file_actions(table)
 
 
 def keyed_files(actions: pa.Table | None, table_path: str) -> tuple[KeyedFile, ...]:
-    """The data files of a table keyed by ``__key`` (``actions``: its add actions, flattened;
-    ``table_path``: under the lake root), with their keys' range where the statistics hold it."""
+    """The data files of a table keyed by ``__key`` (``actions``: its ``file_actions``; ``table_path``:
+    under the lake root), with their keys' range where the statistics hold it."""
     if actions is None:
         return ()
-    names = actions.column_names
+    unknown = [None] * actions.num_rows
     return tuple(
-        KeyedFile(
-            f"{table_path}/{row['path']}",
-            row["min.__key"] if "min.__key" in names else None,
-            row["max.__key"] if "max.__key" in names else None,
+        KeyedFile(f"{table_path}/{path}", low, high)
+        for path, low, high in zip(
+            actions.column("path").to_pylist(),
+            file_stats(actions, "min", "__key") or unknown,
+            file_stats(actions, "max", "__key") or unknown,
+            strict=True,
         )
-        for row in actions.select(
-            [name for name in ("path", "min.__key", "max.__key") if name in names]
-        ).to_pylist()
     )
