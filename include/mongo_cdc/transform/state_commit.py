@@ -124,7 +124,7 @@ class StateRun:
         # the table's rows after the run, written whole by that task (``state_merge.rewrite``)
         self.shared_rewrite: DataFile | None = None
         # the files the tasks read stored versions and deletion markers from, for their own keys
-        # the table's files as read (add actions, flattened): the tasks' key ranges, a rewrite's removes
+        # the table's files as read (``file_actions``): the tasks' key ranges, a rewrite's removes
         self.stored_files = _file_actions(table)
         self.state_files = keyed_files(self.stored_files, transform.state_path)
         self.deletion_files = keyed_files(_file_actions(self.deletions), transform.deletions_path)
