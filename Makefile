@@ -73,17 +73,25 @@ $(SPARK_CLASSES): $(STAMP)
 		include/mongo_cdc_dev/spark_classes_job.py > $(SPARK_CLASSES_LOG) 2>&1 \
 		|| echo "== WARNING: no Spark class archive (see $(SPARK_CLASSES_LOG)): local Spark runs start slower"
 
-test: $(STAMP) $(CHROMIUM) $(SPARK_CLASSES)
+# Bytecode beside the sources in Spark's Python zips, which spark-submit's drivers and Spark's Python
+# workers import pyspark from (mongo_cdc_dev/pyspark_bytecode.py): each compiled them again.
+PYSPARK_BYTECODE := $(VENV)/.pyspark-bytecode
+
+$(PYSPARK_BYTECODE): $(STAMP)
+	$(VENV)/bin/python include/mongo_cdc_dev/pyspark_bytecode.py
+	touch $@
+
+test: $(STAMP) $(PYSPARK_BYTECODE) $(CHROMIUM) $(SPARK_CLASSES)
 	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # The unit tier alone (tests/unit): no mongod, no Java, no Airflow metadata DB; well under 2 minutes.
-test-unit: $(STAMP)
+test-unit: $(STAMP) $(PYSPARK_BYTECODE)
 	$(VENV)/bin/pytest tests/unit $(PYTEST_ARGS)
 
-demo: $(STAMP) $(SPARK_CLASSES)
+demo: $(STAMP) $(PYSPARK_BYTECODE) $(SPARK_CLASSES)
 	$(VENV)/bin/python -m mongo_cdc_airflow.demo
 
-bench: $(STAMP)
+bench: $(STAMP) $(PYSPARK_BYTECODE)
 	$(VENV)/bin/python -m mongo_cdc_dev.bench
 
 # The configuration reference page, rendered from the key declarations (mongo_cdc.config.reference).
@@ -102,5 +110,5 @@ clean:
 # Model-based tests with fresh random sequences until SOAK_MINUTES are up; a failure prints the
 # minimal failing sequence as a ready test (docs/development.md, "Model-based tests and make soak").
 SOAK_MINUTES ?= 30
-soak: $(STAMP)
+soak: $(STAMP) $(PYSPARK_BYTECODE)
 	MODEL_SOAK_MINUTES=$(SOAK_MINUTES) $(VENV)/bin/pytest tests/e2e/test_model_based.py -k test_soak -x
