@@ -8,6 +8,11 @@ job's start). ``zipimport`` takes a ``.pyc`` stored next to its ``.py`` in the z
 written again with one per module. The pycs are unchecked-hash ones: a zip's entries have no
 timestamps precise enough for timestamp pycs, and nothing edits the zips after this.
 
+pyspark's own test modules (its ``tests`` packages, 70% of the zip's entries) are left out: a Python
+worker's first task calls ``importlib.invalidate_caches``, which makes every zipimporter on the path
+(one per package imported from the zip, ~16) read the zip's whole directory again: 139 ms a worker
+with the original zip, 256 ms with the bytecode, 87 ms without the tests.
+
 Usage: ``python pyspark_bytecode.py`` with the venv's Python (Spark's home is the installed pyspark
 package); a zip that already holds bytecode is left as is.
 """
@@ -35,8 +40,14 @@ def holds_bytecode(zip_path: Path) -> bool:
         return any(name.endswith(".pyc") for name in archive.namelist())
 
 
+def is_test_module(name: str) -> bool:
+    """Whether the zip entry ``name`` is in one of pyspark's test packages (``pyspark/sql/tests/...``)."""
+    return "tests" in name.split("/")[:-1]
+
+
 def add_bytecode(zip_path: Path) -> int:
-    """Write ``zip_path`` again with a ``.pyc`` after each ``.py`` it holds; the pycs written.
+    """Write ``zip_path`` again with a ``.pyc`` after each ``.py`` it holds, and without the test
+    modules (``is_test_module``); the pycs written.
 
     A module that does not compile (none in Spark's zips) keeps its source alone, which zipimport
     compiles as before. The code's file names are those zipimport gives modules it compiles itself
@@ -45,6 +56,8 @@ def add_bytecode(zip_path: Path) -> int:
     partial = zip_path.with_name(zip_path.name + ".partial")
     with zipfile.ZipFile(zip_path) as source, zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as target:
         for entry in source.infolist():
+            if is_test_module(entry.filename):
+                continue
             data = source.read(entry)
             target.writestr(entry, data)
             if not entry.filename.endswith(".py"):

@@ -21,12 +21,16 @@ def import_from(zip_path: Path, statement: str) -> str:
     return done.stdout + done.stderr
 
 
-def test_modules_of_a_rewritten_zip_load_from_their_bytecode_and_keep_their_source(tmp_path: Path) -> None:
+def test_modules_of_a_rewritten_zip_load_from_their_bytecode_keep_their_source_and_lose_their_tests(
+    tmp_path: Path,
+) -> None:
     zip_path = tmp_path / "lib.zip"
     with zipfile.ZipFile(zip_path, "w") as archive:
         archive.writestr("pkg/__init__.py", "ANSWER = 42\n")
         archive.writestr("pkg/broken.py", "def (:\n")  # no bytecode: zipimport reports its error
         archive.writestr("pkg/data.txt", "not python")
+        archive.writestr("pkg/tests/__init__.py", "")
+        archive.writestr("pkg/tests/test_pkg.py", "def test_answer(): pass\n")
     assert not pyspark_bytecode.holds_bytecode(zip_path)
 
     assert pyspark_bytecode.add_bytecode(zip_path) == 1
