@@ -13,8 +13,13 @@ import pytest
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 
 from mongo_cdc.lake.storage import LakeLocation
-from mongo_cdc.transform.slice_tasks import DELETED_FLAG
+from mongo_cdc.transform import shared_tasks
+from mongo_cdc.transform.columns import NO_CHANGES
+from mongo_cdc.transform.data_files import DataFile
+from mongo_cdc.transform.shared_tasks import rewritten_whole
+from mongo_cdc.transform.slice_tasks import DELETED_FLAG, Output, StateOutput, StateSpec, write_state_file
 from mongo_cdc.transform.state_merge import Gone, Rewrite, merge_into, merged_rows, rewrite
+from mongo_cdc.transform.table_layout import TableLayout
 
 SCHEMA = pa.schema(
     [
@@ -133,3 +138,47 @@ def test_a_rewrite_writes_the_rows_after_the_run_of_every_file_of_the_table_as_o
     assert new_rows == merged_rows(stored, source, []).sort_by("__key").to_pylist()
     assert {row["__key"]: row["v"] for row in new_rows} == {"kept": 1, "updated": 20, "new": 4}
     assert DeltaTable(table_path).version() == table.version()  # written, not committed
+
+
+def shared_run(tmp_path) -> tuple[LakeLocation, StateSpec, Rewrite, list[StateOutput], pa.Table, DataFile]:
+    """A two-row state table, a shared task's state rows held in memory (an update) and one staged
+    file of rows (an insert), as ``shared_tasks.rewritten_whole`` gets them."""
+    location = LakeLocation(str(tmp_path))
+    write_deltalake(
+        tmp_path / "state", rows(SCHEMA, [("kept", 10, "b", "rs0", 1), ("updated", 10, "b", "rs0", 2)])
+    )
+    files = tuple(DeltaTable(tmp_path / "state").get_add_actions(flatten=True).column("path").to_pylist())
+    spec = StateSpec(TableLayout(()), False, "staging", with_flag=True, held=True)
+    held = rows(SOURCE_SCHEMA, [("updated", 11, "a", "rs0", 20, False)])
+    inserted = rows(SOURCE_SCHEMA, [("new", 12, "a", "rs0", 4, False)])
+    staged_file = write_state_file(location, "staging", inserted, spec.layout)
+    outputs = [
+        StateOutput(Output((), NO_CHANGES, held), None),
+        StateOutput(Output((staged_file,), NO_CHANGES), None),
+    ]
+    return location, spec, Rewrite("state", SCHEMA, files), outputs, held, staged_file
+
+
+def test_a_shared_task_writes_its_held_and_staged_rows_whole_and_hands_the_driver_no_rows(tmp_path):
+    location, spec, target, outputs, _, staged_file = shared_run(tmp_path)
+
+    written, handed = rewritten_whole(location, spec, target, outputs)
+
+    assert written is not None
+    new_rows = pq.read_table(tmp_path / "state" / written.path).to_pylist()
+    assert {row["__key"]: row["v"] for row in new_rows} == {"kept": 1, "updated": 20, "new": 4}
+    assert [state.output for state in handed] == [Output((), NO_CHANGES), Output((), NO_CHANGES)]
+    assert not (tmp_path / "staging" / staged_file.path).exists()
+
+
+def test_rows_too_many_to_write_whole_are_all_staged_for_the_drivers_merge(tmp_path, monkeypatch):
+    location, spec, target, outputs, held, staged_file = shared_run(tmp_path)
+    monkeypatch.setattr(shared_tasks, "REWRITE_MAX_ROWS", 1)
+
+    written, handed = rewritten_whole(location, spec, target, outputs)
+
+    assert written is None
+    assert all(state.output.rows is None for state in handed)
+    (held_file,) = handed[0].output.files
+    assert pq.read_table(tmp_path / "staging" / held_file.path).to_pylist() == held.to_pylist()
+    assert handed[1] == outputs[1] and (tmp_path / "staging" / staged_file.path).exists()

@@ -26,18 +26,23 @@ from mongo_cdc.transform.slice_tasks import (
     DELETED_FLAG,
     ChangesSpec,
     KeyedFile,
+    Output,
     SliceOutput,
     SlicePlan,
     StateOutput,
     StateSpec,
     fold_documents,
-    fold_inputs,
+    folded_events,
     none_folded_apart,
-    plan_slice,
+    plan_pieces,
+    slice_pieces,
+    transform_rows,
     transform_slice,
+    write_state_file,
 )
-from mongo_cdc.transform.slices import RawSlice
+from mongo_cdc.transform.slices import RawSlice, concat_pieces
 from mongo_cdc.transform.state_merge import REWRITE_MAX_ROWS, Rewrite, gone_positions, rewrite
+from mongo_cdc.transform.table_layout import widened
 
 
 class SharedOutput(NamedTuple):
@@ -69,23 +74,27 @@ def whole_collection(
     try:
         if state is None:
             return SharedOutput(None, 0, transform_slice(location, raw_slice, None, changes, frozenset()), ())
-        plan = plan_slice(location, raw_slice, state.window)
-        state = replace(state, drops=tuple(sorted(plan.drops)))
+        # the slice is read once, for every step (a read is most of a small collection's task)
+        pieces = slice_pieces(location, raw_slice, state, changes)
+        plan = plan_pieces(piece.filter(state.window.mask(piece)) for piece in pieces)
+        state = replace(state, drops=tuple(sorted(plan.drops)), held=target is not None)
         folded_keys = (
             frozenset() if none_folded_apart([plan]) else folded_in_slice(location, raw_slice, state.window)
         )
-        transformed = transform_slice(location, raw_slice, state, changes, folded_keys)
+        rows = concat_pieces(pieces)
+        transformed = transform_rows(location, rows, state, changes, folded_keys)
         folded: tuple[StateOutput, ...] = ()
         if folded_keys:
             grouped: dict[str, list[ChangeEvent]] = {}
-            for key, event in fold_inputs(location, raw_slice, state.window, folded_keys):
+            for key, event in folded_events(rows.filter(state.window.mask(rows)), folded_keys):
                 grouped.setdefault(key, []).append(event)
             folded = (fold_documents(location, state, state_files, grouped.items()),)
-        rewritten = (
-            rewritten_whole(location, state, target, [transformed.state, *folded])
-            if target is not None
-            else None
-        )
+        rewritten = None
+        if target is not None:
+            rewritten, (transformed_state, *folded_states) = rewritten_whole(
+                location, state, target, [transformed.state, *folded]
+            )
+            transformed, folded = transformed._replace(state=transformed_state), tuple(folded_states)
         return SharedOutput(plan, len(folded_keys), transformed, folded, rewritten)
     except Exception:  # the driver fails this collection alone, with this traceback
         return SharedOutput(None, 0, None, (), error=traceback.format_exc())
@@ -93,18 +102,33 @@ def whole_collection(
 
 def rewritten_whole(
     location: LakeLocation, state: StateSpec, target: Rewrite, outputs: list[StateOutput]
-) -> DataFile | None:
-    """The small state table ``target`` written again whole with the run's staged rows
-    (``state_merge.rewrite``), which are deleted then; None, and the rows left staged for the driver,
-    when they change the table's layout or are more than ``REWRITE_MAX_ROWS``."""
+) -> tuple[DataFile | None, list[StateOutput]]:
+    """The small state table ``target`` written again whole with the run's rows (``outputs``: held in
+    memory, or staged and then deleted) by ``state_merge.rewrite``; None when they change the table's
+    layout or are more than ``REWRITE_MAX_ROWS``, and the driver merges them. With it, ``outputs`` as
+    the driver takes them: none holds rows in memory (staged now, when not written whole)."""
     written = [state_output.output for state_output in outputs if state_output.output is not None]
     files = [file for output in written for file in output.files]
+    held = [output.rows for output in written if output.rows is not None]
     if any(output.survey != columns.NO_CHANGES for output in written) or (
-        sum(file.rows for file in files) > REWRITE_MAX_ROWS
+        sum(file.rows for file in files) + sum(rows.num_rows for rows in held) > REWRITE_MAX_ROWS
     ):
-        return None
+        return None, [staged(location, state, state_output) for state_output in outputs]
     schema = target.schema.append(pa.field(DELETED_FLAG, pa.bool_()))
-    source = staged_rows(location, state.directory, files, schema).read_all()
+    stored = staged_rows(location, state.directory, files, schema).read_all()
+    source = pa.concat_tables([*(widened(rows, schema) for rows in held), stored])
     new_file = rewrite(location, target, source, gone_positions(state.manifests, state.drops))
     delete_data_files(location, state.directory, files)
-    return new_file
+    return new_file, [
+        output._replace(output=Output((), output.output.survey)) if output.output else output
+        for output in outputs
+    ]
+
+
+def staged(location: LakeLocation, state: StateSpec, state_output: StateOutput) -> StateOutput:
+    """``state_output`` with its rows held in memory, if any, written to a file for the driver."""
+    output = state_output.output
+    if output is None or output.rows is None:
+        return state_output
+    file = write_state_file(location, state.directory, output.rows, state.layout)
+    return state_output._replace(output=Output((file,), output.survey))

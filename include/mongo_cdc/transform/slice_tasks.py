@@ -51,7 +51,14 @@ from mongo_cdc.transform.raw_events import (
     event_from_row,
     event_keys,
 )
-from mongo_cdc.transform.slices import RawSlice, collection_operations, lake_path, read_pieces, read_slice
+from mongo_cdc.transform.slices import (
+    RawSlice,
+    collection_operations,
+    concat_pieces,
+    lake_path,
+    read_pieces,
+    read_slice,
+)
 from mongo_cdc.transform.table_layout import TableLayout
 from mongo_cdc.transform.versions import single_event_versions, versions_table
 
@@ -88,10 +95,12 @@ PER_DOCUMENT_COLUMNS = ("__key", "__id", "__doc", "__doc_bson")
 
 
 class Output(NamedTuple):
-    """What a task wrote for one table: its files, and what its rows needed of the table's layout."""
+    """What a task wrote for one table: its files, and what its rows needed of the table's layout;
+    or its rows themselves, unwritten, for the task's own rewrite of the table (``StateSpec.held``)."""
 
     files: tuple[DataFile, ...]
     survey: columns.BatchTypes
+    rows: pa.Table | None = None
 
 
 class StateOutput(NamedTuple):
@@ -152,6 +161,9 @@ class StateSpec(TableSpec):
     drops: tuple[tuple[tuple[int, str], str], ...] = ()
     deletions: tuple[KeyedFile, ...] = ()  # the deletion markers' files, read for the task's keys
     markers_directory: str = ""  # where the task's deletion marker rows are staged
+    # rows that fit the stored layout are kept in memory, not staged (``Output.rows``): the task then
+    # writes the table again whole with them (``shared_tasks.rewritten_whole``)
+    held: bool = False
 
 
 @dataclass(frozen=True)
@@ -167,10 +179,15 @@ PLAN_COLUMNS = ["key", "op", "source", "batch_seq", "cluster_time", "event_order
 
 def plan_slice(location: LakeLocation, raw_slice: RawSlice, window: BatchWindow) -> SlicePlan:
     """A slice's state events in brief: the drops and renames, its rows in all, its pieces' key ranges."""
+    return plan_pieces(read_pieces(location, raw_slice, window.filter(), PLAN_COLUMNS))
+
+
+def plan_pieces(pieces: Iterable[pa.Table]) -> SlicePlan:
+    """``plan_slice`` of a slice's pieces read already: each one's rows in the window."""
     drops: list[tuple[tuple[int, str], str]] = []
     count = 0
     ranges: list[KeyRange] | None = []
-    for rows in read_pieces(location, raw_slice, window.filter(), PLAN_COLUMNS):
+    for rows in pieces:
         count += rows.num_rows
         collection = collection_operations(rows)
         drops += [
@@ -278,13 +295,32 @@ def transform_slice(
     """One slice's state rows (documents with one event in the window; the others are folded apart,
     ``folded_keys``: those of this slice), deletion marker rows and change rows, each table's written
     to files: every document is decoded once for both tables."""
+    rows = concat_pieces(slice_pieces(location, raw_slice, state, changes))
+    return transform_rows(location, rows, state, changes, folded_keys)
+
+
+def slice_pieces(
+    location: LakeLocation, raw_slice: RawSlice, state: StateSpec | None, changes: ChangesSpec | None
+) -> list[pa.Table]:
+    """The rows of ``raw_slice`` that the tables take (in either one's window), a table per piece,
+    with every column ``transform_rows`` reads."""
     windows = [spec.window.filter() for spec in (state, changes) if spec is not None]
     row_filter = windows[0] if len(windows) == 1 else windows[0] | windows[1]
     before_images = changes is not None and delete_rows_hold_before_images(changes.options)
     columns_read = RAW_COLUMNS + ["before"] if before_images else RAW_COLUMNS
-    rows = in_order(
-        read_slice(location, raw_slice, row_filter, columns_read), ["cluster_time", "event_order"]
-    )
+    return list(read_pieces(location, raw_slice, row_filter, columns_read))
+
+
+def transform_rows(
+    location: LakeLocation,
+    rows: pa.Table,
+    state: StateSpec | None,
+    changes: ChangesSpec | None,
+    folded_keys: frozenset[str],
+) -> SliceOutput:
+    """``transform_slice`` of a slice's rows read already (``slice_pieces``)."""
+    rows = in_order(rows, ["cluster_time", "event_order"])
+    before_images = changes is not None and delete_rows_hold_before_images(changes.options)
     after_column = rows.column("after").combine_chunks()
     none = pc.fill_null(pa.nulls(rows.num_rows, pa.bool_()), False)
     in_changes = changes.window.mask(rows) if changes is not None else none
@@ -385,14 +421,18 @@ def write_state(
     if spec.with_flag:
         rows = rows.append_column(DELETED_FLAG, pc.is_null(document_bson))
     # sorted by key, so that the files of a table hold narrow key ranges a MERGE can skip
-    file = write_data_file(
-        location,
-        spec.directory,
-        in_order(rows, ["__key"]),
-        STATE_STATS_COLUMNS,
-        unique_columns=PER_DOCUMENT_COLUMNS + _id_column(layout),
-    )
-    return StateOutput(Output((file,), survey), marker_file), StateValues(values, documents)
+    rows = in_order(rows, ["__key"])
+    if spec.held and survey == columns.NO_CHANGES:
+        output = Output((), survey, rows)
+    else:
+        output = Output((write_state_file(location, spec.directory, rows, layout),), survey)
+    return StateOutput(output, marker_file), StateValues(values, documents)
+
+
+def write_state_file(location: LakeLocation, directory: str, rows: pa.Table, layout: TableLayout) -> DataFile:
+    """State rows of ``layout`` (sorted by ``__key``) as a new file under ``directory``."""
+    unique = PER_DOCUMENT_COLUMNS + _id_column(layout)
+    return write_data_file(location, directory, rows, STATE_STATS_COLUMNS, unique_columns=unique)
 
 
 def write_markers(location: LakeLocation, directory: str, versions: pa.Table) -> DataFile | None:
@@ -501,7 +541,11 @@ def fold_inputs(
     location: LakeLocation, raw_slice: RawSlice, window: BatchWindow, folded_keys: frozenset[str]
 ) -> list[tuple[str, ChangeEvent]]:
     """The events of a slice's documents whose events are folded apart, keyed by document."""
-    rows = read_slice(location, raw_slice, window.filter())
+    return folded_events(read_slice(location, raw_slice, window.filter()), folded_keys)
+
+
+def folded_events(rows: pa.Table, folded_keys: frozenset[str]) -> list[tuple[str, ChangeEvent]]:
+    """``fold_inputs`` of a slice's rows in the window, read already."""
     keys, _ = event_keys(rows.column("key"))
     selected = pc.and_(
         pc.and_(pc.invert(collection_operations(rows)), pc.is_valid(rows.column("op"))),

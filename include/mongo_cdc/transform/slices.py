@@ -8,7 +8,7 @@ or deltalake import here (``DeltaTable`` only for type checking).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, NamedTuple
 
 import pyarrow as pa
@@ -123,9 +123,12 @@ def read_slice(
 ) -> pa.Table:
     """The rows of ``raw_slice`` that pass ``row_filter``, in plain types (a file a delta-rs DELETE
     rewrote holds ``string_view``)."""
-    return pa.concat_tables(
-        read_pieces(location, raw_slice, row_filter, columns), promote_options="permissive"
-    )
+    return concat_pieces(read_pieces(location, raw_slice, row_filter, columns))
+
+
+def concat_pieces(pieces: Iterable[pa.Table]) -> pa.Table:
+    """A slice's pieces as one table: a column two raw files type differently is unified, not an error."""
+    return pa.concat_tables(pieces, promote_options="permissive")
 
 
 def read_pieces(
