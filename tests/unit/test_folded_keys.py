@@ -18,13 +18,13 @@ from mongo_cdc.transform import keys
 from mongo_cdc.transform.folded_keys import (
     KeyCount,
     KeyRange,
-    folded_in_slice,
+    folded_in_rows,
     folded_keys,
     key_bucket,
     slice_key_buckets,
 )
 from mongo_cdc.transform.slice_tasks import none_folded_apart, plan_slice
-from mongo_cdc.transform.slices import RawPiece
+from mongo_cdc.transform.slices import RawPiece, read_slice
 
 SEQ = 1
 BUCKET_OF_A = 418_577  # zlib.crc32(b'["s","a"]') % 1_000_003
@@ -95,15 +95,24 @@ def test_a_key_falls_in_the_same_bucket_in_every_process() -> None:
     assert key_bucket('["s","a"]', 1_000_003) == BUCKET_OF_A
 
 
-def test_a_run_in_one_slice_folds_apart_the_keys_it_repeats(tmp_path: Path) -> None:
+def test_a_run_in_one_slice_folds_apart_the_keys_it_repeats_and_its_updates_without_after(
+    tmp_path: Path,
+) -> None:
     location = LakeLocation(str(tmp_path))
     [one_slice, only_a_drop] = slices_of(
         tmp_path,
-        [event(1, "a", "c"), event(2, "b", "c"), event(3, "b", "u")],
-        [{**event(4, None, lake.DROP), "key": COLLECTION_KEY}],
+        [
+            event(1, "a", "c"),
+            event(2, "b", "c"),
+            event(3, "b", "u"),
+            event(4, "c", "u", after=False, partial=True),
+            event(5, "d", "u", partial=True),  # its after is there: one event, folded by its slice
+        ],
+        [{**event(6, None, lake.DROP), "key": COLLECTION_KEY}],
     )
-    assert folded_in_slice(location, one_slice, WINDOW) == {keys.document_key("b")}
-    assert folded_in_slice(location, only_a_drop, WINDOW) == frozenset()
+    rows = read_slice(location, one_slice, WINDOW.filter())
+    assert folded_in_rows(rows) == {keys.document_key("b"), keys.document_key("c")}
+    assert folded_in_rows(read_slice(location, only_a_drop, WINDOW.filter())) == frozenset()
 
 
 def test_a_plan_finds_no_document_folded_apart_where_the_pieces_hold_disjoint_ranges_of_keys(

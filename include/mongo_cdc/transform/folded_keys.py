@@ -21,7 +21,7 @@ Runs on the executors, like ``slice_tasks``: pyarrow only.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from itertools import pairwise
 from typing import NamedTuple
 
@@ -74,25 +74,13 @@ def slice_key_buckets(
 ) -> list[tuple[int, bytes]]:
     """The document keys of slice ``index``'s events in the window, each with its events there and
     whether one is an update without ``after``, as ``(bucket, Arrow IPC block)`` pairs."""
-    rows = read_slice(location, raw_slice, window.filter(), KEY_COUNT_COLUMNS)
-    keyed_rows = pc.and_(pc.invert(collection_operations(rows)), pc.is_valid(rows.column("op")))
-    keyed = rows.filter(keyed_rows)
-    if not keyed.num_rows:
+    counted = key_counts(
+        read_slice(location, raw_slice, window.filter(), KEY_COUNT_COLUMNS),
+        # the documents are most of a slice's bytes: read (the same rows again) only for an update
+        lambda: read_slice(location, raw_slice, window.filter(), ["after", *_FILTER_COLUMNS]).column("after"),
+    )
+    if counted is None:
         return []
-    keys, _ = event_keys(keyed.column("key"))
-    partial = pc.fill_null(
-        pc.and_(pc.equal(keyed.column("op"), "u"), pc.is_valid(keyed.column("updateDescription"))), False
-    )
-    if pc.any(partial).as_py():
-        # only an update may lack its after; the documents are most of a slice's bytes, so they are
-        # read (the same rows again) where the slice holds updates only
-        after = read_slice(location, raw_slice, window.filter(), ["after", *_FILTER_COLUMNS]).column("after")
-        partial = pc.and_(partial, pc.is_null(after.filter(keyed_rows)))
-    counted = (
-        pa.table({"key": keys, "partial": partial})
-        .group_by("key")
-        .aggregate([("partial", "count"), ("partial", "any")])
-    )
     counted = counted.append_column("slice", pa.repeat(pa.scalar(index, pa.int32()), counted.num_rows))
     bucket = pa.array([key_bucket(key, buckets) for key in counted.column("key").to_pylist()], pa.int32())
     # in bucket order, each bucket's rows one run: a block per bucket is a slice, not a pass over all
@@ -103,6 +91,28 @@ def slice_key_buckets(
         blocks.append((run["values"], _ipc_block(counted.slice(start, run["counts"]))))
         start += run["counts"]
     return blocks
+
+
+def key_counts(rows: pa.Table, after: Callable[[], pa.ChunkedArray]) -> pa.Table | None:
+    """Each document key of raw ``rows`` (``KEY_COUNT_COLUMNS``, in the window) with its events
+    (``partial_count``) and whether one is an update without ``after`` (``partial_any``; ``after``
+    gives the rows' after column, asked for only when the rows hold such an update); None when no row
+    is a document's."""
+    keyed_rows = pc.and_(pc.invert(collection_operations(rows)), pc.is_valid(rows.column("op")))
+    keyed = rows.filter(keyed_rows)
+    if not keyed.num_rows:
+        return None
+    keys, _ = event_keys(keyed.column("key"))
+    partial = pc.fill_null(
+        pc.and_(pc.equal(keyed.column("op"), "u"), pc.is_valid(keyed.column("updateDescription"))), False
+    )
+    if pc.any(partial).as_py():  # only an update may lack its after
+        partial = pc.and_(partial, pc.is_null(after().filter(keyed_rows)))
+    return (
+        pa.table({"key": keys, "partial": partial})
+        .group_by("key")
+        .aggregate([("partial", "count"), ("partial", "any")])
+    )
 
 
 def key_ranges(keys: pa.Array) -> list[KeyRange]:
@@ -151,10 +161,14 @@ def folded_keys(blocks: Iterable[bytes]) -> list[tuple[str, KeyCount]]:
     ]
 
 
-def folded_in_slice(location: LakeLocation, raw_slice: RawSlice, window: BatchWindow) -> frozenset[str]:
-    """The keys folded apart in a run whose events are all in ``raw_slice`` (``shared_tasks``)."""
-    blocks = [block for _, block in slice_key_buckets(location, 0, raw_slice, window, 1)]
-    return frozenset(key for key, _ in folded_keys(blocks)) if blocks else frozenset()
+def folded_in_rows(rows: pa.Table) -> frozenset[str]:
+    """The keys folded apart in a run whose events are all ``rows`` (the raw rows of a shared task's one
+    slice in the window, every column read)."""
+    counted = key_counts(rows, lambda: rows.column("after"))
+    if counted is None:
+        return frozenset()
+    folded = pc.or_(pc.greater(counted.column("partial_count"), 1), counted.column("partial_any"))
+    return frozenset(counted.column("key").filter(folded).to_pylist())
 
 
 def _ipc_block(table: pa.Table) -> bytes:

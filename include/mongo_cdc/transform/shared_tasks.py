@@ -20,7 +20,7 @@ import pyarrow as pa
 from mongo_cdc.lake.storage import LakeLocation
 from mongo_cdc.transform import columns
 from mongo_cdc.transform.data_files import DataFile, delete_data_files, staged_rows
-from mongo_cdc.transform.folded_keys import folded_in_slice
+from mongo_cdc.transform.folded_keys import folded_in_rows
 from mongo_cdc.transform.raw_events import ChangeEvent
 from mongo_cdc.transform.slice_tasks import (
     DELETED_FLAG,
@@ -75,18 +75,17 @@ def whole_collection(
         if state is None:
             return SharedOutput(None, 0, transform_slice(location, raw_slice, None, changes, frozenset()), ())
         # the slice is read once, for every step (a read is most of a small collection's task)
-        pieces = slice_pieces(location, raw_slice, state, changes)
-        plan = plan_pieces(piece.filter(state.window.mask(piece)) for piece in pieces)
+        rows = concat_pieces(slice_pieces(location, raw_slice, state, changes))
+        in_window = rows.filter(state.window.mask(rows))
+        # the slice as one piece: its keys' one range says whether any document has two events
+        plan = plan_pieces([in_window])
         state = replace(state, drops=tuple(sorted(plan.drops)), held=target is not None)
-        folded_keys = (
-            frozenset() if none_folded_apart([plan]) else folded_in_slice(location, raw_slice, state.window)
-        )
-        rows = concat_pieces(pieces)
+        folded_keys = frozenset() if none_folded_apart([plan]) else folded_in_rows(in_window)
         transformed = transform_rows(location, rows, state, changes, folded_keys)
         folded: tuple[StateOutput, ...] = ()
         if folded_keys:
             grouped: dict[str, list[ChangeEvent]] = {}
-            for key, event in folded_events(rows.filter(state.window.mask(rows)), folded_keys):
+            for key, event in folded_events(in_window, folded_keys):
                 grouped.setdefault(key, []).append(event)
             folded = (fold_documents(location, state, state_files, grouped.items()),)
         rewritten = None
