@@ -12,7 +12,7 @@ TEST_WORKERS ?= 2
 # spark-submit finds SPARK_HOME through the venv's bin, and the demo/tests spawn it.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: .venv test test-unit demo bench docs lint clean soak
+.PHONY: .venv test test-unit demo bench docs lint clean soak bytecode
 
 .venv: $(STAMP)
 
@@ -81,17 +81,23 @@ $(PYSPARK_BYTECODE): $(STAMP)
 	$(VENV)/bin/python include/mongo_cdc_dev/pyspark_bytecode.py
 	touch $@
 
-test: $(STAMP) $(PYSPARK_BYTECODE) $(CHROMIUM) $(SPARK_CLASSES)
+# The project's own bytecode, brought up to date before each run (compileall rewrites only what
+# changed): this environment sets PYTHONDONTWRITEBYTECODE, so without it every Python process of a
+# run (each Spark driver and worker, each task) compiled the modules it imports again.
+bytecode: $(STAMP)
+	@$(VENV)/bin/python -m compileall -q include dags plugins > /dev/null
+
+test: $(STAMP) $(PYSPARK_BYTECODE) $(CHROMIUM) $(SPARK_CLASSES) bytecode
 	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # The unit tier alone (tests/unit): no mongod, no Java, no Airflow metadata DB; well under 2 minutes.
 test-unit: $(STAMP) $(PYSPARK_BYTECODE)
 	$(VENV)/bin/pytest tests/unit $(PYTEST_ARGS)
 
-demo: $(STAMP) $(PYSPARK_BYTECODE) $(SPARK_CLASSES)
+demo: $(STAMP) $(PYSPARK_BYTECODE) $(SPARK_CLASSES) bytecode
 	$(VENV)/bin/python -m mongo_cdc_airflow.demo
 
-bench: $(STAMP) $(PYSPARK_BYTECODE)
+bench: $(STAMP) $(PYSPARK_BYTECODE) bytecode
 	$(VENV)/bin/python -m mongo_cdc_dev.bench
 
 # The configuration reference page, rendered from the key declarations (mongo_cdc.config.reference).
@@ -110,5 +116,5 @@ clean:
 # Model-based tests with fresh random sequences until SOAK_MINUTES are up; a failure prints the
 # minimal failing sequence as a ready test (docs/development.md, "Model-based tests and make soak").
 SOAK_MINUTES ?= 30
-soak: $(STAMP) $(PYSPARK_BYTECODE)
+soak: $(STAMP) $(PYSPARK_BYTECODE) bytecode
 	MODEL_SOAK_MINUTES=$(SOAK_MINUTES) $(VENV)/bin/pytest tests/e2e/test_model_based.py -k test_soak -x
