@@ -114,8 +114,8 @@ def rewritten_whole(
     ):
         return None, [staged(location, state, state_output) for state_output in outputs]
     schema = target.schema.append(pa.field(DELETED_FLAG, pa.bool_()))
-    stored = staged_rows(location, state.directory, files, schema).read_all()
-    source = pa.concat_tables([*(widened(rows, schema) for rows in held), stored])
+    staged_source = staged_rows(location, state.directory, files, schema).read_all()
+    source = pa.concat_tables([*(widened(rows, schema) for rows in held), staged_source])
     new_file = rewrite(location, target, source, gone_positions(state.manifests, state.drops))
     delete_data_files(location, state.directory, files)
     return new_file, [
