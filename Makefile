@@ -29,12 +29,14 @@ $(STAMP): requirements.txt requirements-dev.txt pyproject.toml
 	@# here. --compile-bytecode: where PYTHONDONTWRITEBYTECODE is set (as on this project's machines)
 	@# nothing else would write the packages' bytecode, and every process would compile them again.
 	@# pyspark-client (required by the Spark provider) overwrites files of the full pyspark
-	@# distribution and leaves spark-submit broken; reinstalling pyspark on top restores them.
+	@# distribution and leaves spark-submit broken; installing pyspark again on top restores them
+	@# (uninstalled first: uv's --reinstall-package would download its 450 MB again).
 	@( set -e; \
 	  $(PYTHON) -m venv $(VENV); \
 	  $(VENV)/bin/pip install uv==$(UV_VERSION); \
 	  $(UV) -r requirements-dev.txt; \
-	  $(UV) --no-deps --reinstall-package pyspark pyspark==$(PYSPARK_VERSION); \
+	  $(VENV)/bin/uv pip uninstall --python $(VENV)/bin/python pyspark; \
+	  $(UV) --no-deps pyspark==$(PYSPARK_VERSION); \
 	  $(UV) --no-deps -e . ) > $(VENV_LOG) 2>&1 || { \
 		tail -n 40 $(VENV_LOG); \
 		echo "ERROR: building $(VENV) failed (the whole log: $(VENV_LOG)); try: rm -rf $(VENV) && make .venv" >&2; \
