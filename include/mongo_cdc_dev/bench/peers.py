@@ -51,9 +51,9 @@ def ensure_venv(venv: Path) -> str:
             capture_output=True,
             text=True,
         )
-        python = str(venv / "bin" / "python")
+        install = [str(UV), "pip", "install", "--quiet", "--python", str(venv / "bin" / "python")]
         subprocess.run(
-            [str(UV), "pip", "install", "--quiet", "--python", python, "--compile-bytecode", *PEER_REQUIREMENTS],
+            [*install, "--compile-bytecode", *PEER_REQUIREMENTS],
             check=True,
             capture_output=True,
             text=True,
