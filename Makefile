@@ -101,8 +101,10 @@ $(PYSPARK_BYTECODE): $(STAMP)
 bytecode: $(STAMP)
 	@$(VENV)/bin/python -m compileall -q include dags plugins > /dev/null
 
+# MAKEFLAGS emptied: the demo's test runs `make demo`, which would find this make's jobserver in
+# its environment without the pipe it names and warn "jobserver unavailable".
 test: $(STAMP) $(PYSPARK_BYTECODE) $(CHROMIUM) $(SPARK_CLASSES) bytecode
-	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
+	MAKEFLAGS= $(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # The unit tier alone (tests/unit): no mongod, no Java, no Airflow metadata DB; well under 2 minutes.
 test-unit: $(STAMP) $(PYSPARK_BYTECODE)
