@@ -147,7 +147,7 @@ def folded_keys(blocks: Iterable[bytes]) -> list[tuple[str, KeyCount]]:
         [("partial_count", "sum"), ("partial_any", "any"), ("slice", "list")]
     )
     folded = summed.filter(
-        pc.or_(pc.greater(summed.column("partial_count_sum"), 1), summed.column("partial_any_any"))
+        _folded_apart(summed.column("partial_count_sum"), summed.column("partial_any_any"))
     )
     return [
         (key, KeyCount(events, partial, tuple(slices)))
@@ -167,8 +167,13 @@ def folded_in_rows(rows: pa.Table) -> frozenset[str]:
     counted = key_counts(rows, lambda: rows.column("after"))
     if counted is None:
         return frozenset()
-    folded = pc.or_(pc.greater(counted.column("partial_count"), 1), counted.column("partial_any"))
+    folded = _folded_apart(counted.column("partial_count"), counted.column("partial_any"))
     return frozenset(counted.column("key").filter(folded).to_pylist())
+
+
+def _folded_apart(events: pa.ChunkedArray, partial: pa.ChunkedArray) -> pa.ChunkedArray:
+    """Which keys are folded apart: those with more than one event, or an update without ``after``."""
+    return pc.or_(pc.greater(events, 1), partial)
 
 
 def _ipc_block(table: pa.Table) -> bytes:
