@@ -21,7 +21,7 @@ DLT_VERSION = "1.31.0"
 PEER_REQUIREMENTS = (f"dlt=={DLT_VERSION}", "pymongoarrow==1.15.0", "pymongo==4.20.0", "pyarrow==25.0.1")
 DEFAULT_VENV = Path(".local") / "bench-venv"
 INSTALL_TIMEOUT_S = 900
-# the project venv's uv (make installs it): 19 s for these pins where pip took 49 with its cache warm
+# the project venv's uv (make installs it): 10 s for these pins where pip took 49 with its cache warm
 UV = Path(sys.executable).with_name("uv")
 RUN_TIMEOUT_S = 3600
 _PIPELINE = Path(__file__).with_name("dlt_pipeline.py")
