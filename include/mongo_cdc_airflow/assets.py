@@ -138,9 +138,9 @@ def emit_table_events(
 
     ``batches``: the committed batches (the batch log); ``run_summary``: the summary task's result
     (``events`` per collection, ``oplog`` per replica set, ``verification`` per verified collection:
-    a state table's event carries it); ``committed_before``: the last batch per
-    replica set that ``discover`` saw; ``pending``: the collections with a backlog when the
-    transform started; ``backlogs``: each collection's now (``backlog.source_backlogs``).
+    a state table's event carries it); ``committed_before``: the last batch per replica set that
+    ``discover`` saw; ``pending``: the collections that may have had a backlog when the transform
+    started (``work.plan_work``); ``backlogs``: each collection's now (``backlog.source_backlogs``).
     """
     committed = committed_positions(batches)
     alias = outlet_events[source_alias(config)]

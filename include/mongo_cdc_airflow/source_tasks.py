@@ -17,7 +17,7 @@ from mongo_cdc.capture.topology import Shard, discover_shards, reconcile
 from mongo_cdc.config import SourceConfig
 from mongo_cdc.lake.errors import LegacyLakeError, refuse_legacy_layout
 from mongo_cdc.transform.backlog import Backlog, behind_text, collections_behind, source_backlogs
-from mongo_cdc.transform.work import source_work
+from mongo_cdc.transform.work import plan_work
 from mongo_cdc_airflow import task_ids
 from mongo_cdc_airflow.assets import TABLE_ZONES, emit_table_events
 from mongo_cdc_airflow.failures import deterministic_failures, fail_at_once
@@ -114,22 +114,17 @@ def plan_transform(config: SourceConfig) -> list[str]:
 
         hours = tuple(hour_partitions(context["data_interval_start"], context["data_interval_end"]))
     maintenance = maintenance_settings(config, context.get("data_interval_start"))  # none for manual runs
-    # What the job will find to do, asked as it asks it: a run with nothing starts no Spark (the
-    # transform task reads the work key). The collections behind, for the summary's asset events:
-    # one catching up after a failed run has tables that change although no batch of it landed now.
+    # Whether the job will find work, asked as it asks it: a run with nothing starts no Spark (the
+    # transform task reads the work key). The collections that may be behind, for the summary's asset
+    # events: one catching up after a failed run has tables that change although no batch of it landed.
     lake = source_lake(config)
-    work = source_work(lake, lake.batches(), config.flattening, hours, maintenance)
-    for namespace, collection_work in work.items():
-        log.info("transform work for %s: %s", namespace, ", ".join(collection_work.reasons))
-    if not work:
+    plan = plan_work(lake, lake.batches(), config.flattening, hours, maintenance)
+    if plan.first is None:
         log.info("no collection has transform work: the transform starts no Spark")
-    ti.xcom_push(key=task_ids.WORK_KEY, value=sorted(work))
-    ti.xcom_push(
-        key=task_ids.PENDING_KEY,
-        value=sorted(
-            namespace for namespace, collection_work in work.items() if collection_work.applies_batches
-        ),
-    )
+    else:  # the job logs every collection's work: asking each here would read every table twice
+        log.info("transform work for %s (the first by name): %s", plan.first, ", ".join(plan.reasons))
+    ti.xcom_push(key=task_ids.WORK_KEY, value=[] if plan.first is None else [plan.first])
+    ti.xcom_push(key=task_ids.PENDING_KEY, value=list(plan.pending))
     return [
         "--lake-root",
         config.lake_root,

@@ -14,9 +14,9 @@ TRANSFORM = "transform"
 
 # discover: the last batch the lake had committed of each replica set when the run began
 COMMITTED_KEY = "committed"
-# plan_transform: the collections behind the committed batches before the transform ran
+# plan_transform: the collections that may be behind the committed batches before the transform ran
 PENDING_KEY = "pending"
-# plan_transform: the collections the transform has work for (none: it starts no Spark)
+# plan_transform: the first collection the transform has work for, in a list (empty: it starts no Spark)
 WORK_KEY = "work"
 # verify: what the verification found (pushed before a verify.on.drift: fail fails the task)
 VERIFICATION_KEY = "verification"

@@ -19,7 +19,7 @@ from mongo_cdc.lake.storage import LakeLocation
 from mongo_cdc.transform.applied_mark import AppliedMark, read_mark, write_mark
 from mongo_cdc.transform.backlog import Backlog, source_backlogs
 from mongo_cdc.transform.flatten_options import FlatteningOptions
-from mongo_cdc.transform.work import source_work
+from mongo_cdc.transform.work import WorkPlan, plan_work, source_work
 
 DEFAULTS = FlatteningOptions()
 
@@ -75,6 +75,50 @@ def test_a_collection_the_last_run_failed_is_read_until_it_catches_up(tmp_path):
     assert source_backlogs(source_lake, batches)[USERS] == Backlog(
         frozenset({("rs0", 1)}), frozenset({("rs0", 1)})
     )
+
+
+def test_plan_work_reads_tables_only_up_to_the_first_collection_with_work(tmp_path, monkeypatch):
+    source_lake = SourceLake(LakeLocation(str(tmp_path)), "shop")
+    many = [f"shop.c{index:02d}" for index in range(20)]
+    commit(source_lake, "rs0", 1, tuple(many))
+    write_mark(source_lake, AppliedMark.of(source_lake.batches(), DEFAULTS, ()))
+    read: list[str] = []
+    tables = SourceLake.tables
+    monkeypatch.setattr(
+        SourceLake,
+        "tables",
+        lambda self, namespaces, zones: read.extend(namespaces) or tables(self, namespaces, zones),
+    )
+    # the mark covers every collection: no table is read
+    assert plan_work(source_lake, source_lake.batches(), DEFAULTS) == WorkPlan(None, (), ())
+    assert read == []
+
+    # a batch past the mark names every collection: all are pending, the first few are read
+    commit(source_lake, "rs0", 2, tuple(reversed(many)))
+    plan = plan_work(source_lake, source_lake.batches(), DEFAULTS)
+    assert plan == WorkPlan(many[0], ("state batches to apply", "changes batches to apply"), tuple(many))
+    assert read and set(read) < set(many) and many[0] in read
+
+    # the ones read have applied it (a job whose mark was not written): the next ones are read
+    for namespace in read:
+        for zone in ("state", "changes"):
+            record_applied(source_lake, zone, namespace, {"rs0": 2})
+    first_read = set(read)
+    plan = plan_work(source_lake, source_lake.batches(), DEFAULTS)
+    assert plan.first == min(set(many) - first_read) and plan.pending == tuple(many)
+
+
+def test_plan_work_without_a_mark_reads_every_collection_and_names_those_behind(tmp_path):
+    source_lake = SourceLake(LakeLocation(str(tmp_path)), "shop")
+    commit(source_lake, "rs0", 1, (ORDERS, USERS))
+    for zone in ("state", "changes"):
+        record_applied(source_lake, zone, ORDERS, {"rs0": 1})
+    assert plan_work(source_lake, source_lake.batches(), DEFAULTS) == WorkPlan(
+        USERS, ("state batches to apply", "changes batches to apply"), (USERS,)
+    )
+    # maintenance is work, but not a backlog
+    plan = plan_work(source_lake, source_lake.batches(), DEFAULTS, maintenance=EVERY_TABLE)
+    assert plan == WorkPlan(ORDERS, ("maintenance",), (USERS,))
 
 
 def test_the_mark_is_not_trusted_where_it_may_be_wrong(tmp_path, caplog):

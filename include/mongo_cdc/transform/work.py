@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from deltalake import DeltaTable
 
 from mongo_cdc.lake.batch_log import Batch, BatchWindow
-from mongo_cdc.lake.landing import SourceLake
+from mongo_cdc.lake.landing import TABLE_READ_THREADS, SourceLake
 from mongo_cdc.lake.maintenance import maintained
 from mongo_cdc.transform.applied_mark import read_mark
 from mongo_cdc.transform.changes_commit import recorded_flattening
@@ -124,24 +124,96 @@ def source_work(
     empty dict: the run has nothing to do). Reads the state and changes tables' logs of each collection
     the applied mark does not cover (every collection when rewriting hours), and of those the run
     maintains (``maintenance``: the ``--maintain`` settings, ``lake.maintenance.maintained``)."""
-    namespaces = sorted({ns for batch in batches for ns in (*batch.namespaces, *(batch.collections or ()))})
-    maintains = {ns for ns in namespaces if maintenance is not None and maintained(maintenance, ns)}
-    mark = None if rebuild_hours else read_mark(source_lake)
-    if mark is not None and mark.written_with(flattening):
-        unsettled = mark.unsettled(batches)
-        namespaces = [ns for ns in namespaces if ns in unsettled or ns in maintains]
+    candidates = _Candidates.of(source_lake, batches, flattening, rebuild_hours, maintenance)
+    return candidates.with_work(source_lake, candidates.namespaces)
 
-    tables = source_lake.tables(namespaces, ("state", "changes"))
-    found = {
-        namespace: CollectionWork.of(
-            batches,
-            namespace,
-            tables[namespace, "state"],
-            tables[namespace, "changes"],
-            flattening,
-            rebuild_hours,
-            namespace in maintains,
+
+@dataclass(frozen=True)
+class WorkPlan:
+    """What the CDC DAG's ``plan_transform`` needs before Spark starts: whether the job has work, and
+    for which collections the run may bring tables up to the committed batches."""
+
+    first: str | None  # the first collection by name with work (None: no collection has any)
+    reasons: tuple[str, ...]  # why it has work
+    pending: tuple[str, ...]  # those with committed batches to apply, or that the mark does not cover
+
+
+def plan_work(
+    source_lake: SourceLake,
+    batches: Sequence[Batch],
+    flattening: FlatteningOptions,
+    rebuild_hours: tuple[str, ...] = (),
+    maintenance: Mapping[str, int] | None = None,
+) -> WorkPlan:
+    """``source_work``'s question asked only as far as its yes or no: with a trusted applied mark,
+    the collections it does not cover are the pending ones and their tables are read a few at a time
+    up to the first with work (the job reads them all again: a source of thousands would pay every
+    read twice). Without one, every candidate is read and the pending ones are those behind."""
+    candidates = _Candidates.of(source_lake, batches, flattening, rebuild_hours, maintenance)
+    if candidates.unsettled is None:
+        found = candidates.with_work(source_lake, candidates.namespaces)
+        first = min(found, default=None)
+        pending = tuple(sorted(ns for ns, work in found.items() if work.applies_batches))
+        return WorkPlan(first, tuple(found[first].reasons) if first else (), pending)
+    pending = tuple(sorted(candidates.unsettled))
+    for start in range(0, len(candidates.namespaces), TABLE_READ_THREADS):
+        chunk = candidates.namespaces[start : start + TABLE_READ_THREADS]
+        found = candidates.with_work(source_lake, chunk)
+        if found:
+            first = min(found)
+            return WorkPlan(first, tuple(found[first].reasons), pending)
+    return WorkPlan(None, (), pending)
+
+
+@dataclass(frozen=True)
+class _Candidates:
+    """The collections of the committed ``batches`` whose tables are read to learn their work:
+    ``namespaces``, in name order; ``maintains``: those the run maintains; ``unsettled``: those a
+    trusted applied mark does not cover (None: no mark is trusted, and every collection is read)."""
+
+    namespaces: list[str]
+    maintains: frozenset[str]
+    unsettled: frozenset[str] | None
+    batches: Sequence[Batch]
+    flattening: FlatteningOptions
+    rebuild_hours: tuple[str, ...]
+
+    @classmethod
+    def of(
+        cls,
+        source_lake: SourceLake,
+        batches: Sequence[Batch],
+        flattening: FlatteningOptions,
+        rebuild_hours: tuple[str, ...],
+        maintenance: Mapping[str, int] | None,
+    ) -> _Candidates:
+        namespaces = sorted(
+            {ns for batch in batches for ns in (*batch.namespaces, *(batch.collections or ()))}
         )
-        for namespace in namespaces
-    }
-    return {namespace: work for namespace, work in found.items() if work.reasons}
+        maintains = frozenset(
+            ns for ns in namespaces if maintenance is not None and maintained(maintenance, ns)
+        )
+        mark = None if rebuild_hours else read_mark(source_lake)
+        if mark is None or not mark.written_with(flattening):
+            return cls(namespaces, maintains, None, batches, flattening, rebuild_hours)
+        unsettled = frozenset(mark.unsettled(batches).intersection(namespaces))
+        read = [ns for ns in namespaces if ns in unsettled or ns in maintains]
+        return cls(read, maintains, unsettled, batches, flattening, rebuild_hours)
+
+    def with_work(self, source_lake: SourceLake, namespaces: list[str]) -> dict[str, CollectionWork]:
+        """The work of each of ``namespaces`` that has some, their tables read TABLE_READ_THREADS at a
+        time."""
+        tables = source_lake.tables(namespaces, ("state", "changes"))
+        found = {
+            namespace: CollectionWork.of(
+                self.batches,
+                namespace,
+                tables[namespace, "state"],
+                tables[namespace, "changes"],
+                self.flattening,
+                self.rebuild_hours,
+                namespace in self.maintains,
+            )
+            for namespace in namespaces
+        }
+        return {namespace: work for namespace, work in found.items() if work.reasons}

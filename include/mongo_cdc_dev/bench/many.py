@@ -9,7 +9,7 @@ in all. Each goes through the DAG's tasks' work, one run after the other:
    (``pull_changes``) and transformed;
 3. an idle run: a pull that finds nothing, and no transform (no collection has work).
 
-Each run asks what ``plan_transform`` asks (``work.source_work``: does any collection have work?)
+Each run asks what ``plan_transform`` asks (``work.plan_work``: does any collection have work?)
 and, when one has, runs the transform as the DAG's ``transform`` task does: ``spark-submit`` of
 ``spark_apps/cdc_transform.py`` (``bench.transform.run_transform``), Spark's start included, as in
 every DAG run that transforms. Then it reads what ``summary`` reads: each collection's backlog, and
@@ -42,7 +42,7 @@ from mongo_cdc.lake.landing import SourceLake
 from mongo_cdc.lake.storage import LakeLocation, row_count
 from mongo_cdc.transform.backlog import collections_behind, source_backlogs
 from mongo_cdc.transform.flatten_options import FlatteningOptions
-from mongo_cdc.transform.work import source_work
+from mongo_cdc.transform.work import plan_work
 from mongo_cdc_dev.bench.data import small_documents
 from mongo_cdc_dev.bench.table import Row
 from mongo_cdc_dev.bench.transform import run_transform
@@ -102,7 +102,7 @@ class Source:
         (``plan_transform``), else the Spark job; then the backlog ``summary`` reads. Each collection's
         figures (the job's summary)."""
         collections: dict[str, Any] = {}
-        if source_work(self.lake, self.lake.batches(), FlatteningOptions()):
+        if plan_work(self.lake, self.lake.batches(), FlatteningOptions()).first is not None:
             summary = run_transform(self.lake_root, self.config.topic_prefix, echo_log=False).summary
             if summary["failed"]:
                 raise AssertionError(f"{self.name}: the transform failed for {sorted(summary['failed'])}")
