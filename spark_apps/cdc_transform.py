@@ -104,6 +104,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         '"retention_hours": 168}: every table, or with "slot": N the collections of share N of '
         "optimize_interval_hours (lake.maintenance.maintained)",
     )
+    parser.add_argument(
+        "--run-id",
+        default="",
+        help="the run that starts the job (the CDC DAG's run id): its summary finds the tables' figures "
+        "in the applied mark",
+    )
     args = parser.parse_args(argv)
     if args.topic_prefix in ("", ".", "..") or "/" in args.topic_prefix:
         parser.error(f"--topic-prefix {args.topic_prefix!r} is not a directory name")
@@ -150,6 +156,7 @@ def main(argv: list[str] | None = None, context: SparkContext | None = None) -> 
                 args.flattening,
                 args.rebuild_hours,
                 args.maintain,
+                args.run_id,
             )
         finally:
             if own_context:

@@ -26,6 +26,7 @@ from mongo_cdc.config import SourceConfig
 from mongo_cdc.lake.batch_log import Batch, last_batches
 from mongo_cdc.lake.landing import SourceLake
 from mongo_cdc.lake.storage import LakeLocation, row_count
+from mongo_cdc.transform.applied_mark import TableFigures
 from mongo_cdc.transform.backlog import Backlog, collections_behind
 
 log = logging.getLogger(__name__)
@@ -131,6 +132,7 @@ def emit_table_events(
     committed_before: Mapping[str, int],
     pending: Iterable[str],
     backlogs: Mapping[str, Backlog],
+    figures: TableFigures,
     zones: tuple[str, ...] = TABLE_ZONES,
 ) -> list[TableEvent]:
     """Add an asset event for each table (of ``zones``) of each collection the run touched, the
@@ -140,7 +142,9 @@ def emit_table_events(
     (``events`` per collection, ``oplog`` per replica set, ``verification`` per verified collection:
     a state table's event carries it); ``committed_before``: the last batch per replica set that
     ``discover`` saw; ``pending``: the collections that may have had a backlog when the transform
-    started (``work.plan_work``); ``backlogs``: each collection's now (``backlog.source_backlogs``).
+    started (``work.plan_work``); ``backlogs``: each collection's now (``backlog.source_backlogs``);
+    ``figures``: the version and rows of the tables this run's transform left (``AppliedMark.figures``),
+    which are not opened again.
     """
     committed = committed_positions(batches)
     alias = outlet_events[source_alias(config)]
@@ -148,23 +152,29 @@ def emit_table_events(
     touched = touched_namespaces(run_summary["events"], batches, committed_before)
     verified = run_summary.get("verification") or {}
     namespaces = sorted({*touched, *pending, *collections_behind(backlogs), *verified})
-    tables = source_lake.tables(namespaces, zones)
+    unknown = [
+        namespace for namespace in namespaces if any(zone not in figures.get(namespace, {}) for zone in zones)
+    ]
+    tables = source_lake.tables(unknown, zones)
     for namespace in namespaces:
         new_events = sum(run_summary["events"].get(namespace, {}).values())
         backlog = backlogs.get(namespace, Backlog())
         for zone in zones:
             uri = lake.table_uri(source_lake.location, zone, source_lake.prefix, *namespace.split(".", 1))
-            table = tables[namespace, zone]
-            if table is None:  # the transform wrote nothing for it (nothing to write yet)
+            table = tables.get((namespace, zone))
+            version, rows = figures.get(namespace, {}).get(zone) or (
+                (None, 0) if table is None else (table.version(), row_count(table))
+            )
+            if version is None:  # the transform wrote nothing for it (nothing to write yet)
                 log.info("%s: no %s table yet, so no asset event for it", namespace, zone)
                 continue
             asset_uri = table_asset_uri(source_lake.location, zone, source_lake.prefix, namespace)
             extra = table_event_extra(
                 namespace,
                 uri,
-                row_count(table),
+                rows,
                 new_events,
-                table.version(),
+                version,
                 committed,
                 backlog.of_table(zone),
                 run_summary["oplog"],

@@ -16,6 +16,7 @@ from mongo_cdc.capture.shard_lifecycle import still_draining
 from mongo_cdc.capture.topology import Shard, discover_shards, reconcile
 from mongo_cdc.config import SourceConfig
 from mongo_cdc.lake.errors import LegacyLakeError, refuse_legacy_layout
+from mongo_cdc.transform.applied_mark import read_mark
 from mongo_cdc.transform.backlog import Backlog, behind_text, collections_behind, source_backlogs
 from mongo_cdc.transform.work import plan_work
 from mongo_cdc_airflow import task_ids
@@ -130,6 +131,8 @@ def plan_transform(config: SourceConfig) -> list[str]:
         config.lake_root,
         "--topic-prefix",
         config.topic_prefix,
+        "--run-id",
+        context["run_id"],
         *config.flattening.spark_arguments(),
         *(["--rebuild-hours", json.dumps(list(hours))] if hours else []),
         *maintenance_arguments(maintenance),
@@ -195,9 +198,12 @@ def summary(config: SourceConfig) -> dict:
     # a backfill rewrites changes rows only: the state never reads history events
     zones = ("changes",) if is_backfill() else TABLE_ZONES
     pending = ti.xcom_pull(task_ids=task_ids.PLAN_TRANSFORM, key=task_ids.PENDING_KEY) or []
+    mark = read_mark(lake)
+    figures = {} if mark is None else mark.figures(context["run_id"])  # this run's transform left them
     tables = emit_table_events(
-        context["outlet_events"], config, lake, batches, result, committed_before, pending, backlogs, zones
-    )
+        context["outlet_events"], config, lake, batches, result, committed_before, pending, backlogs, figures,
+        zones,
+    )  # fmt: skip
     result["assets"] = [table.uri for table in tables]
     emit_state_rows(config.name, {table.namespace: table.rows for table in tables if table.zone == "state"})
     return result

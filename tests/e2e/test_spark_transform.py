@@ -330,6 +330,8 @@ def test_first_run_writes_the_committed_events_partitioned_by_hour(lake_runs):
         "change_rows": 7,
         "change_rows_written": 7,
         "changes_rebuilt": False,
+        "state_version": 0,  # both tables created by this run
+        "changes_version": 0,
     }
 
 
@@ -350,6 +352,8 @@ def test_second_run_applies_only_the_new_batches(lake_runs):
         "change_rows": 10,
         "change_rows_written": 3,
         "changes_rebuilt": False,
+        "state_version": 1,  # one commit to the state; two to the changes: its new columns, then its rows
+        "changes_version": 2,
     }
     assert lake_runs["second"][METRICS]["new_events"] == 1
     assert lake_runs["second"][METRICS]["change_rows_written"] == 1

@@ -39,7 +39,8 @@ from mongo_cdc.capture.streaming import pull_changes
 from mongo_cdc.lake import RENAMED_COPY_ORDER, deletions_uri, pack_cluster_time, table_uri
 from mongo_cdc.lake.landing import SourceLake
 from mongo_cdc.lake.maintenance import maintain_table
-from mongo_cdc.lake.storage import LakeLocation, table_if_exists
+from mongo_cdc.lake.storage import LakeLocation, row_count, table_if_exists
+from mongo_cdc.transform.applied_mark import read_mark
 from mongo_cdc_dev.testing.lake import database_source, memory_keeper
 
 PREFIX = "model"
@@ -251,6 +252,8 @@ class Sequence:
     snapshotted_at: int | None = None
     runs: int = 0
     maintenance_hours: int = 0
+    versions_before_job: dict[tuple[str, str], int | None] = field(default_factory=dict)
+    run_id: str = ""  # the last run's, which its job records in the applied mark
 
     def __post_init__(self) -> None:
         self.config = database_source(
@@ -330,12 +333,14 @@ class Sequence:
 
     def _run(self) -> None:
         self.runs += 1
+        self.versions_before_job = self._versions()
         self._pipeline_run()
         self._read_stream()
         self._check_mongodb_is_the_model()
         for name in COLLECTIONS:
             self._check_state(name)
             self._check_changes(name)
+        self._check_figures()
 
     def _pipeline_run(self) -> None:
         """The snapshot (the first time) or a pull, then the Spark job on the shared context."""
@@ -343,8 +348,10 @@ class Sequence:
             self._snapshot()
         else:
             pull_changes(ReplicaSetCapture(self.client, self.config, self.keeper))
+        self.run_id = f"model-run-{self.runs}"
         code = self.transform_main(
-            ["--lake-root", str(self.lake_root), "--topic-prefix", self.prefix], context=self.context
+            ["--lake-root", str(self.lake_root), "--topic-prefix", self.prefix, "--run-id", self.run_id],
+            context=self.context,
         )
         assert code == 0, f"run {self.runs}: the transform exited {code}"
 
@@ -407,6 +414,35 @@ class Sequence:
             return []
         return pa.table(table.to_pyarrow_dataset().to_table(columns=columns)).to_pylist()
 
+    def _check_figures(self) -> None:
+        """The version and rows the job left in the applied mark for the summary's asset events are
+        each table's own, whichever commits made it (created, merged, rewritten, appended)."""
+        source_lake = SourceLake(self.location, self.prefix)
+        mark = read_mark(source_lake)  # none yet, or another run's, when no collection had work
+        figures = {} if mark is None else mark.figures(self.run_id)
+        assert mark is None or mark.figures(f"{self.run_id}-other") == {}
+        for namespace, zones in figures.items():
+            for zone, figure in zones.items():
+                table = table_if_exists(table_uri(self.location, zone, self.prefix, *namespace.split(".", 1)))
+                assert table is not None and figure == (table.version(), row_count(table)), (
+                    f"run {self.runs}: {namespace} {zone}: the mark says {figure}"
+                )
+        # every table the job committed to is there
+        moved = {
+            key for key, version in self._versions().items() if version != self.versions_before_job.get(key)
+        }
+        missing = sorted(key for key in moved if key[1] not in figures.get(f"{self.database}.{key[0]}", {}))
+        assert not missing, f"run {self.runs}: the job committed to {missing}, which the mark leaves out"
+
+    def _versions(self) -> dict[tuple[str, str], int | None]:
+        """Each collection's state and changes table's version (None: none yet)."""
+        versions = {}
+        for name in COLLECTIONS:
+            for zone in ("state", "changes"):
+                table = table_if_exists(table_uri(self.location, zone, self.prefix, self.database, name))
+                versions[name, zone] = None if table is None else table.version()
+        return versions
+
     def _check_state(self, name: str) -> None:
         stored = {doc["_id"]: doc.raw for doc in self.db.get_collection(name, codec_options=RAW_BSON).find()}
         rows = self._rows("state", name, ["__id", "__doc_bson"])
@@ -465,7 +501,7 @@ class DagSequence(Sequence):
         requested = sorted({n for n in self.requested if n.partition(".")[2] in self.model})
         self.requested = []
         conf = {"resnapshot": True, "collections": requested} if requested else None
-        self.source.run(conf=conf)
+        self.run_id = self.source.run(conf=conf).run_id
         # the snapshots this run took (not a rename's copy: the checks leave those out)
         batches = self.source.lake.batches()
         for batch in batches[self.batches_seen :]:

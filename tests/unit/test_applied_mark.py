@@ -4,6 +4,7 @@ a mark that says more than the tables do is how a test tells a read table from o
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import zlib
 
@@ -16,7 +17,14 @@ from mongo_cdc.lake.batch_log import BATCH_LOG_SCHEMA, Batch
 from mongo_cdc.lake.landing import SourceLake
 from mongo_cdc.lake.maintenance import maintained
 from mongo_cdc.lake.storage import LakeLocation
-from mongo_cdc.transform.applied_mark import AppliedMark, read_mark, write_mark
+from mongo_cdc.transform.applied_mark import (
+    APPLIED_MARK_SCHEMA,
+    AppliedMark,
+    flattening_text,
+    read_mark,
+    withdraw_figures,
+    write_mark,
+)
 from mongo_cdc.transform.backlog import Backlog, source_backlogs
 from mongo_cdc.transform.flatten_options import FlatteningOptions
 from mongo_cdc.transform.work import WorkPlan, plan_work, source_work
@@ -46,6 +54,40 @@ def test_the_mark_round_trips_through_its_table(tmp_path):
     )
     assert read_mark(source_lake) == written
     assert written.written_with(DEFAULTS) and not written.written_with(FlatteningOptions(flatten_struct=True))
+
+
+def test_the_tables_figures_are_given_only_to_the_run_that_started_the_job(tmp_path):
+    source_lake = SourceLake(LakeLocation(str(tmp_path)), "shop")
+    commit(source_lake, "rs0", 1, (ORDERS, USERS))
+    figures = {ORDERS: {"state": (3, 10), "changes": (2, 14)}, USERS: {"state": (0, 1)}}
+    write_mark(
+        source_lake, AppliedMark.of(source_lake.batches(), DEFAULTS, (), "scheduled__2024-05-01", figures)
+    )
+    mark = read_mark(source_lake)
+    assert mark is not None and mark.figures("scheduled__2024-05-01") == figures
+    # another run's summary (its transform failed or never ran), or a job started by no run: none
+    assert mark.figures("scheduled__2024-05-02") == {} and mark.figures("") == {}
+    # a job about to commit withdraws them, and keeps what the mark says of the batches
+    withdraw_figures(source_lake)
+    withdrawn = read_mark(source_lake)
+    assert withdrawn == AppliedMark(mark.through, mark.batches, mark.flattening, mark.lagging)
+    assert withdrawn.figures("scheduled__2024-05-01") == {}
+
+
+def test_a_mark_written_before_the_figures_were_reads_as_one_without_them(tmp_path):
+    source_lake = SourceLake(LakeLocation(str(tmp_path)), "shop")
+    commit(source_lake, "rs0", 1, (ORDERS,))
+    row = {"through": '{"rs0": 1}', "batches": '{"rs0": 1}', "flattening": flattening_text(DEFAULTS),
+           "lagging": [], "written_at": dt.datetime.now(dt.timezone.utc)}  # fmt: skip
+    older = pa.schema([field for field in APPLIED_MARK_SCHEMA if field.name not in ("run_id", "tables")])
+    write_deltalake(source_lake.source_uri(lake.APPLIED_MARK), pa.Table.from_pylist([row], schema=older))
+    assert read_mark(source_lake) == AppliedMark({"rs0": 1}, {"rs0": 1}, flattening_text(DEFAULTS))
+    assert source_work(source_lake, source_lake.batches(), DEFAULTS) == {}
+    # the job's next mark replaces it whole, in the new schema
+    write_mark(
+        source_lake, AppliedMark.of(source_lake.batches(), DEFAULTS, (), "run", {ORDERS: {"state": (1, 1)}})
+    )
+    assert read_mark(source_lake).figures("run") == {ORDERS: {"state": (1, 1)}}
 
 
 def test_collections_the_mark_covers_have_no_work_and_no_backlog_without_a_table_read(tmp_path):

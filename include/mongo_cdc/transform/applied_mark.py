@@ -6,6 +6,12 @@ thousands of collections pays thousands of reads an hour for none of its data (i
 transform job writes the mark after its commits (``driver.transform_collections``): the collections
 it failed (``lagging``) aside, every collection's tables have applied every batch the job read
 (``through``: per replica set, its last batch, with the count of batches up to it, ``batches``).
+It also carries, for the collections it transformed, each table's version and rows after its commits
+(``tables``), and the run that started it (``run_id``, the Airflow run's): that run's ``summary``
+takes them for its asset events rather than open every table the job just wrote
+(``AppliedMark.figures``). A job with work withdraws them before its first commit
+(``withdraw_figures``), so a job that dies between its commits and its mark (a retry of the same
+run's transform, say) leaves no figures its commits made stale.
 
 The mark only says which collections need no read (``unsettled`` names the others: a batch past the
 mark names them, or they lag); a collection with newer batches is read as before, so what a table
@@ -28,7 +34,7 @@ import json
 import logging
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -51,8 +57,12 @@ APPLIED_MARK_SCHEMA = pa.schema(
         pa.field("flattening", pa.string(), nullable=False),  # the job's FlatteningOptions (flattening_text)
         pa.field("lagging", pa.list_(pa.string()), nullable=False),  # namespaces the job failed
         pa.field("written_at", pa.timestamp("us", tz="UTC"), nullable=False),
+        pa.field("run_id", pa.string(), nullable=False),  # the run the job was started by ("": none named)
+        pa.field("tables", pa.string(), nullable=False),  # JSON {namespace: {zone: [version, rows]}}
     ]
 )
+# per namespace and zone (``state``, ``changes``): the table's version and rows
+TableFigures = Mapping[str, Mapping[str, tuple[int, int]]]
 
 
 @dataclass(frozen=True)
@@ -64,15 +74,28 @@ class AppliedMark:
     batches: Mapping[str, int]
     flattening: str
     lagging: frozenset[str] = frozenset()
+    run_id: str = ""
+    tables: TableFigures = field(default_factory=dict)
 
     @classmethod
     def of(
-        cls, batches: Sequence[Batch], flattening: FlatteningOptions, lagging: Iterable[str]
+        cls,
+        batches: Sequence[Batch],
+        flattening: FlatteningOptions,
+        lagging: Iterable[str],
+        run_id: str = "",
+        tables: TableFigures | None = None,
     ) -> AppliedMark:
-        """The mark of a job that read ``batches`` and failed the collections ``lagging``."""
+        """The mark of a job that read ``batches`` and failed the collections ``lagging``; ``run_id``
+        started it, and left the collections' tables at ``tables``."""
         through = {rs: batch.seq for rs, batch in last_batches(batches).items()}
         counts = dict(Counter(batch.rs for batch in batches))
-        return cls(through, counts, flattening_text(flattening), frozenset(lagging))
+        return cls(through, counts, flattening_text(flattening), frozenset(lagging), run_id, tables or {})
+
+    def figures(self, run_id: str) -> TableFigures:
+        """The version and rows of the tables the job left, when run ``run_id`` started it (none
+        otherwise: another run's job may have been followed by commits this mark does not know)."""
+        return self.tables if run_id and run_id == self.run_id else {}
 
     def written_with(self, flattening: FlatteningOptions) -> bool:
         """Whether the job that wrote the mark had these flattening options."""
@@ -106,6 +129,8 @@ def read_mark(source_lake: SourceLake) -> AppliedMark | None:
             batches=_counts(json.loads(row["batches"])),
             flattening=row["flattening"],
             lagging=frozenset(row["lagging"]),
+            run_id=row.get("run_id") or "",  # a mark written before they were: none
+            tables=_figures(json.loads(row.get("tables") or "{}")),
         )
     except (DeltaError, OSError, ValueError, TypeError, KeyError) as error:
         log.warning(
@@ -126,6 +151,8 @@ def write_mark(source_lake: SourceLake, mark: AppliedMark) -> None:
         "flattening": mark.flattening,
         "lagging": sorted(mark.lagging),
         "written_at": dt.datetime.now(dt.timezone.utc),
+        "run_id": mark.run_id,
+        "tables": json.dumps(mark.tables, sort_keys=True),
     }
     uri = source_lake.source_uri(lake.APPLIED_MARK)
     try:
@@ -133,6 +160,7 @@ def write_mark(source_lake: SourceLake, mark: AppliedMark) -> None:
             uri,
             pa.Table.from_pylist([row], schema=APPLIED_MARK_SCHEMA),
             mode="overwrite",
+            schema_mode="overwrite",  # a mark of an older schema is replaced whole
             storage_options=source_lake.options,
             commit_properties=CommitProperties(max_commit_retries=0),
         )
@@ -143,6 +171,14 @@ def write_mark(source_lake: SourceLake, mark: AppliedMark) -> None:
             "the applied mark %s could not be written (%s: %s): the next runs read every collection's "
             "tables until a transform writes it", uri, type(error).__name__, error,
         )  # fmt: skip
+
+
+def withdraw_figures(source_lake: SourceLake) -> None:
+    """The source's mark without its tables' figures, before a job commits (see the module's
+    docstring); nothing to do when it has none."""
+    mark = read_mark(source_lake)
+    if mark is not None and mark.run_id:
+        write_mark(source_lake, replace(mark, run_id="", tables={}))
 
 
 def flattening_text(flattening: FlatteningOptions) -> str:
@@ -163,6 +199,15 @@ def _rows(source_lake: SourceLake, table: DeltaTable) -> list[dict]:
         .read()
         .to_pylist()
     ]
+
+
+def _figures(value: object) -> dict[str, dict[str, tuple[int, int]]]:
+    if not isinstance(value, dict) or not all(isinstance(zones, dict) for zones in value.values()):
+        raise ValueError(f"expected an object of namespaces to table figures, got {value!r}")
+    return {
+        namespace: {zone: (int(version), int(rows)) for zone, (version, rows) in zones.items()}
+        for namespace, zones in value.items()
+    }
 
 
 def _counts(value: object) -> dict[str, int]:

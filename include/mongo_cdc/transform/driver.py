@@ -67,7 +67,7 @@ from mongo_cdc.lake.maintenance import (
     remove_uncommitted_leftovers,
 )
 from mongo_cdc.lake.storage import row_count, table_if_exists
-from mongo_cdc.transform.applied_mark import AppliedMark, write_mark
+from mongo_cdc.transform.applied_mark import AppliedMark, withdraw_figures, write_mark
 from mongo_cdc.transform.backlog import behind_text, collection_backlog
 from mongo_cdc.transform.changes_commit import ChangesRun
 from mongo_cdc.transform.data_files import delete_directory
@@ -77,7 +77,7 @@ from mongo_cdc.transform.shared_tasks import SharedOutput, whole_collection
 from mongo_cdc.transform.slice_tasks import SliceOutput, transform_slice
 from mongo_cdc.transform.slices import RawFile, RawSlice, raw_files, raw_slices
 from mongo_cdc.transform.state_commit import SharedRunMisfit, StateRun
-from mongo_cdc.transform.table_commits import LostCommitRace, log
+from mongo_cdc.transform.table_commits import LostCommitRace, committed_version, log, version_of
 from mongo_cdc.transform.work import CollectionWork
 
 if TYPE_CHECKING:
@@ -160,6 +160,9 @@ class CollectionTransform:
         summary = self.converged() if shared is None else self.converged_shared(*shared)
         if maintenance is not None and maintained(maintenance, self.namespace):
             summary["maintenance"] = self.maintain(maintenance)
+            for name in ("state", "changes"):  # its commits moved the tables on
+                if name in summary["maintenance"]:
+                    summary[f"{name}_version"] = summary["maintenance"][name]["version"]
         return summary
 
     def converged(self) -> dict[str, Any]:
@@ -395,10 +398,19 @@ class CollectionTransform:
                 every = BatchWindow.of(self.batches, self.namespace, include_history=True)
                 written += ChangesRun(self, changes_table, False, every).rebuild(set(self.rebuild_hours))
                 change_rows = row_count(table_if_exists(self.changes_uri, self.options))
+        if self.rebuild_hours or run.work.changes_rebuilt:  # committed by URI: read again
+            changes_version = version_of(table_if_exists(self.changes_uri, self.options))
+        else:
+            changes_version = (
+                version_of(changes_table) if changes is None else committed_version(changes.table)
+            )
         summary.update(
             change_rows=change_rows,
             change_rows_written=written,
             changes_rebuilt=run.work.changes_rebuilt,
+            # the summary's asset events take them instead of opening every table again
+            state_version=version_of(run.state_table) if state is None else committed_version(state.table),
+            changes_version=changes_version,
         )
         return summary
 
@@ -423,8 +435,9 @@ class SharedTaskFailed(RuntimeError):
 @dataclass
 class JobSummary:
     """What a run of the job did: under ``collections`` per ``<db>.<collection>`` that landed,
-    ``new_events``, ``state_rows``, ``change_rows``, ``change_rows_written``, ``changes_rebuilt`` (and
-    ``maintenance``); under ``failed`` per collection that failed, ``error`` (its first line) and
+    ``new_events``, ``state_rows``, ``change_rows``, ``change_rows_written``, ``changes_rebuilt``,
+    ``state_version`` and ``changes_version`` (None: no such table) (and ``maintenance``); under
+    ``failed`` per collection that failed, ``error`` (its first line) and
     ``batches_behind``."""
 
     collections: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -441,6 +454,17 @@ class JobSummary:
             "run catches it up\n"
         )
 
+    def figures(self) -> dict[str, dict[str, tuple[int, int]]]:
+        """Each landed collection's tables' version and rows (``applied_mark.TableFigures``)."""
+        return {
+            namespace: {
+                zone: (landed[f"{zone}_version"], landed[rows])
+                for zone, rows in (("state", "state_rows"), ("changes", "change_rows"))
+                if landed[f"{zone}_version"] is not None
+            }
+            for namespace, landed in self.collections.items()
+        }
+
     def to_json(self) -> str:
         return json.dumps({"collections": self.collections, "failed": self.failed}, sort_keys=True)
 
@@ -453,12 +477,14 @@ def transform_collections(
     flattening: FlatteningOptions,
     rebuild_hours: tuple[str, ...],
     maintenance: dict[str, int] | None,
+    run_id: str = "",
 ) -> JobSummary:
     """The collections of ``work`` (every one with work, ``work.source_work``'s answer) brought up to
     the committed ``batches``, COLLECTION_THREADS at a time; a collection that fails is logged and
     holds back no other. Then the source's applied mark says so: every other collection needed
-    nothing."""
+    nothing (and ``run_id``, the run that started the job, finds its tables' figures there)."""
     namespaces = sorted(work)
+    withdraw_figures(source_lake)
     transforms = {
         namespace: CollectionTransform(
             context, source_lake, namespace, batches, flattening, rebuild_hours, work[namespace]
@@ -503,7 +529,7 @@ def transform_collections(
                 behind = collection_backlog(source_lake, namespace, batches).batches
                 log.exception("FAILED: %s; the other collections carry on", behind_text({namespace: behind}))
                 summary.failed[namespace] = {"error": _error_line(error), "batches_behind": behind}
-    write_mark(source_lake, AppliedMark.of(batches, flattening, summary.failed))
+    write_mark(source_lake, AppliedMark.of(batches, flattening, summary.failed, run_id, summary.figures()))
     if maintenance is not None and maintains_source(maintenance):  # a source-wide listing: any table's
         removed = remove_uncommitted_leftovers(
             source_lake.location,

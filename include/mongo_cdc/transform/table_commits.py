@@ -56,3 +56,19 @@ def creating(uri: str, options: dict[str, str]) -> Iterator[None]:
         if isinstance(error, CommitFailedError) or table_if_exists(uri, options) is None:
             raise
         raise LostCommitRace(f"{uri} was created by another writer since this run read it") from error
+
+
+def committed_version(table: DeltaTable | None) -> int:
+    """The version of a table after this run's commits through ``table``, its object as the run read
+    it (None: the run created the table, at version 0 since ``creating`` refuses one already there).
+    delta-rs moves an object past a MERGE or ``write_deltalake``, not past ``create_write_transaction``:
+    it is brought to the latest version, which reads only the commits since its own."""
+    if table is None:
+        return 0
+    table.update_incremental()
+    return table.version()
+
+
+def version_of(table: DeltaTable | None) -> int | None:
+    """A table's version as read, None for no table."""
+    return None if table is None else table.version()

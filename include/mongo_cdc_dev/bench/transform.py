@@ -292,9 +292,9 @@ def run_empty_job() -> float:
     return seconds
 
 
-def run_transform(lake: str, prefix: str, echo_log: bool = True) -> TransformRun:
+def run_transform(lake: str, prefix: str, echo_log: bool = True, run_id: str = "") -> TransformRun:
     """One run of the Spark job over a lake, timed from spark-submit's start to its exit
-    (``echo_log``: print its log lines, not only the figures)."""
+    (``echo_log``: print its log lines, not only the figures; ``run_id``: its ``--run-id``)."""
     if not APP.is_file():
         raise RuntimeError(f"{APP} not found: run the benchmark from a checkout of mongo-cdc")
     env = _spark_env()
@@ -307,6 +307,7 @@ def run_transform(lake: str, prefix: str, echo_log: bool = True) -> TransformRun
         lake,
         "--topic-prefix",
         prefix,
+        *(["--run-id", run_id] if run_id else []),
     ]
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         started = time.perf_counter()
