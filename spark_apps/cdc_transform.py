@@ -22,6 +22,7 @@ import json
 import logging
 import re
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 from pyspark import SparkConf, SparkContext
 
@@ -30,7 +31,7 @@ from mongo_cdc.lake.landing import SourceLake
 from mongo_cdc.lake.storage import LakeLocation
 from mongo_cdc.transform.driver import JobSummary, transform_collections
 from mongo_cdc.transform.flatten_options import FlatteningOptions
-from mongo_cdc.transform.work import source_work
+from mongo_cdc.transform.work import plan_work, source_work
 
 HOUR_NAME = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}")
 
@@ -138,29 +139,32 @@ def main(argv: list[str] | None = None, context: SparkContext | None = None) -> 
     source_lake = SourceLake(LakeLocation.from_env(args.lake_root), args.topic_prefix)
     refuse_legacy_layout(source_lake.location, args.topic_prefix)
     batches = source_lake.batches()
-    work = source_work(source_lake, batches, args.flattening, args.rebuild_hours, args.maintain)
-    for namespace, collection_work in work.items():
-        logging.info("%s: %s", namespace, ", ".join(collection_work.reasons))
+    plan = plan_work(source_lake, batches, args.flattening, args.rebuild_hours, args.maintain)
     summary = JobSummary()
-    if not work:
+    if plan.first is None:
         logging.info("no collection has work: Spark is not started")
     else:
-        own_context = context is None
-        context = start_spark() if context is None else context
-        try:
-            summary = transform_collections(
-                context,
-                source_lake,
-                batches,
-                work,
-                args.flattening,
-                args.rebuild_hours,
-                args.maintain,
-                args.run_id,
-            )
-        finally:
-            if own_context:
-                context.stop()
+        # Spark starts while every collection's tables are read (work.source_work): both take seconds
+        # in a source of hundreds of collections
+        with ThreadPoolExecutor(1, thread_name_prefix="spark-start") as starter:
+            starting = starter.submit(start_spark) if context is None else None
+            try:
+                work = source_work(source_lake, batches, args.flattening, args.rebuild_hours, args.maintain)
+                for namespace, collection_work in work.items():
+                    logging.info("%s: %s", namespace, ", ".join(collection_work.reasons))
+                summary = transform_collections(
+                    context if starting is None else starting.result(),
+                    source_lake,
+                    batches,
+                    work,
+                    args.flattening,
+                    args.rebuild_hours,
+                    args.maintain,
+                    args.run_id,
+                )
+            finally:
+                if starting is not None and starting.exception() is None:
+                    starting.result().stop()
     if summary.failed:  # before the summary: spark-submit passes the driver's stderr on in its stdout
         sys.stderr.write(summary.failure_line())
         sys.stderr.flush()
