@@ -149,7 +149,11 @@ def main(argv: list[str] | None = None, context: SparkContext | None = None) -> 
         with ThreadPoolExecutor(1, thread_name_prefix="spark-start") as starter:
             starting = starter.submit(start_spark) if context is None else None
             try:
-                work = source_work(source_lake, batches, args.flattening, args.rebuild_hours, args.maintain)
+                work = plan.every
+                if work is None:  # plan_work read only up to the first collection with work
+                    work = source_work(
+                        source_lake, batches, args.flattening, args.rebuild_hours, args.maintain
+                    )
                 for namespace, collection_work in work.items():
                     logging.info("%s: %s", namespace, ", ".join(collection_work.reasons))
                 summary = transform_collections(

@@ -140,6 +140,7 @@ def test_plan_work_reads_tables_only_up_to_the_first_collection_with_work(tmp_pa
     plan = plan_work(source_lake, source_lake.batches(), DEFAULTS)
     assert plan == WorkPlan(many[0], ("state batches to apply", "changes batches to apply"), tuple(many))
     assert read and set(read) < set(many) and many[0] in read
+    assert plan.every is None  # the job reads every collection itself
 
     # the ones read have applied it (a job whose mark was not written): the next ones are read
     for namespace in read:
@@ -155,9 +156,10 @@ def test_plan_work_without_a_mark_reads_every_collection_and_names_those_behind(
     commit(source_lake, "rs0", 1, (ORDERS, USERS))
     for zone in ("state", "changes"):
         record_applied(source_lake, zone, ORDERS, {"rs0": 1})
-    assert plan_work(source_lake, source_lake.batches(), DEFAULTS) == WorkPlan(
-        USERS, ("state batches to apply", "changes batches to apply"), (USERS,)
-    )
+    plan = plan_work(source_lake, source_lake.batches(), DEFAULTS)
+    assert plan == WorkPlan(USERS, ("state batches to apply", "changes batches to apply"), (USERS,))
+    # having read every collection, it hands the job source_work's answer rather than have it read again
+    assert plan.every == source_work(source_lake, source_lake.batches(), DEFAULTS)
     # maintenance is work, but not a backlog
     plan = plan_work(source_lake, source_lake.batches(), DEFAULTS, maintenance=EVERY_TABLE)
     assert plan == WorkPlan(ORDERS, ("maintenance",), (USERS,))

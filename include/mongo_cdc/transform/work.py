@@ -136,6 +136,8 @@ class WorkPlan:
     first: str | None  # the first collection by name with work (None: no collection has any)
     reasons: tuple[str, ...]  # why it has work
     pending: tuple[str, ...]  # those with committed batches to apply, or that the mark does not cover
+    # source_work's whole answer when no mark was trusted and every collection was read for this one
+    every: Mapping[str, CollectionWork] | None = field(default=None, compare=False, repr=False)
 
 
 def plan_work(
@@ -154,7 +156,7 @@ def plan_work(
         found = candidates.with_work(source_lake, candidates.namespaces)
         first = min(found, default=None)
         pending = tuple(sorted(ns for ns, work in found.items() if work.applies_batches))
-        return WorkPlan(first, tuple(found[first].reasons) if first else (), pending)
+        return WorkPlan(first, tuple(found[first].reasons) if first else (), pending, found)
     pending = tuple(sorted(candidates.unsettled))
     for start in range(0, len(candidates.namespaces), TABLE_READ_THREADS):
         chunk = candidates.namespaces[start : start + TABLE_READ_THREADS]
