@@ -29,9 +29,11 @@ import datetime as dt
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Generator, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from itertools import chain
 
 import pyarrow as pa
 from pymongo import MongoClient
@@ -60,6 +62,13 @@ ROW_GROUP_ROWS = 50_000
 PROGRESS_INTERVAL_S = 10.0
 # How often a copier records the chunks it copied in the snapshot log (``copy_chunks``), besides at its end.
 RECORD_COPIED_SECONDS = 30.0
+# A chunk whose rows are at most SMALL_CHUNK_BYTES is written and committed by a
+# pool of CHUNK_COMMIT_THREADS while its copier reads on (``_SmallChunkCommits``): a source of many
+# small collections is as many chunks, each mostly its raw table's creation (~5 ms of delta-rs CPU),
+# which one copier would otherwise wait for in turn. A copier holds at most CHUNK_COMMIT_THREADS of
+# them in memory.
+SMALL_CHUNK_BYTES = 4 * 1024 * 1024
+CHUNK_COMMIT_THREADS = 4
 
 
 @dataclass
@@ -178,19 +187,21 @@ def _copy_chunk(
     source: SourceInfo,
     chunk: Chunk,
     batches: Iterator[bytes],
-    seq: int,
-    cluster_time: int,
+    plan: SnapshotPlan,
     progress: _Progress,
-) -> int:
-    """Copy one chunk into its raw table as one commit of batch ``seq``: the snapshot's hot loop.
+    small: _SmallChunkCommits,
+) -> int | None:
+    """Copy one chunk into its raw table as one commit of the ``plan``'s batch: the snapshot's hot loop.
+    Its documents; None when it is small (SMALL_CHUNK_BYTES), its rows handed to ``small`` to commit.
 
     Batches arrive as raw BSON (no per-document cursor objects) and become Arrow batches of at most
     ``ROW_GROUP_ROWS`` rows without decoding a document (``snapshot_columns.SnapshotColumns``).
     """
     db, _, collection = chunk.namespace.partition(".")
+    cluster_time = plan.cluster_time
     block = source.block(db, collection, cluster_time, (cluster_time >> 32) * 1000, snapshot=True)
     fields = config.field_filters.for_collection(db, collection)
-    columns = SnapshotColumns(block, cluster_time, seq, fields, max_rows=ROW_GROUP_ROWS)
+    columns = SnapshotColumns(block, cluster_time, plan.seq, fields, max_rows=ROW_GROUP_ROWS)
     copied = 0
 
     def tables() -> Generator[pa.RecordBatch, None, None]:
@@ -202,16 +213,61 @@ def _copy_chunk(
                 yield rows
 
     rows = tables()
-    first = next(rows, None)
-    if first is not None:  # an empty chunk gets no commit: the snapshot log records it
-        reader = pa.RecordBatchReader.from_batches(RAW_SCHEMA, _chain(first, rows))
-        source_lake.write_chunk(source.rs, seq, chunk, reader)
+    held: list[pa.RecordBatch] = []
+    held_bytes = 0
+    for batch in rows:
+        held.append(batch)
+        held_bytes += batch.nbytes
+        if held_bytes > SMALL_CHUNK_BYTES:
+            break
+    else:  # the whole chunk is held: small
+        if held:  # an empty chunk gets no commit: the snapshot log records it
+            small.commit(chunk, pa.Table.from_batches(held, RAW_SCHEMA))
+            return None
+        return 0
+    source_lake.write_chunk(
+        source.rs, plan.seq, chunk, pa.RecordBatchReader.from_batches(RAW_SCHEMA, chain(held, rows))
+    )
     return copied
 
 
-def _chain(first: pa.RecordBatch, rest: Iterator[pa.RecordBatch]) -> Generator[pa.RecordBatch, None, None]:
-    yield first
-    yield from rest
+class _SmallChunkCommits:
+    """One copier's small chunks, each written and committed (``SourceLake.write_chunk``) by the shared
+    ``pool`` while the copier reads on; a chunk is done once its commit is (``done``). A commit's
+    failure is raised at the copier's next call; once ``failed`` is set (this copier or another
+    failed), commits not started yet are not made, and their chunks are left for the next attempt."""
+
+    def __init__(
+        self, source_lake: SourceLake, plan: SnapshotPlan, pool: ThreadPoolExecutor, failed: threading.Event
+    ) -> None:
+        self.source_lake, self.plan, self.pool, self.failed = source_lake, plan, pool, failed
+        self.pending: deque[tuple[Chunk, int, Future[bool]]] = deque()
+
+    def commit(self, chunk: Chunk, rows: pa.Table) -> None:
+        self.pending.append((chunk, rows.num_rows, self.pool.submit(self._commit, chunk, rows)))
+
+    def _commit(self, chunk: Chunk, rows: pa.Table) -> bool:
+        if self.failed.is_set():
+            return False
+        try:
+            self.source_lake.write_chunk(self.plan.rs, self.plan.seq, chunk, rows)
+        except BaseException:
+            self.failed.set()  # the commits queued behind it are not made
+            raise
+        return True
+
+    def done(self, wait: bool = False) -> dict[Chunk, int]:
+        """The chunks committed since the last call and their documents, in order; waits while more
+        than CHUNK_COMMIT_THREADS are pending (``wait``: until none is). Raises a commit's failure."""
+        committed = {}
+        while self.pending and (wait or len(self.pending) > CHUNK_COMMIT_THREADS or self._oldest_done()):
+            chunk, documents, future = self.pending.popleft()
+            if future.result():
+                committed[chunk] = documents
+        return committed
+
+    def _oldest_done(self) -> bool:
+        return self.pending[0][-1].done()
 
 
 class SnapshotIncompleteError(RuntimeError):
@@ -383,8 +439,9 @@ def copy_chunks(
             progress.add(0, chunk_done=True)
         return None
 
-    def copier() -> None:
-        """Copy chunks in turn until none is left, claiming the next one early so it is read ahead.
+    def copier(commits: ThreadPoolExecutor) -> None:
+        """Copy chunks in turn until none is left, claiming the next one early so it is read ahead;
+        a small chunk is committed by ``commits`` while the next ones are read (``_SmallChunkCommits``).
 
         The chunks it copied go into the snapshot log in one commit when it is done (and every
         RECORD_COPIED_SECONDS on the way): a source of many small collections has as many chunks, and
@@ -392,7 +449,14 @@ def copy_chunks(
         short) is found by its raw table's app transaction at the next attempt (``claim``), not
         read again."""
         unrecorded: dict[Chunk, int | None] = {}
+        small = _SmallChunkCommits(source_lake, plan, commits, failed)
         recorded_at = time.monotonic()
+
+        def finished(chunks: dict[Chunk, int]) -> None:
+            for chunk, copied in chunks.items():
+                unrecorded[chunk] = documents[chunk] = copied
+                progress.add(0, chunk_done=True)
+
         try:
             with ChunkReads(client, config) as reads:
                 chunk = claim(unrecorded)
@@ -400,23 +464,26 @@ def copy_chunks(
                     following = claim(unrecorded)
                     log.info("%s: copying chunk %s, %s", name, chunk.label, chunk.describe())
                     batches = reads.batches(chunk, following)
-                    copied = _copy_chunk(
-                        config, source_lake, source, chunk, batches, plan.seq, plan.cluster_time, progress
-                    )
-                    unrecorded[chunk] = documents[chunk] = copied
-                    progress.add(0, chunk_done=True)
+                    copied = _copy_chunk(config, source_lake, source, chunk, batches, plan, progress, small)
+                    if copied is not None:
+                        finished({chunk: copied})
+                    finished(small.done())
                     if time.monotonic() - recorded_at >= RECORD_COPIED_SECONDS:
                         source_lake.record_copied(plan.rs, plan.seq, unrecorded)
                         unrecorded, recorded_at = {}, time.monotonic()
                     chunk = following
+            finished(small.done(wait=True))
             source_lake.record_copied(plan.rs, plan.seq, unrecorded)
         except BaseException:
             failed.set()
             raise
 
     copiers = max(min(config.snapshot_max_threads, len(todo)), 1)  # with nothing to do, one finds that out
-    with ThreadPoolExecutor(max_workers=copiers, thread_name_prefix="snapshot") as pool:
-        futures = [pool.submit(copier) for _ in range(copiers)]
+    with (
+        ThreadPoolExecutor(CHUNK_COMMIT_THREADS, thread_name_prefix="snapshot-commit") as commits,
+        ThreadPoolExecutor(max_workers=copiers, thread_name_prefix="snapshot") as pool,
+    ):
+        futures = [pool.submit(copier, commits) for _ in range(copiers)]
     for future in futures:
         if future.exception() is not None:
             raise future.exception()  # type: ignore[misc]
