@@ -90,6 +90,7 @@ SIZES = {
     "driver_events": 1_000_000,
     "collections": 300,
     "collection_docs": 10,
+    "collection_repeats": 3,
 }
 SMOKE_SIZES = {
     "small": 3_000,
@@ -104,6 +105,7 @@ SMOKE_SIZES = {
     "driver_events": 2_000,
     "collections": 3,
     "collection_docs": 2,
+    "collection_repeats": 1,
 }
 
 
