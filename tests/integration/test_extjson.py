@@ -251,7 +251,8 @@ class BatchSizes:
 
         def recording(source_lake, rs, seq, chunk, data):
             def batches():
-                for batch in data:
+                # a small chunk comes held whole, as a table of the batches read
+                for batch in data.to_batches() if isinstance(data, pa.Table) else data:
                     self.sizes.append(batch.num_rows)
                     yield batch
 
