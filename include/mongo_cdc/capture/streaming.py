@@ -212,6 +212,7 @@ class _ChangeReader:
             self.collector,
         ):
             opened_with_primary = self.client.primary
+            landed_at_target = False
             while True:
                 events, idle_token = reads.next()
                 self.failures = 0
@@ -248,6 +249,13 @@ class _ChangeReader:
                         token = change_token
                         break
                 if token is None or fragments.pending:  # more to read, or the rest of a split event
+                    if not fragments.pending and self._at_target(batch):
+                        # Land what is read while the stream shows whether more is there (an empty
+                        # getMore waits POLL_INTERVAL_MS): a batch of many collections' changes
+                        # takes as long to land.
+                        self._land(batch, batch.last_token)
+                        batch = MicroBatch()
+                        landed_at_target = True
                     continue
                 # The stream has shown everything up to here, and a transaction shows whole: any
                 # transaction still open is over.
@@ -261,7 +269,9 @@ class _ChangeReader:
                     # what is left are operations that are not captured, seen since the last batch
                     self.result.add_counts(batch)
                     self.landing.settle()
-                    if token != self.offset.resume_token:
+                    # after a batch landed at the target, the next pull resumes there: it re-reads
+                    # no event, and this one commits no batch of no rows
+                    if token != self.offset.resume_token and not landed_at_target:
                         # a batch with no rows: the lake records every position an offset holds
                         self.offset = self.keeper.commit_batch(
                             self.offset,
@@ -281,6 +291,16 @@ class _ChangeReader:
         """``max.batch.size`` events, or documents of ``max.queue.size.in.bytes`` (0: no limit)."""
         limit = self.config.max_queue_size_in_bytes
         return batch.events >= self.config.max_batch_size or (limit > 0 and batch.document_bytes >= limit)
+
+    def _at_target(self, batch: MicroBatch) -> bool:
+        """Whether ``batch`` has news and reaches the position the pull reads up to, outside a
+        transaction (an open transaction's END has to land with it)."""
+        return (
+            batch.last_token is not None
+            and token_cluster_time(batch.last_token) >= self.target
+            and not self.transactions.in_transaction
+            and self._has_news(batch)
+        )
 
     def _has_news(self, batch: MicroBatch) -> bool:
         """Whether there is anything to land: events, a rename's copy (its manifest), or transaction
