@@ -62,11 +62,11 @@ ROW_GROUP_ROWS = 50_000
 PROGRESS_INTERVAL_S = 10.0
 # How often a copier records the chunks it copied in the snapshot log (``copy_chunks``), besides at its end.
 RECORD_COPIED_SECONDS = 30.0
-# A chunk whose rows are at most SMALL_CHUNK_BYTES is written and committed by a
-# pool of CHUNK_COMMIT_THREADS while its copier reads on (``_SmallChunkCommits``): a source of many
-# small collections is as many chunks, each mostly its raw table's creation (~5 ms of delta-rs CPU),
-# which one copier would otherwise wait for in turn. A copier holds at most CHUNK_COMMIT_THREADS of
-# them in memory.
+# A chunk whose rows are at most SMALL_CHUNK_BYTES is written and committed by a pool of
+# CHUNK_COMMIT_THREADS while its copier reads on (``_SmallChunkCommits``): a source of many small
+# collections is as many chunks, each mostly its raw table's creation (~5 ms of delta-rs CPU), which
+# one copier would otherwise wait for in turn. A copier holds at most CHUNK_COMMIT_THREADS of them,
+# and the one it is reading, in memory.
 SMALL_CHUNK_BYTES = 4 * 1024 * 1024
 CHUNK_COMMIT_THREADS = 4
 
