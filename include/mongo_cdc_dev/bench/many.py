@@ -195,12 +195,14 @@ def many_collections(bench: Bench) -> list[Row]:
     against = f"1 x {count * documents:,} docs"
     rows = []
     for run, budget in zip(RUNS, (FIRST_RUN_MAX, CHANGE_RUN_MAX, IDLE_RUN_MAX), strict=True):
-        single = statistics.median(one[run] for one, _ in pairs)
-        several = statistics.median(many[run] for _, many in pairs)
-        ratio = statistics.median(many[run] / one[run] for one, many in pairs)
+        single = statistics.median(one_runs[run] for one_runs, _ in pairs)
+        several = statistics.median(many_runs[run] for _, many_runs in pairs)
+        ratio = statistics.median(many_runs[run] / one_runs[run] for one_runs, many_runs in pairs)
         rows.append(Row(section, f"{run}, 1 collection", single, "s"))
         path = f"{run}, {count:,} collections"
         rows.append(Row(section, path, several, "s", ratio, against, max_ratio=budget))
-        overhead = statistics.median((many[run] - one[run]) / max(count - 1, 1) for one, many in pairs)
+        overhead = statistics.median(
+            (many_runs[run] - one_runs[run]) / max(count - 1, 1) for one_runs, many_runs in pairs
+        )
         rows.append(Row(section, f"{run}, overhead per collection", overhead * 1000, "ms"))
     return rows
