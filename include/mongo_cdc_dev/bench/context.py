@@ -86,7 +86,7 @@ class Bench:
 
 
 def best(first: Measured, second: Measured) -> Measured:
-    """The faster of two runs: the machine may be shared. Given to baselines (which it favours), to
-    the pull, whose runs over one backlog vary more than its budget's margin, and to the clean
-    verification, whose one run against the bare read's best was as noisy."""
+    """The faster of two runs: the machine may be shared. Given to baselines (which it favours), and
+    to the snapshots, the pull and the clean verification, whose one run against their baseline's
+    best was noisier than their budgets' margins."""
     return first if first.rate() >= second.rate() else second

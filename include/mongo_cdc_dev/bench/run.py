@@ -130,13 +130,19 @@ def snapshot_section(
     megabytes = stats["size"] / 1e6
     unit, amount = ("MB/s", megabytes) if by_bytes else ("docs/s", None)
     section = f"snapshot {count:,} x {stats['avgObjSize']:,.0f} B"
-    first = bench.worker("bare_cursor", collection)
-    lake = bench.lake(collection)
-    ours = bench.worker("snapshot", collection, lake=lake)
-    bare = best(first, bench.worker("bare_cursor", collection))
-    if not first.count == bare.count == ours.count == count:
-        raise AssertionError(f"{collection}: read {first.count}/{bare.count}/{ours.count}, loaded {count}")
-    check_snapshot_lake(bench, lake, collection, count)
+    # each twice, alternating, the faster run counting on both sides: the bare cursor's rate alone
+    # moves by half between runs here, and its first run after mongod's start is its slowest
+    lakes = [bench.lake(collection), bench.lake(f"{collection}-again")]
+    bares, snapshots = [], []
+    for lake in lakes:
+        bares.append(bench.worker("bare_cursor", collection))
+        snapshots.append(bench.worker("snapshot", collection, lake=lake))
+    read = [run.count for run in bares + snapshots]
+    if set(read) != {count}:
+        raise AssertionError(f"{collection}: read {read} (bare, bare, ours, ours), loaded {count}")
+    for lake in lakes:
+        check_snapshot_lake(bench, lake, collection, count)
+    bare, ours = best(*bares), best(*snapshots)
     bare_rate, our_rate = bare.rate(amount), ours.rate(amount)
     rows = [
         Row(section, "bare RawBSONDocument cursor", bare_rate, unit),
@@ -169,7 +175,8 @@ def snapshot_section(
                         section, "mongo-cdc vs dlt", None, "", our_rate / dlt_rate, "dlt", SNAPSHOT_VS_DLT_MIN
                     )
                 )
-    bench.peak_rows.append(_peak_row(f"run_snapshot, {collection} documents", ours))
+    peak = max(snapshots, key=lambda run: run.peak_mib)
+    bench.peak_rows.append(_peak_row(f"run_snapshot, {collection} documents", peak))
     return rows
 
 
