@@ -85,6 +85,37 @@ class Bench:
         return self.client[DB].command("collStats", collection)
 
 
+@dataclass(frozen=True)
+class Alternated:
+    """A baseline and our path, each run twice, alternating (the baseline first)."""
+
+    bares: list[Measured]
+    ours: list[Measured]
+
+    @property
+    def counts(self) -> list[int]:
+        """Every run's count: the baseline's two, then ours."""
+        return [run.count for run in self.bares + self.ours]
+
+    def best(self) -> tuple[Measured, Measured]:
+        """(the faster baseline run, our faster run)."""
+        return best(*self.bares), best(*self.ours)
+
+    def peak(self) -> Measured:
+        """Our run with the higher peak RSS."""
+        return max(self.ours, key=lambda run: run.peak_mib)
+
+
+def alternated(bare: Callable[[int], Measured], ours: Callable[[int], Measured]) -> Alternated:
+    """``bare(i)``, ``ours(i)``, for i in 0, 1: a machine that slows down or speeds up between runs
+    touches both paths alike."""
+    runs = Alternated([], [])
+    for index in range(2):
+        runs.bares.append(bare(index))
+        runs.ours.append(ours(index))
+    return runs
+
+
 def best(first: Measured, second: Measured) -> Measured:
     """The faster of two runs: the machine may be shared. Given to baselines (which it favours), and
     to the snapshots, the pull and the clean verification, whose one run against their baseline's

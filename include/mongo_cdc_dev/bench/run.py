@@ -48,7 +48,7 @@ from mongo_cdc.capture.snapshot import start_without_snapshot
 from mongo_cdc.lake.landing import SourceLake
 from mongo_cdc.lake.storage import LakeLocation
 from mongo_cdc_dev.bench import data, peers
-from mongo_cdc_dev.bench.context import DB, RS, Bench, Measured, best
+from mongo_cdc_dev.bench.context import DB, RS, Bench, Measured, alternated, best
 from mongo_cdc_dev.bench.many import many_collections
 from mongo_cdc_dev.bench.table import Row, render
 from mongo_cdc_dev.bench.transform import HOT_DOCS, driver_memory, transform
@@ -133,16 +133,15 @@ def snapshot_section(
     # each twice, alternating, the faster run counting on both sides: the bare cursor's rate alone
     # moves by half between runs here, and its first run after mongod's start is its slowest
     lakes = [bench.lake(collection), bench.lake(f"{collection}-again")]
-    bares, snapshots = [], []
-    for lake in lakes:
-        bares.append(bench.worker("bare_cursor", collection))
-        snapshots.append(bench.worker("snapshot", collection, lake=lake))
-    read = [run.count for run in bares + snapshots]
-    if set(read) != {count}:
-        raise AssertionError(f"{collection}: read {read} (bare, bare, ours, ours), loaded {count}")
+    runs = alternated(
+        lambda _: bench.worker("bare_cursor", collection),
+        lambda index: bench.worker("snapshot", collection, lake=lakes[index]),
+    )
+    if set(runs.counts) != {count}:
+        raise AssertionError(f"{collection}: read {runs.counts} (bare, bare, ours, ours), loaded {count}")
     for lake in lakes:
         check_snapshot_lake(bench, lake, collection, count)
-    bare, ours = best(*bares), best(*snapshots)
+    bare, ours = runs.best()
     bare_rate, our_rate = bare.rate(amount), ours.rate(amount)
     rows = [
         Row(section, "bare RawBSONDocument cursor", bare_rate, unit),
@@ -175,8 +174,7 @@ def snapshot_section(
                         section, "mongo-cdc vs dlt", None, "", our_rate / dlt_rate, "dlt", SNAPSHOT_VS_DLT_MIN
                     )
                 )
-    peak = max(snapshots, key=lambda run: run.peak_mib)
-    bench.peak_rows.append(_peak_row(f"run_snapshot, {collection} documents", peak))
+    bench.peak_rows.append(_peak_row(f"run_snapshot, {collection} documents", runs.peak()))
     return rows
 
 
@@ -209,15 +207,13 @@ def pull(bench: Bench) -> list[Row]:
 
     def both(lakes: list[str], core: int | None) -> tuple[Measured, Measured, Measured]:
         """(the faster bare run, the faster pull, the pull with the higher peak RSS)."""
-        bare = [bench.worker("bare_stream", collection, core, lake=lake, resume_token=token)]
-        ours = [bench.worker("pull", collection, core, lake=lakes[0], offsets=offsets)]
-        bare.append(bench.worker("bare_stream", collection, core, lake=lake, resume_token=token))
-        ours.append(bench.worker("pull", collection, core, lake=lakes[1], offsets=offsets))
-        counts = {run.count for run in bare + ours}
-        if len(counts) != 1 or ours[0].count < written:
-            read = f"bare {[run.count for run in bare]}, pull {[run.count for run in ours]}"
-            raise AssertionError(f"events read: {read}; written {written}")
-        return best(*bare), best(*ours), max(ours, key=lambda run: run.peak_mib)
+        runs = alternated(
+            lambda _: bench.worker("bare_stream", collection, core, lake=lake, resume_token=token),
+            lambda index: bench.worker("pull", collection, core, lake=lakes[index], offsets=offsets),
+        )
+        if len(set(runs.counts)) != 1 or runs.counts[0] < written:
+            raise AssertionError(f"events read: {runs.counts} (bare, bare, pull, pull); written {written}")
+        return *runs.best(), runs.peak()
 
     bare, ours, peak = both(lakes[:2], None)
     bench.peak_rows.append(_peak_row("pull_changes", peak))
