@@ -199,8 +199,9 @@ def report(client, lake_root: str, prefix: str) -> bool:
 
 
 def main() -> int:
-    from mongo_cdc_dev.testing import ReplicaSet
+    from mongo_cdc_dev.testing import ReplicaSet, exit_on_sigterm
 
+    exit_on_sigterm()
     shutil.rmtree(DEMO_DIR, ignore_errors=True)
     lake_root = os.path.join(DEMO_DIR, "lake")
     with ReplicaSet("rs0", os.path.join(DEMO_DIR, "mongo")) as replica_set:

@@ -4,6 +4,10 @@ restart on their data and port, and elect a new primary."""
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -53,6 +57,31 @@ def test_crash_restart_and_stop(tmp_path: Path) -> None:
         assert again.uri == uri
         with again.client() as client:
             assert client.db.items.count_documents({}) == 1
+
+
+def test_sigterm_stops_members_and_removes_scratch(tmp_path: Path) -> None:
+    """A SIGTERM (``timeout``, a cancelled job) to a demo or bench ends it through its clean-up."""
+    program = textwrap.dedent(
+        f"""
+        import tempfile, time
+        from mongo_cdc_dev.testing import ReplicaSet, exit_on_sigterm
+        exit_on_sigterm()
+        with tempfile.TemporaryDirectory(dir={str(tmp_path)!r}) as scratch, ReplicaSet("term", scratch) as rs:
+            print(rs.pids[0], scratch, flush=True)
+            time.sleep(600)
+        """
+    )
+    child = subprocess.Popen([sys.executable, "-c", program], stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None
+    pid, scratch = child.stdout.readline().split()
+    try:
+        child.send_signal(signal.SIGTERM)
+        assert child.wait(timeout=60) == 128 + signal.SIGTERM
+        assert not _alive(int(pid))
+        assert not Path(scratch).exists()
+    finally:
+        if _alive(int(pid)):
+            os.kill(int(pid), signal.SIGKILL)
 
 
 def test_three_members_elect_new_primary_after_step_down(tmp_path: Path) -> None:

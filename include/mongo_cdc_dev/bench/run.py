@@ -54,7 +54,7 @@ from mongo_cdc_dev.bench.table import Row, render
 from mongo_cdc_dev.bench.transform import HOT_DOCS, driver_memory, transform
 from mongo_cdc_dev.bench.verification import write_state
 from mongo_cdc_dev.bench.worker import RAW, bench_config
-from mongo_cdc_dev.testing import ReplicaSet
+from mongo_cdc_dev.testing import ReplicaSet, exit_on_sigterm
 from mongo_cdc_dev.testing.lake import memory_keeper
 
 CHECKED_ROWS = 2_000  # landed rows compared byte for byte with the documents they came from
@@ -406,6 +406,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    exit_on_sigterm()
     load_before = os.getloadavg()[0]
     with (
         tempfile.TemporaryDirectory(prefix="mongo-cdc-bench-") as tmp,

@@ -1,7 +1,9 @@
 """Real, throwaway ``mongod`` replica sets for tests and the demo.
 
 Members run as child processes of this Python process (never ``--fork``), so their PIDs are ours
-to signal, and an atexit hook stops any member still running when the interpreter exits.
+to signal, and an atexit hook stops any member still running when the interpreter exits. An entry
+point that owns its sets (the demo, the bench) calls ``exit_on_sigterm`` so that a SIGTERM, too, ends it
+through that clean-up.
 """
 
 from __future__ import annotations
@@ -12,12 +14,13 @@ import json
 import os
 import random
 import shlex
+import signal
 import socket
 import subprocess
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from types import TracebackType
+from types import FrameType, TracebackType
 from typing import Any, Literal, Self
 
 from pymongo import MongoClient
@@ -102,6 +105,20 @@ def _stop_processes(procs: Sequence[subprocess.Popen[bytes]], timeout: float) ->
 @atexit.register
 def _stop_leftovers() -> None:
     _stop_processes(list(_LIVE), timeout=10.0)
+
+
+def exit_on_sigterm() -> None:
+    """Make SIGTERM raise ``SystemExit`` in the main thread, as Ctrl-C raises KeyboardInterrupt.
+
+    Python's default SIGTERM ends the process at once: no ``with`` block unwinds and no atexit hook
+    runs, so a ``timeout``-ed or cancelled demo or bench left its mongod running and its scratch
+    directory (hundreds of MB) behind. With this, members are stopped and directories removed.
+    """
+    signal.signal(signal.SIGTERM, _exit_on_signal)
+
+
+def _exit_on_signal(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
 
 
 # A forked child (Airflow task runners, multiprocessing) must not stop its parent's mongods when
