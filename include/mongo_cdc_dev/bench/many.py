@@ -2,7 +2,7 @@
 
 Two sources in the bench's replica set, each landing in a lake of its own: ``--collections``
 collections of ``--collection-docs`` small documents each, and one collection of as many documents
-in all. Each goes through the DAG's tasks' work, one run after the other:
+in all. Each goes through the DAG's tasks' work, the two sources' runs in turn:
 
 1. first run: the snapshot (``run_snapshot``), the transform's first build;
 2. one change in every collection (the single collection: as many changes), pulled
@@ -20,8 +20,8 @@ times the single collection's, the idle run at most IDLE_RUN_MAX times. The per-
 row is the difference of the two runs over the collections: Spark's start, the same in both, is not
 in it. A single run of a source varies by a fifth on this machine (10.1-14.0 s for the single
 collection's first run): the pair of sources runs ``--collection-repeats`` times over fresh ones,
-and each row is the median. Every run is checked: nothing failed, every collection's state holds
-its documents, the events applied are the changes made.
+each ratio of two neighbouring runs, and each row is the median. Every run is checked: nothing
+failed, every collection's state holds its documents, the events applied are the changes made.
 """
 
 from __future__ import annotations
@@ -141,18 +141,17 @@ class Source:
             if landed != expected:
                 raise AssertionError(f"{self.name}.{name}: the state holds {landed} rows, not {expected}")
 
-    def runs(self, changes: int) -> dict[str, float]:
-        """Seconds of each of RUNS (``changes``: the inserts of the second), each checked."""
-        seconds = {}
-        for run, events in zip(RUNS, (self.collections * self.documents, changes, 0), strict=True):
-            if run == RUNS[1]:
-                self.change(events)
-            with _timed(f"{self.name}: {run}") as took:
-                self.capture(first=run == RUNS[0])
-                collections = self.transform()
-            self.check(collections, events)
-            seconds[run] = took()
-        return seconds
+    def run(self, run: str, changes: int) -> float:
+        """Seconds of ``run``, one of RUNS in their order (``changes``: the inserts of the second),
+        checked."""
+        events = {RUNS[0]: self.collections * self.documents, RUNS[1]: changes, RUNS[2]: 0}[run]
+        if run == RUNS[1]:
+            self.change(events)
+        with _timed(f"{self.name}: {run}") as took:
+            self.capture(first=run == RUNS[0])
+            collections = self.transform()
+        self.check(collections, events)
+        return took()
 
 
 @contextmanager
@@ -165,9 +164,10 @@ def _timed(name: str) -> Iterator[Callable[[], float]]:
 
 
 def many_collections(bench: Bench) -> list[Row]:
-    """The module docstring's runs, ``--collection-repeats`` times over fresh sources, the single
-    collection first in every other pair (runs on this machine drift by a fifth between pairs); each
-    row the median of its figures, each ratio the median of the pairs' ratios. The section's rows."""
+    """The module docstring's runs, ``--collection-repeats`` times over fresh sources: each run of the
+    two sources back to back, the single collection first in every other pair (this machine's speed
+    drifts by a fifth within minutes: the same job took 29 and 45 CPU-s in one section run); each row
+    the median of its figures, each ratio the median of the pairs' ratios. The section's rows."""
     count, documents = bench.args.collections, bench.args.collection_docs
     client = bench.rs.client(datetime_conversion=extjson.DECODE_OPTIONS.datetime_conversion)
     # the bench's mongod has a small oplog: its headroom warnings say nothing here
@@ -184,7 +184,10 @@ def many_collections(bench: Bench) -> list[Row]:
             for source in (many, one):
                 source.load()
             order = (one, many) if repeat % 2 == 0 else (many, one)
-            seconds = {source.name: source.runs(count) for source in order}
+            seconds: dict[str, dict[str, float]] = {one.name: {}, many.name: {}}
+            for run in RUNS:  # the two sources' runs back to back, so that each ratio is of neighbours
+                for source in order:
+                    seconds[source.name][run] = source.run(run, count)
             pairs.append((seconds[one.name], seconds[many.name]))
     finally:
         client.close()
