@@ -36,6 +36,15 @@ def test_session_replica_set_accepts_writes(replica_set: ReplicaSet, db_name: st
         assert client[db_name].items.find_one({"_id": 1}) == {"_id": 1, "v": "a"}
 
 
+def test_a_member_holds_megabytes_not_a_preallocated_journal(tmp_path: Path) -> None:
+    # WiredTiger's defaults preallocate 300 MB of journal per member; dozens of members kept
+    # by a suite run once filled a CI machine's disk.
+    with ReplicaSet("slim", tmp_path) as rs, rs.client() as client:
+        client.db.items.insert_many([{"v": "x" * 1000} for _ in range(1000)])
+        on_disk = sum(path.stat().st_blocks * 512 for path in tmp_path.rglob("*") if path.is_file())
+    assert on_disk < 50 * 2**20, f"{on_disk / 2**20:.0f} MB under {tmp_path}"
+
+
 def test_crash_restart_and_stop(tmp_path: Path) -> None:
     rs = ReplicaSet("solo", tmp_path, extra_args=("--oplogSize", "1", "--syncdelay", "1"))
     with rs:

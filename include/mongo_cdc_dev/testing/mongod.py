@@ -298,6 +298,10 @@ class ReplicaSet:
             # SIGTERM would otherwise hold every member of a multi-member set in "quiesce mode"
             # for 15 s, letting clients drain; nothing here needs that grace period.
             "--setParameter", "shutdownTimeoutMillisForSignaledShutdown=1000",
+            # WiredTiger's default journal is 100 MB files, preallocated: 300 MB on disk per member
+            # before any write. A suite starts dozens of members and keeps their dbpaths; 10 MB
+            # files, made as written, keep a member at ~11 MB (a CI run once filled its disk).
+            "--wiredTigerEngineConfigString", "log=(prealloc=false,file_max=10MB)",
         ]  # fmt: skip
         if self.role is not None:
             args.append(f"--{self.role}")
