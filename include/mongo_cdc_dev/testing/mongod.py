@@ -143,6 +143,8 @@ class ReplicaSet:
     Member ``i`` keeps its data in ``<base_dir>/<name>-<i>`` and logs to ``<base_dir>/<name>-<i>.log``.
     Starting on an existing ``base_dir`` reuses the data and, when they are still free, the ports
     (remembered in ``<base_dir>/<name>.ports.json``) so the URI stays stable across runs.
+    ``extra_args`` follow the launcher's own options; mongod refuses an option given twice, and
+    ``--wiredTigerEngineConfigString`` is one of the launcher's (a small journal).
     """
 
     def __init__(
