@@ -89,6 +89,8 @@ def test_sigterm_stops_members_and_removes_scratch(tmp_path: Path) -> None:
         assert not _alive(int(pid))
         assert not Path(scratch).exists()
     finally:
+        if child.poll() is None:  # a failed assertion above: the child must not outlive the test
+            child.kill()
         if _alive(int(pid)):
             os.kill(int(pid), signal.SIGKILL)
 
