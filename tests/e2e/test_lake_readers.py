@@ -54,8 +54,10 @@ def test_readers_see_exactly_the_live_rows(table_uri, spark) -> None:
     uri, before, live = table_uri
     assert set(read_table(uri, columns=["id"]).column("id").to_pylist()) == live
     assert set(read_table(uri, version=2).column("id").to_pylist()) == before
-    committed = next(entry for entry in DeltaTable(uri).history() if entry["version"] == 2)["timestamp"]
-    at = dt.datetime.fromtimestamp(committed / 1000, tz=dt.timezone.utc)
+    # delta-rs travels by a commit file's modification time, not history()'s "timestamp" (taken
+    # before the file is written: under load a millisecond or more earlier, which reads version 1)
+    committed = Path(uri, "_delta_log", f"{2:020d}.json").stat().st_mtime_ns
+    at = dt.datetime.fromtimestamp(committed / 1e9, tz=dt.timezone.utc)
     assert read_table(uri, version=at).num_rows == len(before)  # time travel by timestamp
 
     connection = duckdb_connection()
