@@ -19,6 +19,7 @@ import pytest
 from bson import Binary, Decimal128, Int64, MaxKey, MinKey, ObjectId, Timestamp
 from cdc_support import assert_state_equals_collection
 from datagen import COLLECTIONS, FALLBACK_FIELDS, load, random_writes
+from pymongo.synchronous.pool import Connection
 
 from mongo_cdc import extjson
 from mongo_cdc.capture import chunk_reads, snapshot
@@ -282,3 +283,30 @@ def test_one_copier_reads_the_next_chunk_while_this_one_commits(replica_set, db_
     for index in range(chunks - 1):
         assert events.index(f"read {index + 1}") < events.index(f"commit {index}"), events
     assert all(0 < size < 1_000 for size in fetch_sizes), fetch_sizes
+
+
+def test_the_server_streams_a_chunks_batches_unasked(replica_set, db_name, monkeypatch):
+    """An exhaust cursor: the server sends a chunk's batches one after the other, reading the next
+    while the client takes this one. The client sends a find and one getMore, not a getMore a batch
+    (mongod's own counters count the batches it streams as getMores too: the client's messages tell)."""
+    sent: list[int] = []
+    send_message = Connection.send_message
+
+    def counting(connection, message, max_doc_size):
+        sent.append(len(message))
+        return send_message(connection, message, max_doc_size)
+
+    with make_client(replica_set.uri) as client:
+        orders = client[db_name].orders
+        orders.insert_many([{"_id": i} for i in range(4_000)])
+        whole = Chunk(orders.full_name, 0, 1)
+        in_range = Chunk(
+            orders.full_name, 0, 1, (("_id", 1),), bson.encode({"_id": 1_000}), bson.encode({"_id": 3_000})
+        )
+        monkeypatch.setattr(Connection, "send_message", counting)
+        for chunk, documents in ((whole, 4_000), (in_range, 2_000)):
+            sent.clear()
+            batches = list(chunk_reads._raw_batches(orders, 50, chunk))
+            assert len(batches) == documents // 50
+            assert sum(len(bson.decode_all(batch)) for batch in batches) == documents
+            assert len(sent) == 2, sent  # find, then one getMore: the rest came unasked

@@ -3,7 +3,8 @@
 A chunk is read with ``cursor.min``/``max`` on its index (or in natural order when whole), and
 each server reply is handed on as it came (``_raw_batches``: no per-document cursor objects, no
 decode), so ``snapshot_columns.SnapshotColumns`` slices the documents' bytes straight into Arrow. While one
-batch is encoded, the next is read on a thread (``ChunkReads``), across chunks too.
+batch is encoded, the next is read on a thread (``ChunkReads``), across chunks too, and the server
+sends the batches one after the other, unasked (an exhaust cursor).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 from bson import _array_of_documents_to_buffer
 from bson.codec_options import CodecOptions
 from bson.raw_bson import _RAW_ARRAY_BSON_OPTIONS, RawBSONDocument
-from pymongo import MongoClient
+from pymongo import CursorType, MongoClient
 from pymongo.collection import Collection
 from pymongo.cursor import RawBatchCursor
 
@@ -112,8 +113,13 @@ class _RawBatchCursor(RawBatchCursor):
 
 def _raw_batches(collection: Collection, fetch_size: int, chunk: Chunk) -> Generator[bytes, None, None]:
     """A chunk's documents as raw batches (concatenated BSON): the index range between its bounds
-    (``chunking``), or the whole collection in natural order."""
-    cursor = _RawBatchCursor(collection, {}, batch_size=fetch_size)
+    (``chunking``), or the whole collection in natural order.
+
+    The cursor is an exhaust cursor: the server sends every batch without waiting for a getMore,
+    reading the next one while the client takes this one (a snapshot reads a replica set member,
+    ``topology.shard_uri``, never a router).
+    """
+    cursor = _RawBatchCursor(collection, {}, batch_size=fetch_size, cursor_type=CursorType.EXHAUST)
     if chunk.key is not None:
         cursor = cursor.hint(list(chunk.key))
         low, high = chunk.bounds()
@@ -125,7 +131,9 @@ def _raw_batches(collection: Collection, fetch_size: int, chunk: Chunk) -> Gener
         yield from cursor
     extra = max_key_filter(chunk)
     if extra is not None:
-        with _RawBatchCursor(collection, extra, batch_size=fetch_size) as cursor:
+        with _RawBatchCursor(
+            collection, extra, batch_size=fetch_size, cursor_type=CursorType.EXHAUST
+        ) as cursor:
             yield from cursor
 
 
