@@ -25,16 +25,28 @@ DB, RS = "bench", "benchrs"
 
 @dataclass
 class Measured:
-    """A worker's result: ``count`` items in ``seconds``; memory of its process."""
+    """A worker's result: ``count`` items in ``seconds``; memory of its process; its CPU time and
+    mongod's over the same seconds."""
 
     count: int
     seconds: float
     peak_mib: float = 0.0
     base_mib: float = 0.0
     cpu_seconds: float = 0.0
+    server_cpu_seconds: float = 0.0
 
     def rate(self, amount: float | None = None) -> float:
         return (self.count if amount is None else amount) / max(self.seconds, 1e-9)
+
+    @property
+    def total_cpu_seconds(self) -> float:
+        """The CPU time of the run and of mongod serving it."""
+        return self.cpu_seconds + self.server_cpu_seconds
+
+    def shortest_seconds(self, cores: int) -> float:
+        """The shortest wall time ``total_cpu_seconds`` allows on ``cores``: every core busy all
+        along, nothing waiting."""
+        return self.total_cpu_seconds / cores
 
     def cpu_per_100k(self) -> float:
         """Client CPU-seconds per 100 k items."""
@@ -53,7 +65,10 @@ class Bench:
 
     def worker(self, path: str, collection: str, core: int | None = None, **task: Any) -> Measured:
         """Run one measured path in a fresh process (``worker``), on one CPU core if ``core`` is given."""
-        task = {"path": path, "uri": self.rs.uri, "rs": RS, "db": DB, "collection": collection, **task}
+        task = {
+            "path": path, "uri": self.rs.uri, "rs": RS, "db": DB, "collection": collection,
+            "server_pids": [pid for pid in self.rs.pids if pid is not None], **task,
+        }  # fmt: skip
         package_root = str(Path(mongo_cdc.__file__).parent.parent)
         env = {
             **os.environ,
@@ -70,7 +85,12 @@ class Bench:
             raise RuntimeError(f"bench worker {path} on {collection} failed:\n{done.stderr[-3000:]}")
         result = json.loads(done.stdout.strip().splitlines()[-1])
         return Measured(
-            result["count"], result["seconds"], result["peak_mib"], result["base_mib"], result["cpu_seconds"]
+            result["count"],
+            result["seconds"],
+            result["peak_mib"],
+            result["base_mib"],
+            result["cpu_seconds"],
+            result["server_cpu_seconds"],
         )
 
     def lake(self, name: str) -> str:

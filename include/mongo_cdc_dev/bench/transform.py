@@ -60,6 +60,7 @@ from mongo_cdc.config import SourceConfig
 from mongo_cdc.lake import table_uri
 from mongo_cdc.lake.storage import LakeLocation, table_if_exists
 from mongo_cdc_dev.bench.data import load, nested_documents, small_documents
+from mongo_cdc_dev.bench.procfs import cpu_ticks
 from mongo_cdc_dev.bench.table import Row
 from mongo_cdc_dev.testing.lake import database_source, memory_keeper
 
@@ -123,15 +124,6 @@ def _peak_kib(pid: int) -> int | None:
     return None
 
 
-def _cpu_ticks(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            fields = stat.read().rpartition(")")[2].split()
-    except OSError:
-        return None
-    return int(fields[11]) + int(fields[12])  # utime, stime
-
-
 def _role(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
@@ -161,7 +153,7 @@ class TreePeakRss:
     def _sample(self) -> None:
         while True:
             for pid in _tree(self.root):
-                ticks = _cpu_ticks(pid)
+                ticks = cpu_ticks(pid)
                 if ticks is not None:
                     self.cpu_ticks[pid] = max(ticks, self.cpu_ticks.get(pid, 0))
                 peak = _peak_kib(pid)

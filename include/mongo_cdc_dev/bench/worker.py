@@ -3,7 +3,8 @@
 A fresh process per measurement gives each path the same start (no warm caches or heap left by
 another path) and makes its peak RSS (``VmHWM``) that of one task, as an Airflow worker's task
 process would see it. The last line printed is the JSON result: ``count``, ``seconds`` (the timed
-part only), ``cpu_seconds`` (the process's CPU time over that part, every thread of it), ``base_mib``
+part only), ``cpu_seconds`` (the process's CPU time over that part, every thread of it),
+``server_cpu_seconds`` (the task's ``server_pids``' CPU time over that part: mongod's), ``base_mib``
 (RSS after imports, before the run) and ``peak_mib`` (``VmHWM``).
 """
 
@@ -31,6 +32,7 @@ from mongo_cdc.capture.streaming import last_applied, pull_changes, stream_optio
 from mongo_cdc.capture.topology import make_client
 from mongo_cdc.config import SourceConfig
 from mongo_cdc.verify.verification import REPAIR, verify_replica_set
+from mongo_cdc_dev.bench.procfs import cpu_seconds
 from mongo_cdc_dev.testing.lake import database_source, memory_keeper
 
 RAW = CodecOptions(document_class=RawBSONDocument)
@@ -132,9 +134,11 @@ def main(argv: list[str]) -> int:
     try:
         client.admin.command("ping")
         base = status_mib("VmRSS")
-        started, cpu_started = time.perf_counter(), time.process_time()
+        servers = task.get("server_pids", [])
+        started, cpu_started, server_started = time.perf_counter(), time.process_time(), cpu_seconds(servers)
         count = run(client, task)
-        seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
+        seconds, cpu = time.perf_counter() - started, time.process_time() - cpu_started
+        server_cpu = cpu_seconds(servers) - server_started
     finally:
         client.close()
     print(
@@ -142,7 +146,8 @@ def main(argv: list[str]) -> int:
             {
                 "count": count,
                 "seconds": seconds,
-                "cpu_seconds": cpu_seconds,
+                "cpu_seconds": cpu,
+                "server_cpu_seconds": server_cpu,
                 "base_mib": base,
                 "peak_mib": status_mib("VmHWM"),
             }
