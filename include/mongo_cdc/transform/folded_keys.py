@@ -56,7 +56,7 @@ class KeyRange(NamedTuple):
 
 class KeyCount(NamedTuple):
     """A document folded apart: its events in the run, whether one is an update without ``after``,
-    and the indexes of the slices holding them."""
+    and the indexes of the slices holding them, in order."""
 
     events: int
     partial: bool
@@ -149,8 +149,9 @@ def folded_keys(blocks: Iterable[bytes]) -> list[tuple[str, KeyCount]]:
     folded = summed.filter(
         _folded_apart(summed.column("partial_count_sum"), summed.column("partial_any_any"))
     )
+    # sorted: Arrow's threaded group-by lists a key's slices in whichever order its threads ran
     return [
-        (key, KeyCount(events, partial, tuple(slices)))
+        (key, KeyCount(events, partial, tuple(sorted(slices))))
         for key, events, partial, slices in zip(
             folded.column("key").to_pylist(),
             folded.column("partial_count_sum").to_pylist(),
