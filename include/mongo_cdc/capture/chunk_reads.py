@@ -119,7 +119,11 @@ def _raw_batches(collection: Collection, fetch_size: int, chunk: Chunk) -> Gener
     reading the next one while the client takes this one (a snapshot reads a replica set member,
     ``topology.shard_uri``, never a router).
     """
-    cursor = _RawBatchCursor(collection, {}, batch_size=fetch_size, cursor_type=CursorType.EXHAUST)
+
+    def exhaust_cursor(query: Mapping[str, Any]) -> _RawBatchCursor:
+        return _RawBatchCursor(collection, query, batch_size=fetch_size, cursor_type=CursorType.EXHAUST)
+
+    cursor = exhaust_cursor({})
     if chunk.key is not None:
         cursor = cursor.hint(list(chunk.key))
         low, high = chunk.bounds()
@@ -131,9 +135,7 @@ def _raw_batches(collection: Collection, fetch_size: int, chunk: Chunk) -> Gener
         yield from cursor
     extra = max_key_filter(chunk)
     if extra is not None:
-        with _RawBatchCursor(
-            collection, extra, batch_size=fetch_size, cursor_type=CursorType.EXHAUST
-        ) as cursor:
+        with exhaust_cursor(extra) as cursor:
             yield from cursor
 
 
