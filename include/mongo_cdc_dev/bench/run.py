@@ -157,7 +157,8 @@ def snapshot_section(
             SNAPSHOT_NESTED_MIN if by_bytes else SNAPSHOT_SMALL_MIN,
         ),
         # what the machine allows: run_snapshot does more than the bare cursor (it writes files) on
-        # the cores mongod shares; its CPU time, spread over every core, is its shortest wall time
+        # the cores mongod shares; its CPU time spread over every core bounds its wall time from
+        # below, a bound no run reaches (docs/development.md says why)
         Row(section, "CPU time: bare cursor + mongod", _ms(bare.total_cpu_seconds), "CPU-ms"),
         Row(section, "CPU time: run_snapshot + mongod", _ms(ours.total_cpu_seconds), "CPU-ms"),
         Row(section, f"run_snapshot's CPU time on {cores} cores: its ceiling", _ms(shortest), "ms",
