@@ -48,6 +48,7 @@ from deltalake.transaction import create_table_with_add_actions
 
 from mongo_cdc import lake
 from mongo_cdc.lake.batch_log import BATCH_LOG_SCHEMA, Batch, BatchWindow, last_batches
+from mongo_cdc.lake.file_statistics import indexed_columns, table_indexed_columns
 from mongo_cdc.lake.raw_files import write_files
 from mongo_cdc.lake.snapshot_log import CHUNK, COPIED, SNAPSHOT, SNAPSHOT_LOG_SCHEMA, Chunk, SnapshotPlan
 from mongo_cdc.lake.storage import LakeLocation, table_if_exists
@@ -167,7 +168,8 @@ class SourceLake:
     ) -> None:
         """Append ``data`` as new files (``lake_files``) in one commit, creating the table if need be."""
         partition_by = [lake.HOUR_COLUMN] if lake.HOUR_COLUMN in schema.names else []
-        actions = write_files(self.location, uri, data, partition_by[0] if partition_by else None)
+        indexed = indexed_columns(schema, {}, partition_by) if table is None else table_indexed_columns(table)
+        actions = write_files(self.location, uri, data, partition_by[0] if partition_by else None, indexed)
         if table is None:
             try:
                 create_table_with_add_actions(

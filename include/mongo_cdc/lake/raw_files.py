@@ -9,19 +9,18 @@ encodes (without the GIL) while the caller builds the next batch, and ``landing`
 files with their add actions; delta-rs still owns every commit.
 
 Files follow delta-rs' layout: ``<table>/<partition>=<value>/part-<uuid>.snappy.parquet`` without
-the partition column, snappy-compressed, with Delta statistics (row count, null counts, and
-min/max of the top-level integer, string and boolean columns: ``batch_seq`` lets the transform
-skip files).
+the partition column, snappy-compressed, with the Delta statistics of the table's indexed columns
+(``file_statistics``: bounds from the Parquet footer, null counts from Arrow; ``batch_seq`` lets the
+transform skip files).
 """
 
 from __future__ import annotations
 
-import json
 import queue
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +29,13 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake.transaction import AddAction
 
+from mongo_cdc.lake.file_statistics import (
+    Path,
+    column_at,
+    file_statistics,
+    null_counts,
+    statistics_paths,
+)
 from mongo_cdc.lake.storage import LakeLocation
 
 # A file is closed and the next one started past this many bytes (delta-rs' default target size).
@@ -39,52 +45,42 @@ QUEUE_DEPTH = 2
 _DONE = object()
 
 
-def _has_min_max(data_type: pa.DataType) -> bool:
-    return pa.types.is_integer(data_type) or pa.types.is_string(data_type) or pa.types.is_boolean(data_type)
-
-
 @dataclass
 class _File:
-    """One open data file and the statistics of what it holds so far."""
+    """One open data file and the null counts of what it holds so far (its bounds are in its footer)."""
 
     relative_path: str
     partition: dict[str, str]
     sink: Any
     writer: pq.ParquetWriter
+    schema: pa.Schema
+    read_back: Callable[[str], pa.Table]
     rows: int = 0
-    nulls: dict[str, int] = field(default_factory=dict)
-    minimum: dict[str, Any] = field(default_factory=dict)
-    maximum: dict[str, Any] = field(default_factory=dict)
+    nulls: dict[Path, int] = field(default_factory=dict)
 
     def write(self, batch: pa.RecordBatch) -> None:
         self.writer.write_batch(batch)
         self.rows += batch.num_rows
-        for name, column in zip(batch.schema.names, batch.columns, strict=True):
-            if pa.types.is_struct(column.type):
-                continue  # Delta counts nulls inside structs per field: left out, like their min/max
-            self.nulls[name] = self.nulls.get(name, 0) + column.null_count
-            if not _has_min_max(column.type) or column.null_count == len(column):
-                continue
-            low, high = pc.min_max(column).values()
-            self.minimum[name] = (
-                low.as_py() if name not in self.minimum else min(self.minimum[name], low.as_py())
-            )
-            self.maximum[name] = (
-                high.as_py() if name not in self.maximum else max(self.maximum[name], high.as_py())
-            )
+        for path, count in null_counts(batch).items():
+            self.nulls[path] = self.nulls.get(path, 0) + count
 
-    def close(self) -> AddAction:
+    def close(self, indexed: Sequence[Path]) -> AddAction:
         self.writer.close()
         size = self.sink.tell()
         self.sink.close()
-        stats = {
-            "numRecords": self.rows,
-            "minValues": self.minimum,
-            "maxValues": self.maximum,
-            "nullCount": self.nulls,
-        }
+        stats = file_statistics(
+            self.writer.writer.metadata,
+            self.schema,
+            self.nulls,
+            lambda path: column_at(self.read_back(self.relative_path), path),
+        )
         return AddAction(
-            self.relative_path, size, self.partition, time.time_ns() // 1_000_000, True, json.dumps(stats)
+            self.relative_path,
+            size,
+            self.partition,
+            time.time_ns() // 1_000_000,
+            True,
+            stats.to_json(indexed),
         )
 
 
@@ -92,9 +88,15 @@ class _TableFiles:
     """The files one append writes into a table, one open file per partition value."""
 
     def __init__(
-        self, location: LakeLocation, table_path: tuple[str, ...], schema: pa.Schema, partition: str | None
+        self,
+        location: LakeLocation,
+        table_path: tuple[str, ...],
+        schema: pa.Schema,
+        partition: str | None,
+        indexed: Sequence[Path],
     ):
         self.location = location
+        self.indexed = indexed
         self.table_path = table_path
         self.partition = partition
         self.file_schema = schema.remove(schema.get_field_index(partition)) if partition else schema
@@ -119,24 +121,31 @@ class _TableFiles:
             data_file = self.open[value] = self._new_file(value)
         data_file.write(batch)
         if data_file.sink.tell() >= TARGET_FILE_BYTES:
-            self.actions.append(self.open.pop(value).close())
+            self.actions.append(self.open.pop(value).close(self.indexed))
 
     def _new_file(self, value: str | None) -> _File:
         # partition values here are hour strings (YYYY-MM-DDTHH): nothing in them needs escaping
         directory = (f"{self.partition}={value}",) if self.partition else ()
         name = f"part-{uuid.uuid4()}.snappy.parquet"
         sink = self.location.open_output(*self.table_path, *directory, name)
-        # Parquet statistics only where Delta gets them too: computing them over 4 KB documents
-        # costs time and says nothing a reader filters on
-        statistics = [field.name for field in self.file_schema if _has_min_max(field.type)]
+        # Parquet statistics only of the columns Delta keeps bounds of: computing them over 4 KB
+        # documents costs time and says nothing a reader filters on
         writer = pq.ParquetWriter(
-            sink, self.file_schema, compression="snappy", use_dictionary=False, write_statistics=statistics
+            sink,
+            self.file_schema,
+            compression="snappy",
+            use_dictionary=False,
+            write_statistics=statistics_paths(self.file_schema),
         )
         partition = {self.partition: value} if self.partition else {}
-        return _File("/".join((*directory, name)), partition, sink, writer)
+        return _File("/".join((*directory, name)), partition, sink, writer, self.file_schema, self._read_back)
+
+    def _read_back(self, relative_path: str) -> pa.Table:
+        filesystem, base = self.location.filesystem()
+        return pq.read_table("/".join((base, *self.table_path, relative_path)), filesystem=filesystem)
 
     def close(self) -> list[AddAction]:
-        self.actions += [data_file.close() for data_file in self.open.values()]
+        self.actions += [data_file.close(self.indexed) for data_file in self.open.values()]
         self.open = {}
         return self.actions
 
@@ -151,9 +160,14 @@ class _TableFiles:
 
 
 def write_files(
-    location: LakeLocation, table_uri: str, data: pa.Table | pa.RecordBatchReader, partition: str | None
+    location: LakeLocation,
+    table_uri: str,
+    data: pa.Table | pa.RecordBatchReader,
+    partition: str | None,
+    indexed: Sequence[Path],
 ) -> list[AddAction]:
-    """Write ``data`` as new Parquet files of the table at ``table_uri``; their add actions, uncommitted.
+    """Write ``data`` as new Parquet files of the table at ``table_uri``; their add actions, uncommitted,
+    with the statistics of the table's ``indexed`` columns (``file_statistics.indexed_columns``).
 
     A reader's batches are written by a writer thread while the caller's thread reads the next
     ones (``QUEUE_DEPTH`` batches in between); a table is written in the caller's thread.
@@ -161,7 +175,7 @@ def write_files(
     if not table_uri.startswith(location.root):
         raise ValueError(f"table {table_uri} is not under the lake root {location.root}")
     table_path = tuple(part for part in table_uri[len(location.root) :].split("/") if part)
-    files = _TableFiles(location, table_path, data.schema, partition)
+    files = _TableFiles(location, table_path, data.schema, partition, indexed)
     try:
         if isinstance(data, pa.Table):
             for batch in data.to_batches():

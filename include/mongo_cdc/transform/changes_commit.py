@@ -20,6 +20,7 @@ from deltalake.transaction import create_table_with_add_actions
 
 from mongo_cdc import lake
 from mongo_cdc.lake.batch_log import BatchWindow
+from mongo_cdc.lake.file_statistics import indexed_columns, table_indexed_columns
 from mongo_cdc.lake.storage import row_count
 from mongo_cdc.transform.data_files import DataFile, add_actions, delete_data_files, staged_rows
 from mongo_cdc.transform.flatten_options import FlatteningOptions
@@ -111,7 +112,7 @@ class ChangesRun:
                 create_table_with_add_actions(
                     self.transform.changes_uri,
                     Schema.from_arrow(schema),
-                    add_actions(files),
+                    add_actions(files, indexed_columns(schema, {}, [lake.HOUR_COLUMN])),
                     mode="error",
                     partition_by=[lake.HOUR_COLUMN],
                     storage_options=self.transform.options,
@@ -132,7 +133,7 @@ class ChangesRun:
                     commit_properties=self.transform.commit_properties("changes", applied),
                 )
             self.table.create_write_transaction(
-                add_actions(files),
+                add_actions(files, table_indexed_columns(self.table)),
                 mode="append",
                 schema=schema,
                 partition_by=[lake.HOUR_COLUMN],

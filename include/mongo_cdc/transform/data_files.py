@@ -8,34 +8,37 @@ needs no second write; rows staged for a MERGE or a rewrite are read back (``sta
 that no commit names are not part of the table: every Delta reader ignores them, and the transform
 deletes those it wrote but did not commit (``delete_data_files``).
 
-Statistics are ``numRecords`` and, for the columns named (top-level strings and integers), their
-``minValues``, ``maxValues`` and ``nullCount``: with them delta-rs skips files a predicate cannot
-match (a MERGE on ``__key`` reads and rewrites only the files that may hold a source key).
-Executors need no deltalake: only ``add_actions`` imports it.
+Statistics are ``numRecords`` and each leaf column's ``nullCount`` and, where its type has them, its
+bounds from the Parquet footer (``lake.file_statistics``); the driver's commit keeps those of the
+columns the table indexes. With them every reader skips files a predicate cannot match (a MERGE on
+``__key`` reads and rewrites only the files that may hold a source key). Executors need no
+deltalake: only ``add_actions`` imports it.
 """
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from mongo_cdc.lake.file_statistics import (
+    FileStatistics,
+    Path,
+    column_at,
+    file_statistics,
+    null_counts,
+    statistics_paths,
+)
 from mongo_cdc.lake.storage import LakeLocation
 from mongo_cdc.transform.slices import lake_path
 from mongo_cdc.transform.table_layout import widened
 
 if TYPE_CHECKING:
     from deltalake.transaction import AddAction
-
-# Longer min/max strings are left out of the statistics rather than truncated: a truncated max
-# would have to be rounded up to stay a bound, and keys are rarely this long.
-MAX_STATS_STRING = 256
 
 
 class DataFile(NamedTuple):
@@ -51,7 +54,6 @@ def write_data_file(
     location: LakeLocation,
     directory: str,
     rows: pa.Table,
-    stats_columns: Sequence[str],
     partition: tuple[tuple[str, str], ...] = (),
     unique_columns: Collection[str] = (),
 ) -> DataFile:
@@ -66,11 +68,22 @@ def write_data_file(
     dictionary = [
         path for field in rows.schema if field.name not in unique_columns for path in leaf_paths(field)
     ]
-    pq.write_table(rows, sink, compression="snappy", use_dictionary=dictionary)
+    writer = pq.ParquetWriter(
+        sink,
+        rows.schema,
+        compression="snappy",
+        use_dictionary=dictionary,
+        write_statistics=statistics_paths(rows.schema),
+    )
+    writer.write_table(rows)
+    writer.close()
     data = sink.getvalue()
     with location.open_output(*directory.split("/"), *relative.split("/")) as out:
         out.write(data)
-    return DataFile(relative, data.size, rows.num_rows, partition, _stats(rows, stats_columns), _now_ms())
+    stats = file_statistics(
+        writer.writer.metadata, rows.schema, null_counts(rows), lambda path: column_at(rows, path)
+    )
+    return DataFile(relative, data.size, rows.num_rows, partition, stats.to_json(), _now_ms())
 
 
 def leaf_paths(field: pa.Field, parent: str = "") -> list[str]:
@@ -93,28 +106,20 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def _stats(rows: pa.Table, columns: Sequence[str]) -> str:
-    minimum, maximum, nulls = {}, {}, {}
-    for name in columns:
-        column = rows.column(name)
-        nulls[name] = column.null_count
-        bounds = pc.min_max(column)
-        low, high = bounds["min"].as_py(), bounds["max"].as_py()
-        if low is None or (isinstance(low, str) and max(len(low), len(high)) > MAX_STATS_STRING):
-            continue
-        minimum[name], maximum[name] = low, high
-    return json.dumps(
-        {"numRecords": rows.num_rows, "minValues": minimum, "maxValues": maximum, "nullCount": nulls},
-        separators=(",", ":"),
-    )
-
-
-def add_actions(files: Iterable[DataFile]) -> list[AddAction]:
-    """delta-rs add actions of ``files`` (for ``create_write_transaction`` and the like)."""
+def add_actions(files: Iterable[DataFile], indexed: Sequence[Path]) -> list[AddAction]:
+    """delta-rs add actions of ``files`` (for ``create_write_transaction`` and the like), their
+    statistics those of the table's ``indexed`` columns (``file_statistics.indexed_columns``)."""
     from deltalake.transaction import AddAction
 
     return [
-        AddAction(file.path, file.size, dict(file.partition), file.modified_ms, True, file.stats)
+        AddAction(
+            file.path,
+            file.size,
+            dict(file.partition),
+            file.modified_ms,
+            True,
+            FileStatistics.from_json(file.stats).to_json(indexed),
+        )
         for file in files
     ]
 

@@ -81,9 +81,6 @@ DELETION_SCHEMA = pa.schema(
 DELETED_FLAG = "__merge_deleted"
 # A stored version's columns of the state table (``stored_versions``), in DocumentVersion's order.
 STORED_VERSION_COLUMNS = ("__key", "__id", "__doc_bson", "__cluster_time", "__event_order", "__rs")
-# Columns with file statistics (min/max/null count) in the data files the job writes.
-STATE_STATS_COLUMNS = ("__key", "__cluster_time", "__event_order", "__rs")
-CHANGES_STATS_COLUMNS = ("__cluster_time", "__event_order")
 # Below this many rows, a table's rows take the lossless path (``field_values``): the fast path's
 # fixed cost (its census passes, ~4-5 ms of CPU a slice) is more than decoding a few dozen documents,
 # and a source of many small collections is mostly slices of a few changes. Both paths give the
@@ -432,7 +429,7 @@ def write_state(
 def write_state_file(location: LakeLocation, directory: str, rows: pa.Table, layout: TableLayout) -> DataFile:
     """State rows of ``layout`` (sorted by ``__key``) as a new file under ``directory``."""
     unique = PER_DOCUMENT_COLUMNS + _id_column(layout)
-    return write_data_file(location, directory, rows, STATE_STATS_COLUMNS, unique_columns=unique)
+    return write_data_file(location, directory, rows, unique_columns=unique)
 
 
 def write_markers(location: LakeLocation, directory: str, versions: pa.Table) -> DataFile | None:
@@ -451,9 +448,7 @@ def write_markers(location: LakeLocation, directory: str, versions: pa.Table) ->
         ],
         schema=DELETION_SCHEMA.append(pa.field(DELETED_FLAG, pa.bool_())),
     )
-    return write_data_file(
-        location, directory, in_order(rows, ["__key"]), ("__key",), unique_columns=("__key",)
-    )
+    return write_data_file(location, directory, in_order(rows, ["__key"]), unique_columns=("__key",))
 
 
 def write_changes(
@@ -489,7 +484,6 @@ def write_changes(
                 location,
                 spec.directory,
                 part,
-                CHANGES_STATS_COLUMNS,
                 ((lake.HOUR_COLUMN, hour),),
                 unique_columns=_id_column(layout),
             )

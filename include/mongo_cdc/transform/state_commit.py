@@ -35,6 +35,7 @@ from deltalake.transaction import RemoveAction, create_table_with_add_actions
 from pyspark import RDD, StorageLevel
 
 from mongo_cdc.lake.batch_log import BatchWindow
+from mongo_cdc.lake.file_statistics import indexed_columns, table_indexed_columns
 from mongo_cdc.lake.storage import file_actions, file_stats, row_count, table_if_exists
 from mongo_cdc.transform import columns
 from mongo_cdc.transform.data_files import DataFile, add_actions, delete_data_files, staged_rows
@@ -287,7 +288,7 @@ class StateRun:
                 create_table_with_add_actions(
                     self.transform.state_uri,
                     Schema.from_arrow(layout.schema),
-                    add_actions(files),
+                    add_actions(files, indexed_columns(layout.schema, {})),
                     mode="error",
                     storage_options=self.transform.options,
                     commit_properties=self.transform.commit_properties("state"),
@@ -379,7 +380,7 @@ class StateRun:
             for file in self.stored_files.select(["path", "size_bytes"]).to_pylist()
         ]
         self.table.create_write_transaction(
-            [*removed, *add_actions([written])],
+            [*removed, *add_actions([written], table_indexed_columns(self.table))],
             mode="append",
             schema=self.table.schema(),
             commit_properties=self.transform.commit_properties("state"),

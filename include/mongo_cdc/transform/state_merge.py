@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 from mongo_cdc.lake import SnapshotManifest
 from mongo_cdc.lake.storage import LakeLocation
 from mongo_cdc.transform.data_files import DataFile, write_data_file
-from mongo_cdc.transform.slice_tasks import DELETED_FLAG, STATE_STATS_COLUMNS, in_order
+from mongo_cdc.transform.slice_tasks import DELETED_FLAG, in_order
 from mongo_cdc.transform.slices import lake_path
 from mongo_cdc.transform.table_layout import widened
 
@@ -78,7 +78,7 @@ def rewrite(location: LakeLocation, target: Rewrite, source: pa.Table, gone: Seq
         for path in target.stored
     ]
     rows = merged_rows(pa.concat_tables([target.schema.empty_table(), *stored]), source, gone)
-    return write_data_file(location, target.table_path, in_order(rows, ["__key"]), STATE_STATS_COLUMNS)
+    return write_data_file(location, target.table_path, in_order(rows, ["__key"]))
 
 
 def merge_into(
