@@ -368,7 +368,7 @@ class Sequence:
                 deletions_uri(self.location, self.prefix, self.database, name),
             ):
                 if table_if_exists(uri, None) is not None:
-                    maintain_table(uri, None, 1, 0, now)
+                    maintain_table(uri, self.location, 1, 0, now)
 
     # -- the oracle and the checks -------------------------------------------------------
 

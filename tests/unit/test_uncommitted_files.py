@@ -66,12 +66,12 @@ def test_vacuum_deletes_files_no_log_names_after_the_retention(tmp_path: Path) -
     staged = leave(lake, "raw/p/db/c/_mongo_cdc_staging/x/part-0.parquet", hours_old=50)
     now = dt.datetime.now(dt.timezone.utc)
 
-    done = maintain_table(uri, {}, optimize_interval_hours=0, retention_hours=48, now=now)
+    done = maintain_table(uri, lake, optimize_interval_hours=0, retention_hours=48, now=now)
     assert done["files_vacuumed"] == 1
     assert (exists(lake, old), exists(lake, day), exists(lake, recent)) == (False, True, True)
 
     # a retention under a day still leaves a writer between its files and its commit a day
-    done = maintain_table(uri, {}, optimize_interval_hours=0, retention_hours=0, now=now)
+    done = maintain_table(uri, lake, optimize_interval_hours=0, retention_hours=0, now=now)
     assert done["files_vacuumed"] == 1
     assert (exists(lake, day), exists(lake, recent), exists(lake, staged)) == (False, True, True)
     assert read_table(uri).column("id").to_pylist() == [1]

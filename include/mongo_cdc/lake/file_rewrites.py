@@ -43,6 +43,9 @@ COMPACT_TARGET_BYTES = 64 << 20
 # The table property a healed table carries: its files were checked once (their footers read), and
 # every writer since writes files that need no healing.
 HEALED_PROPERTY = "mongo_cdc.files.healed"
+# The commit metadata key naming which rewrite a commit is (its history's entry), and compaction's name.
+OPERATION_METADATA = "mongo_cdc.operation"
+COMPACTION = "compaction"
 
 
 @dataclass(frozen=True)
@@ -173,7 +176,7 @@ def compact(table: DeltaTable, location: LakeLocation, cluster_by: str | None) -
             groups.append(group)
     if not groups:
         return 0, 0
-    added = rewrite_files(table, location, groups, cluster_by, "optimize")
+    added = rewrite_files(table, location, groups, cluster_by, COMPACTION)
     return sum(len(group) for group in groups), added
 
 
@@ -206,7 +209,7 @@ def rewrite_files(
         mode="append",
         schema=table.schema(),
         partition_by=partitions or None,
-        commit_properties=CommitProperties(custom_metadata={"mongo_cdc.operation": operation}),
+        commit_properties=CommitProperties(custom_metadata={OPERATION_METADATA: operation}),
     )
     return len(adds)
 

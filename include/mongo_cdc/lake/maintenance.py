@@ -35,6 +35,7 @@ from typing import Any
 
 from pyarrow.fs import FileInfo, FileSelector, FileSystem, FileType
 
+from mongo_cdc.lake.file_rewrites import COMPACTION, OPERATION_METADATA, compact, heal
 from mongo_cdc.lake.layout import STAGING_DIR, ZONES
 from mongo_cdc.lake.storage import LakeLocation, open_table
 
@@ -61,26 +62,25 @@ def maintains_source(settings: Mapping[str, int]) -> bool:
 
 def maintain_table(
     table_uri: str,
-    storage_options: Mapping[str, str] | None,
+    location: LakeLocation,
     optimize_interval_hours: int,
     retention_hours: int,
     now: dt.datetime,
+    cluster_by: str | None = None,
 ) -> dict[str, Any]:
-    """Compact when the last OPTIMIZE is ``optimize_interval_hours`` old (0: never), then vacuum.
+    """Heal the files that need it (``file_rewrites.heal``), compact when the last compaction is
+    ``optimize_interval_hours`` old (0: never; files sorted by ``cluster_by``), then vacuum.
 
-    Returns what it did: ``{"version", "optimized", "files_added", "files_removed",
+    Returns what it did: ``{"version", "files_healed", "optimized", "files_added", "files_removed",
     "files_vacuumed"}`` (``version``: the table's version afterwards).
     """
-    table = open_table(table_uri, storage_options)
+    table = open_table(table_uri, location.storage_options)
     _align_retention(table, retention_hours)
     done: dict[str, Any] = {"optimized": False, "files_added": 0, "files_removed": 0}
+    done["files_healed"] = heal(table, location)
     if optimize_interval_hours and _optimize_due(table, optimize_interval_hours, now):
-        metrics = table.optimize.compact()
-        done.update(
-            optimized=True,
-            files_added=metrics["numFilesAdded"],
-            files_removed=metrics["numFilesRemoved"],
-        )
+        removed, added = compact(table, location, cluster_by)
+        done.update(optimized=True, files_added=added, files_removed=removed)
     vacuumed = _vacuum(table, retention_hours, full=retention_hours >= UNCOMMITTED_MIN_AGE_HOURS)
     if retention_hours < UNCOMMITTED_MIN_AGE_HOURS:
         vacuumed += _vacuum(table, UNCOMMITTED_MIN_AGE_HOURS, full=True)
@@ -99,12 +99,17 @@ def _vacuum(table: Any, retention_hours: int, full: bool) -> list[str]:
 
 
 def _optimize_due(table: Any, interval_hours: int, now: dt.datetime) -> bool:
-    """No OPTIMIZE in the history yet, or the last one committed ``interval_hours`` before ``now``."""
-    last = next((entry for entry in table.history() if entry.get("operation") == "OPTIMIZE"), None)
+    """No compaction in the history yet (``file_rewrites.compact``, or a delta-rs OPTIMIZE of a lake
+    written before it), or the last one committed ``interval_hours`` before ``now``."""
+    last = next((entry for entry in table.history() if _is_compaction(entry)), None)
     if last is None:
         return True
     committed = dt.datetime.fromtimestamp(last["timestamp"] / 1000, tz=dt.timezone.utc)
     return now - committed >= dt.timedelta(hours=interval_hours)
+
+
+def _is_compaction(entry: Mapping[str, Any]) -> bool:
+    return entry.get("operation") == "OPTIMIZE" or entry.get(OPERATION_METADATA) == COMPACTION
 
 
 def _align_retention(table: Any, retention_hours: int) -> None:

@@ -225,17 +225,16 @@ class CollectionTransform:
     def maintain(self, settings: dict[str, int]) -> dict[str, Any]:
         """Compact small files and vacuum versions past the retention, table by table."""
         now = dt.datetime.now(dt.timezone.utc)
+        interval, retention = settings["optimize_interval_hours"], settings["retention_hours"]
         done = {}
-        for name, uri in (
-            ("raw", self.raw_uri),
-            ("changes", self.changes_uri),
-            ("state", self.state_uri),
-            ("deletions", self.deletions_uri),
+        for name, uri, cluster_by in (
+            ("raw", self.raw_uri, None),
+            ("changes", self.changes_uri, None),
+            ("state", self.state_uri, "__key"),
+            ("deletions", self.deletions_uri, "__key"),
         ):
             if table_if_exists(uri, self.options) is not None:
-                done[name] = maintain_table(
-                    uri, self.options, settings["optimize_interval_hours"], settings["retention_hours"], now
-                )
+                done[name] = maintain_table(uri, self.location, interval, retention, now, cluster_by)
         return done
 
     def applied(self, table: DeltaTable | None, name: str) -> dict[str, int]:
@@ -543,7 +542,7 @@ def transform_collections(
         # one version per run: the replaced marks' files go as a table's do
         maintain_table(
             source_lake.source_uri(lake.APPLIED_MARK),
-            source_lake.options,
+            source_lake.location,
             maintenance["optimize_interval_hours"],
             maintenance["retention_hours"],
             dt.datetime.now(dt.timezone.utc),
