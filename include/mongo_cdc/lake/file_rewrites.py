@@ -111,11 +111,15 @@ def files_to_heal(table: DeltaTable, location: LakeLocation) -> list[StoredFile]
     for stored in stored_files(table):
         if not _complete(stored.statistics, indexed, types):
             heal.append(stored)
-        elif not checked:
-            footer = pq.read_schema(f"{base}/{table_path}/{stored.path}", filesystem=filesystem)
-            if any(footer.field(f.name).type != wanted.field(f.name).type for f in footer):
-                heal.append(stored)
+        elif not checked and _other_types(filesystem, f"{base}/{table_path}/{stored.path}", wanted):
+            heal.append(stored)
     return heal
+
+
+def _other_types(filesystem: Any, path: str, wanted: pa.Schema) -> bool:
+    """Whether the data file at ``path`` holds a column in another Arrow type than ``wanted``'s."""
+    footer = pq.read_schema(path, filesystem=filesystem)
+    return any(field.type != wanted.field(field.name).type for field in footer)
 
 
 def _complete(statistics: FileStatistics, indexed: Sequence[tuple[str, ...]], types: dict) -> bool:
@@ -134,7 +138,9 @@ def _complete(statistics: FileStatistics, indexed: Sequence[tuple[str, ...]], ty
 
 
 def heal(table: DeltaTable, location: LakeLocation) -> int:
-    """Write again the files ``files_to_heal`` names, then mark the table healed; the files written."""
+    """Write again the files ``files_to_heal`` names, then mark the table healed; the files written
+    (those of a last commit that needed it not counted)."""
+    normalize_last_commit(table, location)  # a run that died between a MERGE and its normalizing
     healing = files_to_heal(table, location)
     if healing:
         rewrite_files(table, location, [healing], None, "heal")
@@ -144,10 +150,26 @@ def heal(table: DeltaTable, location: LakeLocation) -> int:
 
 
 def normalize_last_commit(table: DeltaTable, location: LakeLocation) -> int:
-    """Write again, in the table's own types, the files the table's last commit (a delta-rs MERGE or
-    DELETE) added; the files written. ``table`` is at the new version afterwards."""
+    """Write again the files the table's last commit added that need healing: in other types than
+    the table's (a delta-rs MERGE, DELETE or overwrite by predicate writes ``string_view``), or with
+    statistics a reader prunes wrongly by (delta-rs writes ``null`` for an infinite double's bound);
+    the files written. ``table`` is at the new version afterwards. Only the last commit's files are
+    looked at: called after each delta-rs write, and before the next MERGE (a run that died between
+    the two)."""
     added = _added_by_commit(table, location, table.version())
-    files = [stored for stored in stored_files(table) if stored.path in added]
+    if not added:
+        return 0
+    schema = pa.schema(table.schema().to_arrow())
+    types, indexed, wanted = dict(leaf_columns(schema)), table_indexed_columns(table), plain_schema(schema)
+    filesystem, base = location.filesystem()
+    table_path = _table_path(table, location)
+    files = []
+    for stored in stored_files(table):
+        if stored.path in added and (
+            not _complete(stored.statistics, indexed, types)
+            or _other_types(filesystem, f"{base}/{table_path}/{stored.path}", wanted)
+        ):
+            files.append(stored)
     if files:
         rewrite_files(table, location, [[stored] for stored in files], None, "normalize")
         table.update_incremental()

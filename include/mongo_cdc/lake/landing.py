@@ -48,6 +48,7 @@ from deltalake.transaction import create_table_with_add_actions
 
 from mongo_cdc import lake
 from mongo_cdc.lake.batch_log import BATCH_LOG_SCHEMA, Batch, BatchWindow, last_batches
+from mongo_cdc.lake.file_rewrites import normalize_last_commit
 from mongo_cdc.lake.file_statistics import indexed_columns, table_indexed_columns
 from mongo_cdc.lake.raw_files import write_files
 from mongo_cdc.lake.snapshot_log import CHUNK, COPIED, SNAPSHOT, SNAPSHOT_LOG_SCHEMA, Chunk, SnapshotPlan
@@ -153,6 +154,7 @@ class SourceLake:
                     predicate=f"{rs_column} = '{_sql_string(rs)}' AND batch_seq >= {seq}",
                     commit_properties=transaction,
                 )
+                normalize_last_commit(table, self.location)  # the files it rewrote hold view types
                 self._own_commits[(uri, app_id)] = seq
                 return
         self._append(uri, table, data, schema, transaction)
@@ -380,6 +382,7 @@ class SourceLake:
                 f"source['rs'] = '{_sql_string(rs)}' AND batch_seq >= {seq}",
                 commit_properties=CommitProperties(max_commit_retries=COMMIT_RETRIES),
             )
+            normalize_last_commit(table, self.location)  # the files it rewrote hold view types
 
     def chunk_landed(self, rs: str, seq: int, chunk: Chunk) -> bool:
         """Whether ``chunk``'s rows are committed in its raw table (its app transaction is there)."""

@@ -20,6 +20,7 @@ from deltalake.transaction import create_table_with_add_actions
 
 from mongo_cdc import lake
 from mongo_cdc.lake.batch_log import BatchWindow
+from mongo_cdc.lake.file_rewrites import normalize_last_commit
 from mongo_cdc.lake.file_statistics import indexed_columns, table_indexed_columns
 from mongo_cdc.lake.storage import row_count
 from mongo_cdc.transform.data_files import DataFile, add_actions, delete_data_files, staged_rows
@@ -107,6 +108,9 @@ class ChangesRun:
                 storage_options=self.transform.options,
                 commit_properties=properties,
             )
+            # delta-rs' own statistics: an infinite double's bound is null, which its readers prune by
+            rebuilt = DeltaTable(self.transform.changes_uri, storage_options=self.transform.options)
+            normalize_last_commit(rebuilt, self.transform.location)
         elif self.table is None:
             with creating(self.transform.changes_uri, self.transform.options):
                 create_table_with_add_actions(
@@ -164,6 +168,7 @@ class ChangesRun:
             schema_mode="merge",
             commit_properties=transform.commit_properties("changes"),
         )
+        normalize_last_commit(self.table, location)  # delta-rs' own statistics, as in ``finish``
         return sum(file.rows for file in written)
 
 

@@ -35,6 +35,7 @@ from deltalake.transaction import RemoveAction, create_table_with_add_actions
 from pyspark import RDD, StorageLevel
 
 from mongo_cdc.lake.batch_log import BatchWindow
+from mongo_cdc.lake.file_rewrites import normalize_last_commit
 from mongo_cdc.lake.file_statistics import indexed_columns, table_indexed_columns
 from mongo_cdc.lake.storage import file_actions, file_stats, row_count, table_if_exists
 from mongo_cdc.transform import columns
@@ -366,7 +367,10 @@ class StateRun:
             return self.commit_rewrite(rewrite(self.transform.location, target, source.read_all(), gone))
         if source_rows <= MERGE_IN_MEMORY_ROWS:  # delta-rs then reads only the files a source key may be in
             source = source.read_all()
+        location = self.transform.location
+        normalize_last_commit(self.table, location)  # a run that died after its MERGE left its files
         metrics = merge_into(self.table, source, gone, self.transform.commit_properties("state"))
+        normalize_last_commit(self.table, location)
         log.info("%s state merge: %s", self.transform.namespace, metrics)
         return row_count(self.table)
 
