@@ -130,11 +130,11 @@ def raw_ops(lake_root: str, prefix: str, namespace: str) -> Counter:
 
 
 def table_rows(uri: str) -> int:
-    """Live rows of a Delta table (as any Delta reader counts them), 0 if it has none yet."""
-    from mongo_cdc.lake.storage import table_if_exists
+    """Live rows of a Delta table (its files' row counts in the log, as any Delta reader counts them), 0
+    if it has none yet."""
+    from mongo_cdc.lake.storage import row_count, table_if_exists
 
-    table = table_if_exists(uri, {})
-    return 0 if table is None else table.to_pyarrow_dataset().count_rows()
+    return row_count(table_if_exists(uri, {}))
 
 
 @contextlib.contextmanager

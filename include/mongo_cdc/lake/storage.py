@@ -230,6 +230,30 @@ def open_table(
     return table
 
 
+def table_filesystem(table: DeltaTable) -> pafs.FileSystem | None:
+    """A native pyarrow filesystem rooted at ``table``'s directory, for its
+    ``to_pyarrow_dataset(filesystem=...)`` (None: gs/abfs, delta-rs' own is the one there is).
+
+    deltalake's default is a ``PyFileSystem`` over delta-rs' object store: a Python object the scan's
+    C++ threads hold, and the last of them to let go of it (after the read returned) takes the GIL
+    to do so. When that happens after the interpreter began to shut down, CPython ends the thread
+    inside a C++ destructor and the process aborts ("terminate called without an active
+    exception", exit 134): half the processes that read a table through deltalake did, with every
+    deltalake 1.x and pyarrow 18-26 here. A native filesystem holds no Python object."""
+    import pyarrow.fs as pafs
+
+    uri = table.table_uri.rstrip("/")
+    scheme = uri_scheme(uri)
+    if scheme is None or scheme == "file":
+        path = urlsplit(uri).path if scheme == "file" else uri
+        return pafs.SubTreeFileSystem(path, pafs.LocalFileSystem())
+    if scheme == "s3":
+        parts = urlsplit(uri)
+        options = getattr(table, "_storage_options", None) or {}
+        return pafs.SubTreeFileSystem(f"{parts.netloc}{parts.path}", _s3_filesystem(options))
+    return None
+
+
 def _s3_filesystem(options: Mapping[str, str]) -> pafs.S3FileSystem:
     import pyarrow.fs as pafs
 

@@ -24,6 +24,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from mongo_cdc.lake.storage import table_filesystem
+
 if TYPE_CHECKING:  # Spark executors import this module (raw_events) and need only pyarrow
     from deltalake import DeltaTable
 
@@ -95,9 +97,11 @@ def read_rows(
 ) -> pa.Table:
     """The rows of ``table``'s current version that ``where`` keeps (all: None), ``columns`` of them
     (all: None), in plain types."""
+    filesystem = table_filesystem(table)
     if where is None:
-        return plain(table.to_pyarrow_dataset().to_table(columns=list(columns) if columns else None))
-    dataset = table.to_pyarrow_dataset(file_pruning_predicate=where.files)
+        dataset = table.to_pyarrow_dataset(filesystem=filesystem)
+        return plain(dataset.to_table(columns=list(columns) if columns else None))
+    dataset = table.to_pyarrow_dataset(file_pruning_predicate=where.files, filesystem=filesystem)
     scanned = None
     if columns is not None and where.columns is not None:
         scanned = list(dict.fromkeys([*columns, *where.columns]))
@@ -116,7 +120,7 @@ def scan_rows(table: DeltaTable, columns: Sequence[str]) -> Iterator[pa.Table]:
     # Each file read on its own, a page at a time through a buffered stream: pyarrow's dataset
     # scanner, even without read-ahead, held 300 MiB of a 1 M-row state's documents at its peak
     # (a file read this way, 60 MiB).
-    dataset = table.to_pyarrow_dataset()
+    dataset = table.to_pyarrow_dataset(filesystem=table_filesystem(table))
     types = plain_schema(dataset.schema)
     for path in dataset.files:
         with dataset.filesystem.open_input_file(path) as source:
