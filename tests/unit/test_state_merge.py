@@ -1,7 +1,8 @@
 """``transform.state_merge``: the state's rule run by delta-rs' MERGE (``merge_into``, on a real
-Delta table) and by pyarrow over a small table (``merged_rows``) gives the same rows, for stated
-cases and for random ones (ties of position, deletions, copies' and drops' positions); a small
-table's ``rewrite`` writes those rows of its files as one new file."""
+Delta table), by pyarrow over a small table (``merged_rows``) and file by file (``merge_files``)
+gives the same rows, for stated cases and for random ones (ties of position, deletions, copies' and
+drops' positions, files of unknown key ranges); a small table's ``rewrite`` writes those rows of its
+files as one new file."""
 
 from __future__ import annotations
 
@@ -15,10 +16,17 @@ from deltalake import CommitProperties, DeltaTable, write_deltalake
 from mongo_cdc.lake.storage import LakeLocation
 from mongo_cdc.transform import shared_tasks
 from mongo_cdc.transform.columns import NO_CHANGES
-from mongo_cdc.transform.data_files import DataFile
+from mongo_cdc.transform.data_files import DataFile, write_data_file
 from mongo_cdc.transform.shared_tasks import rewritten_whole
-from mongo_cdc.transform.slice_tasks import DELETED_FLAG, Output, StateOutput, StateSpec, write_state_file
-from mongo_cdc.transform.state_merge import Gone, Rewrite, merge_into, merged_rows, rewrite
+from mongo_cdc.transform.slice_tasks import (
+    DELETED_FLAG,
+    KeyedFile,
+    Output,
+    StateOutput,
+    StateSpec,
+    write_state_file,
+)
+from mongo_cdc.transform.state_merge import Gone, Rewrite, merge_files, merge_into, merged_rows, rewrite
 from mongo_cdc.transform.table_layout import TableLayout
 
 SCHEMA = pa.schema(
@@ -45,6 +53,33 @@ def both_engines(tmp_path, stored: pa.Table, source: pa.Table, gone: list[Gone])
     merged = table.to_pyarrow_table().cast(SCHEMA).sort_by("__key").to_pylist()
     assert table.version() == DeltaTable(tmp_path).version()  # the object is at the new version
     return merged, merged_rows(stored, source, gone).sort_by("__key").to_pylist()
+
+
+def file_by_file(tmp_path, stored: pa.Table, source: pa.Table, gone: list[Gone], files: int = 3) -> list:
+    """The table's rows after ``merge_files`` (``stored`` in ``files`` files of disjoint key ranges,
+    and one file whose statistics are unknown), sorted by key: the files it kept and those it wrote."""
+    location = LakeLocation(str(tmp_path))
+    ordered = stored.sort_by("__key")
+    size = -(-ordered.num_rows // files) or 1
+    written = [
+        write_data_file(location, "state", ordered.slice(start, size))
+        for start in range(0, ordered.num_rows, size)
+    ]
+    bounds = [
+        (min(part), max(part))
+        for part in (pq.read_table(tmp_path / "state" / f.path).column("__key").to_pylist() for f in written)
+    ]
+    stored_files = [
+        KeyedFile(f"state/{file.path}", *(bound if index else (None, None)))
+        for index, (file, bound) in enumerate(zip(written, bounds, strict=True))
+    ]
+    merged = merge_files(location, "state", stored_files, SCHEMA, source, gone)
+    kept = [file for file in stored_files if file.path not in merged.removed]
+    parts = [pq.read_table(tmp_path / file.path) for file in kept]
+    parts += [pq.read_table(tmp_path / "state" / file.path) for file in merged.written]
+    after = pa.concat_tables([SCHEMA.empty_table(), *(part.cast(SCHEMA) for part in parts)])
+    assert merged.rows_added - merged.rows_removed == after.num_rows - stored.num_rows
+    return after.sort_by("__key").to_pylist()
 
 
 def test_newer_versions_win_deletions_delete_and_copies_remove_what_they_did_not_find(tmp_path):
@@ -74,7 +109,7 @@ def test_newer_versions_win_deletions_delete_and_copies_remove_what_they_did_not
         ],
     )
     merged, in_memory = both_engines(tmp_path / "t", stored, source, [Gone("rs0", 20, "")])
-    assert merged == in_memory
+    assert merged == in_memory == file_by_file(tmp_path / "f", stored, source, [Gone("rs0", 20, "")])
     assert {row["__key"]: row["v"] for row in in_memory} == {
         "updated": 10,
         "older update": 2,
@@ -112,7 +147,7 @@ def test_both_engines_give_the_same_rows_for_random_runs(tmp_path, seed):
     )
     gone = [Gone(draw.choice(["rs0", "rs1"]), *position()) for _ in range(draw.randint(0, 2))]
     merged, in_memory = both_engines(tmp_path / "t", stored, source, gone)
-    assert merged == in_memory
+    assert merged == in_memory == file_by_file(tmp_path / "f", stored, source, gone, draw.randint(1, 4))
 
 
 def test_a_rewrite_writes_the_rows_after_the_run_of_every_file_of_the_table_as_one_new_file(tmp_path):

@@ -26,6 +26,7 @@ MERGE streams like the state rows. The driver handles files, batches and counts 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -35,7 +36,6 @@ from deltalake.transaction import RemoveAction, create_table_with_add_actions
 from pyspark import RDD, StorageLevel
 
 from mongo_cdc.lake.batch_log import BatchWindow
-from mongo_cdc.lake.file_rewrites import normalize_last_commit
 from mongo_cdc.lake.file_statistics import indexed_columns, table_indexed_columns
 from mongo_cdc.lake.storage import file_actions, file_stats, row_count, table_if_exists
 from mongo_cdc.transform import columns
@@ -64,7 +64,7 @@ from mongo_cdc.transform.state_merge import (
     REWRITE_MAX_ROWS,
     Rewrite,
     gone_positions,
-    merge_into,
+    merge_files,
     position_after,
     rewrite,
 )
@@ -84,8 +84,8 @@ STATE_METADATA_COLUMNS: tuple[tuple[str, columns.ColumnType], ...] = (
     ("__event_order", columns.STRING),
     ("__rs", columns.STRING),
 )
-# A MERGE source of at most this many rows is handed to delta-rs whole, which lets it read and
-# rewrite only the state files whose key range may hold a source key; a larger one is streamed.
+# A deletion markers' MERGE source of at most this many rows is handed to delta-rs whole, which lets
+# it read and rewrite only the files whose key range may hold a source key; a larger one is streamed.
 MERGE_IN_MEMORY_ROWS = 200_000
 
 
@@ -200,9 +200,10 @@ class StateRun:
         self.shared_folds = folded
         self.shared_rewrite = rewritten
 
-    def rewrite_target(self) -> Rewrite | None:
-        """The table as a ``state_merge.Rewrite`` when it is small enough to be written again whole
-        (``REWRITE_MAX_ROWS``, ``REWRITE_MAX_BYTES``, its files' rows known), else None."""
+    def rewrite_target(self, layout: TableLayout | None = None) -> Rewrite | None:
+        """The table as a ``state_merge.Rewrite`` (in ``layout``, the stored one by default) when it is
+        small enough to be written again whole (``REWRITE_MAX_ROWS``, ``REWRITE_MAX_BYTES``, its files'
+        rows known), else None."""
         stored = self.stored_files
         if stored is None or stored.column("num_records").null_count:
             return None
@@ -210,7 +211,9 @@ class StateRun:
         if rows > REWRITE_MAX_ROWS or size > REWRITE_MAX_BYTES:
             return None
         return Rewrite(
-            self.transform.state_path, self.layout.schema, tuple(stored.column("path").to_pylist())
+            self.transform.state_path,
+            (layout or self.layout).schema,
+            tuple(stored.column("path").to_pylist()),
         )
 
     def slice_inputs(self, slices: list[RawSlice]) -> RDD:
@@ -354,40 +357,81 @@ class StateRun:
         )
 
     def merge(self, layout: TableLayout, files: list[DataFile]) -> int:
-        """Apply the staged rows to the table in one commit (``state_merge``'s rule); its rows after."""
-        assert self.table is not None
+        """Apply the staged rows to the table in one commit (``state_merge``'s rule); its rows after.
+        A small table is written again whole (``rewrite``); a large one file by file
+        (``merge_files``), after a commit of its new columns, if it has any."""
+        assert self.table is not None and self.stored_files is not None
         if self.shared_rewrite is not None:
-            return self.commit_rewrite(self.shared_rewrite)
+            return self.commit_rewrite(self.shared_rewrite, self.layout)
         gone = gone_positions(self.manifests, self.drops)
         schema = layout.schema.append(pa.field(DELETED_FLAG, pa.bool_()))
-        source = staged_rows(self.transform.location, self.directory, files, schema)
-        target = self.rewrite_target() if layout is self.layout else None
-        source_rows = sum(file.rows for file in files)
-        if target is not None and source_rows <= REWRITE_MAX_ROWS:
-            return self.commit_rewrite(rewrite(self.transform.location, target, source.read_all(), gone))
-        if source_rows <= MERGE_IN_MEMORY_ROWS:  # delta-rs then reads only the files a source key may be in
-            source = source.read_all()
-        location = self.transform.location
-        normalize_last_commit(self.table, location)  # a run that died after its MERGE left its files
-        metrics = merge_into(self.table, source, gone, self.transform.commit_properties("state"))
-        normalize_last_commit(self.table, location)
-        log.info("%s state merge: %s", self.transform.namespace, metrics)
-        return row_count(self.table)
-
-    def commit_rewrite(self, written: DataFile) -> int:
-        """One commit that adds ``written``, the table's rows after the run (``state_merge.rewrite``),
-        and removes every file the run read: the commit a MERGE makes, without its cost."""
-        assert self.table is not None and self.stored_files is not None
-        now_ms = int(time.time() * 1000)
-        removed = [
-            RemoveAction(file["path"], True, now_ms, file["size_bytes"])
-            for file in self.stored_files.select(["path", "size_bytes"]).to_pylist()
-        ]
+        source = staged_rows(self.transform.location, self.directory, files, schema).read_all()
+        target = self.rewrite_target(layout)
+        if target is not None and source.num_rows <= REWRITE_MAX_ROWS:
+            return self.commit_rewrite(rewrite(self.transform.location, target, source, gone), layout)
+        if layout is not self.layout:
+            # new columns first (a commit of its own: Delta's add actions cannot change the schema),
+            # restating the batches applied, as the changes table's do (``changes_commit.finish``)
+            applied = self.transform.applied(self.table, "state")
+            write_deltalake(
+                self.table,
+                layout.schema.empty_table(),
+                mode="append",
+                schema_mode="merge",
+                commit_properties=self.transform.commit_properties("state", applied),
+            )
+        location, table_path = self.transform.location, self.transform.state_path
+        merged = merge_files(location, table_path, self.state_files, layout.schema, source, gone)
         self.table.create_write_transaction(
-            [*removed, *add_actions([written], table_indexed_columns(self.table))],
+            [
+                *self.removes(merged.removed),
+                *add_actions(list(merged.written), table_indexed_columns(self.table)),
+            ],
             mode="append",
             schema=self.table.schema(),
             commit_properties=self.transform.commit_properties("state"),
+        )
+        log.info(
+            "%s state merge: %d files read again, %d written, %d rows removed, %d added",
+            self.transform.namespace, len(merged.removed), len(merged.written), merged.rows_removed,
+            merged.rows_added,
+        )  # fmt: skip
+        return row_count(self.table) - merged.rows_removed + merged.rows_added
+
+    def removes(self, paths: Iterable[str]) -> list[RemoveAction]:
+        """Remove actions of the table's files at ``paths`` (under the lake root, as ``state_files``)."""
+        assert self.stored_files is not None
+        files = self.stored_files.select(["path", "size_bytes"]).to_pylist()
+        sizes = {file["path"]: file["size_bytes"] for file in files}
+        now_ms, prefix = int(time.time() * 1000), f"{self.transform.state_path}/"
+        relative = [path.removeprefix(prefix) for path in paths]
+        return [RemoveAction(path, True, now_ms, sizes[path]) for path in relative]
+
+    def commit_rewrite(self, written: DataFile, layout: TableLayout) -> int:
+        """One commit that adds ``written``, the table's rows after the run (``state_merge.rewrite``),
+        and removes every file the run read: the commit a MERGE makes, without its cost. A new layout
+        overwrites the table: the one commit that changes its schema and adds files."""
+        assert self.table is not None and self.stored_files is not None
+        if layout is self.layout:
+            now_ms = int(time.time() * 1000)
+            removed = [
+                RemoveAction(file["path"], True, now_ms, file["size_bytes"])
+                for file in self.stored_files.select(["path", "size_bytes"]).to_pylist()
+            ]
+            actions, mode, schema = (
+                [*removed, *add_actions([written], table_indexed_columns(self.table))],
+                "append",
+                self.table.schema(),
+            )
+        else:
+            indexed = indexed_columns(layout.schema, self.table.metadata().configuration)
+            actions, mode, schema = (
+                add_actions([written], indexed),
+                "overwrite",
+                Schema.from_arrow(layout.schema),
+            )
+        self.table.create_write_transaction(
+            actions, mode=mode, schema=schema, commit_properties=self.transform.commit_properties("state")
         )
         log.info("%s state written again whole: %d rows", self.transform.namespace, written.rows)
         return written.rows

@@ -7,14 +7,17 @@ inserted, unless deleted. A stored row no source row names is deleted when a cop
 drop of its replica set sits after it (``Gone``): that copy did not find the document, or the
 collection was dropped since.
 
-``merge_into`` runs the rule as a delta-rs MERGE (DataFusion), which reads and rewrites only the
-files whose key range may hold a source key: the way for large tables. ``merged_rows`` runs it in
-pyarrow over the whole of a small table (``REWRITE_MAX_ROWS``), in a millisecond or two where a
-MERGE takes 15 ms of CPU and holds the GIL throughout: a source of many small collections paid one
-MERGE per collection and run (issue 28). ``rewrite`` writes a small table's rows after the run as one
-new file, for the driver to commit in place of the table's files; a shared job's task runs it for its
-collection (``shared_tasks``), so the driver of many small collections only commits. Executor side:
-no deltalake import at run time. tests/unit/test_state_merge.py holds the two engines to the same rows.
+``merged_rows`` runs the rule in pyarrow over a set of stored rows. ``merge_files`` runs it file by
+file over a large table: only the files whose key range may hold a source key are read, each one
+that changes is written again (``write_data_file``: the table's own types, full statistics), and
+the source's new keys go to new files of disjoint key ranges; the driver commits them in one Delta
+commit. ``rewrite`` writes a small table's rows after the run (``REWRITE_MAX_ROWS``) as one new file,
+for the driver to commit in place of the table's files; a shared job's task runs it for its
+collection (``shared_tasks``), so the driver of many small collections only commits. ``merge_into``
+runs the rule as a delta-rs MERGE (DataFusion): the reference the other two are tested against
+(tests/unit/test_state_merge.py), not used by a run, since a MERGE writes its files'
+text as ``string_view``, which no pyarrow filter of the table can compare with the table's
+``string``. Executor side: no deltalake import at run time.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import pyarrow.parquet as pq
 from mongo_cdc.lake import SnapshotManifest
 from mongo_cdc.lake.storage import LakeLocation
 from mongo_cdc.transform.data_files import DataFile, write_data_file
-from mongo_cdc.transform.slice_tasks import DELETED_FLAG, in_order
+from mongo_cdc.transform.slice_tasks import DELETED_FLAG, KeyedFile, in_order
 from mongo_cdc.transform.slices import lake_path
 from mongo_cdc.transform.table_layout import widened
 
@@ -40,6 +43,8 @@ if TYPE_CHECKING:
 # whole (``rewrite``) rather than MERGEd; the run's rows too are at most this many.
 REWRITE_MAX_ROWS = 10_000
 REWRITE_MAX_BYTES = 16 << 20
+# A MERGE's new keys go to files of at most this many rows (in key order: disjoint key ranges).
+NEW_FILE_ROWS = 250_000
 
 
 class Gone(NamedTuple):
@@ -71,14 +76,74 @@ def rewrite(location: LakeLocation, target: Rewrite, source: pa.Table, gone: Seq
     schema and ``DELETED_FLAG``) written as one new file of the table, which no commit names yet."""
     filesystem, base = location.filesystem()
     stored = [
-        widened(
-            pq.ParquetFile(lake_path(base, f"{target.table_path}/{path}"), filesystem=filesystem).read(),
-            target.schema,
-        )
-        for path in target.stored
+        _stored_rows(filesystem, base, f"{target.table_path}/{path}", target.schema) for path in target.stored
     ]
     rows = merged_rows(pa.concat_tables([target.schema.empty_table(), *stored]), source, gone)
     return write_data_file(location, target.table_path, in_order(rows, ["__key"]))
+
+
+class MergedFiles(NamedTuple):
+    """What ``merge_files`` wrote: the table's files it replaces (paths under the lake root), the new
+    files, and the table's rows that were removed and added by them."""
+
+    removed: tuple[str, ...]
+    written: tuple[DataFile, ...]
+    rows_removed: int
+    rows_added: int
+
+
+def merge_files(
+    location: LakeLocation,
+    table_path: str,
+    stored: Sequence[KeyedFile],
+    schema: pa.Schema,
+    source: pa.Table,
+    gone: Sequence[Gone],
+) -> MergedFiles:
+    """The rule over a table's files: ``stored`` (each file's path under the lake root and its
+    ``__key`` bounds, None where unknown: ``state_commit.keyed_files``), ``source`` (rows of
+    ``schema`` and ``DELETED_FLAG``, one per key). A file is read when a source key may be in it
+    (every file when ``gone`` may delete any stored row) and written again when the rule changes its
+    rows; the source's other keys are written in new files of at most ``NEW_FILE_ROWS``, in key
+    order. Nothing is committed."""
+    filesystem, base = location.filesystem()
+    source = in_order(source, ["__key"])
+    keys = source.column("__key")
+    claimed = pa.array([False] * source.num_rows)
+    removed, written, rows_removed, rows_added = [], [], 0, 0
+    for path, low, high in stored:
+        if not gone and low is not None and high is not None:
+            if not pc.any(pc.and_(pc.greater_equal(keys, low), pc.less_equal(keys, high))).as_py():
+                continue
+        rows = _stored_rows(filesystem, base, path, schema)
+        in_file = pc.is_in(keys, value_set=rows.column("__key"))
+        claimed = pc.or_(claimed, in_file)
+        after = merged_rows(rows, source.filter(in_file), gone)
+        if _same_versions(rows, after):
+            continue
+        removed.append(path)
+        rows_removed += rows.num_rows
+        if after.num_rows:
+            written.append(write_data_file(location, table_path, in_order(after, ["__key"])))
+            rows_added += after.num_rows
+    new = source.filter(pc.and_(pc.invert(claimed), pc.invert(source.column(DELETED_FLAG))))
+    new = new.drop_columns([DELETED_FLAG])
+    for start in range(0, new.num_rows, NEW_FILE_ROWS):
+        written.append(write_data_file(location, table_path, new.slice(start, NEW_FILE_ROWS)))
+    return MergedFiles(tuple(removed), tuple(written), rows_removed, rows_added + new.num_rows)
+
+
+def _stored_rows(filesystem: Any, base: str, path: str, schema: pa.Schema) -> pa.Table:
+    """The rows of the table's data file at ``path`` (under the lake root) as rows of ``schema``."""
+    return widened(pq.ParquetFile(lake_path(base, path), filesystem=filesystem).read(), schema)
+
+
+def _same_versions(before: pa.Table, after: pa.Table) -> bool:
+    """Whether ``after`` holds the very versions ``before`` does (the rule changed nothing)."""
+    if before.num_rows != after.num_rows:
+        return False
+    position = ["__key", "__cluster_time", "__event_order"]
+    return in_order(before.select(position), position).equals(in_order(after.select(position), position))
 
 
 def merge_into(
