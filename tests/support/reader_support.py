@@ -1,11 +1,27 @@
-"""DuckDB as docs/reading.md's readers use it: with its delta extension, loaded offline."""
+"""The readers docs/reading.md names, as a user runs them: DuckDB with its delta extension loaded
+offline, and filtered reads compared reader by reader with the reader's own full read filtered
+afterwards (``check_every_reader``)."""
 
 from __future__ import annotations
 
+import datetime as dt
+import math
 import os
+from typing import Any
 
 import duckdb
 import duckdb_extension_delta
+import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import DeltaTable
+
+from mongo_cdc.lake.readers import read_table, spark_table
+
+# (column, operator, value, Arrow type of the value): "=", "<", ">", "in" or "is null"; a column
+# "a.b" is field b of struct column a
+Predicate = tuple[str, str, Any, pa.DataType]
+OPERATORS = ("=", "<", ">", "in", "is null")
 
 # DuckDB's delta extension from PyPI (duckdb_extension_delta), loaded from its file: no download
 DELTA_EXTENSION = os.path.join(
@@ -20,3 +36,104 @@ def duckdb_connection() -> duckdb.DuckDBPyConnection:
     connection = duckdb.connect()
     connection.execute(f"LOAD '{DELTA_EXTENSION}'")
     return connection
+
+
+def _arrow(column: str, op: str, value: Any, kind: pa.DataType) -> pc.Expression:
+    field = pc.field(*column.split("."))
+    literal = pa.scalar(value, kind) if value is not None else None
+    return {
+        "=": lambda: field == literal,
+        "<": lambda: field < literal,
+        ">": lambda: field > literal,
+        "in": lambda: field.isin(pa.array([value], kind)),
+        "is null": lambda: field.is_null(),
+    }[op]()
+
+
+def _polars(column: str, op: str, value: Any) -> pl.Expr:
+    name, *nested = column.split(".")
+    field = pl.col(name).struct.field(nested[0]) if nested else pl.col(name)
+    return {
+        "=": lambda: field == value,
+        "<": lambda: field < value,
+        ">": lambda: field > value,
+        "in": lambda: field.is_in([value]),
+        "is null": lambda: field.is_null(),
+    }[op]()
+
+
+def _sql(column: str, op: str) -> str:
+    if op == "is null":
+        return f"{column} IS NULL"
+    return f"{column} IN (?)" if op == "in" else f"{column} {op} ?"
+
+
+def _ids(rows: pa.Table) -> list[str]:
+    """The rows' identities, as sorted text: the reader's types and order do not matter."""
+    columns = [
+        name
+        for name in ("__key", "key", "__event_order", "__cluster_time", "_id")
+        if name in rows.column_names
+    ]
+    return sorted("|".join(str(row[name]) for name in columns) for row in rows.select(columns).to_pylist())
+
+
+def _polars_ids(frame: pl.DataFrame) -> list[str]:
+    return _ids(frame.to_arrow())
+
+
+def check_every_reader(uri: str, predicates: list[Predicate], spark: Any = None) -> int:
+    """Every predicate through every reader (Spark's ``spark_table`` where ``spark`` is given):
+    filtered read == full read filtered; the predicates that matched a row (so that a test does not
+    compare empty answers only)."""
+    table = DeltaTable(uri)
+    schema = pa.schema(table.schema().to_arrow())
+    full = table.to_pyarrow_table()
+    duck = duckdb_connection()
+    duck.execute(f"CREATE TABLE everything AS SELECT * FROM delta_scan('{uri}')")
+    polars_full = pl.read_delta(uri)
+    spark_full = None if spark is None else spark_table(spark, uri).localCheckpoint()
+    matched = 0
+    for column, op, value, kind in predicates:
+        if column.split(".")[0] not in schema.names:
+            continue
+        where = f"{uri}: {column} {op} {value!r}"
+        expression = _arrow(column, op, value, kind)
+        expected = _ids(full.filter(expression))
+        matched += bool(expected)
+        assert _ids(table.to_pyarrow_dataset().to_table(filter=expression)) == expected, where
+        assert _ids(read_table(uri, filters=expression)) == expected, where
+        if "." not in column:
+            tuples = [(column, op if op != "is null" else "=", value if op != "in" else [value])]
+            if op != "is null":
+                assert _ids(table.to_pyarrow_table(filters=tuples)) == expected, where
+        polars_expression = _polars(column, op, value)
+        assert _polars_ids(pl.scan_delta(uri).filter(polars_expression).collect()) == _polars_ids(
+            polars_full.filter(polars_expression)
+        ), where
+        sql = _sql(column, op)
+        parameters = [] if op == "is null" else [value]
+        filtered = duck.execute(
+            f"SELECT * FROM delta_scan('{uri}') WHERE {sql}", parameters
+        ).fetch_arrow_table()
+        afterwards = duck.execute(f"SELECT * FROM everything WHERE {sql}", parameters).fetch_arrow_table()
+        assert _ids(filtered) == _ids(afterwards), where
+        if spark is None:
+            continue
+        spark_where = sql.replace("?", _spark_literal(value))
+        assert sorted(map(str, spark_table(spark, uri).where(spark_where).collect())) == sorted(
+            map(str, spark_full.where(spark_where).collect())
+        ), where
+    return matched
+
+
+def _spark_literal(value: Any) -> str:
+    if isinstance(value, str):
+        return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    if isinstance(value, dt.datetime):
+        return f"TIMESTAMP '{value.strftime('%Y-%m-%d %H:%M:%S.%f')}+00:00'"
+    if isinstance(value, float) and math.isinf(value):
+        return "double('inf')" if value > 0 else "double('-inf')"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return repr(value)

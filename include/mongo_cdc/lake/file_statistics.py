@@ -22,12 +22,15 @@ the bounds of a column chunk holding a value over 4 KB) is that one column read.
 truncated as Delta's writers truncate them (``STRING_PREFIX_LENGTH`` characters): the minimum to a
 prefix, the maximum to a prefix whose last character that can be is incremented, so that it stays an
 upper bound. Timestamps are written in milliseconds, the minimum rounded down, the maximum up.
-Doubles are bounded from their values, not the footer, which cannot say whether a chunk holds NaN:
-NaN is left out of the bounds as Parquet leaves it out (no comparison in Arrow matches it), except
-that a column holding NaN has the maximum ``"Infinity"`` (DuckDB and Spark order NaN above every
-number); ±infinity, which no JSON number holds, are written ``"Infinity"``/``"-Infinity"``, which
-delta-rs, delta-kernel and Spark read back as the double. Binary columns, lists and maps have no
-bounds in Delta: only their ``nullCount``.
+Doubles are bounded from their values, not the footer, which cannot say whether a chunk holds NaN.
+No bounds are true of NaN: pyarrow takes a file's bounds as a guarantee about every row and
+simplifies a filter by it (bounds of a file of NaN left out, ``[inf, inf]`` say, turn ``d > 1`` into
+"every row"), and DuckDB and Spark order NaN above every number (bounds that leave it out prune
+``d > 5`` there). So a file whose column holds NaN gets the widest bounds, ``"-Infinity"`` to
+``"Infinity"``: no comparison with a number is decided by them (only ``>= -inf`` or ``<= inf`` in
+pyarrow, and ``> inf`` in DuckDB, which no one writes). ±infinity, which no JSON number holds, are
+written ``"Infinity"``/``"-Infinity"``, which delta-rs, delta-kernel and Spark read back as the
+double. Binary columns, lists and maps have no bounds in Delta: only their ``nullCount``.
 """
 
 from __future__ import annotations
@@ -212,12 +215,10 @@ def column_at(rows: pa.Table | pa.RecordBatch, path: Sequence[str]) -> pa.Chunke
 def _bounds_of(values: pa.ChunkedArray | pa.Array, kind: pa.DataType) -> tuple[Any, Any]:
     """The bounds of a column's values (not all null), as ``_value`` gives them."""
     if _is_double(kind):
-        nan = pa.compute.is_nan(values)
-        numbers = values.filter(pa.compute.invert(nan))  # nulls dropped too
-        if len(numbers) == 0:
-            return math.inf, math.inf  # NaN alone: DuckDB and Spark order it above every number
-        low, high = (pa.compute.min_max(numbers)[end].as_py() for end in ("min", "max"))
-        return low, math.inf if pa.compute.any(nan).as_py() else high
+        if pa.compute.any(pa.compute.is_nan(values)).as_py():
+            return -math.inf, math.inf  # see the module's text: no narrower bounds hold NaN
+        low, high = (pa.compute.min_max(values)[end].as_py() for end in ("min", "max"))
+        return low, high
     if pa.types.is_timestamp(kind):  # as integers: as_py() of a nanosecond timestamp loses them
         values = values.cast(pa.int64())
         low, high = (pa.compute.min_max(values)[end].as_py() for end in ("min", "max"))
@@ -255,7 +256,7 @@ def _bound_high(value: Any, kind: pa.DataType) -> Any:
     if isinstance(value, float) and math.isinf(value):
         return "Infinity" if value > 0 else "-Infinity"
     if isinstance(value, str):
-        return _truncated_max(value)
+        return truncated_max(value)
     if pa.types.is_timestamp(kind):  # a footer's nanosecond bound came in microseconds, rounded down
         return _timestamp_text(-(-(value + (999 if kind.unit == "ns" else 0)) // 1_000_000))
     if isinstance(value, dt.date):
@@ -263,7 +264,7 @@ def _bound_high(value: Any, kind: pa.DataType) -> Any:
     return value
 
 
-def _truncated_max(value: str) -> str:
+def truncated_max(value: str) -> str:
     """An upper bound of ``value`` at most ``STRING_PREFIX_LENGTH`` characters long: the prefix with
     its last character that can be incremented incremented (what follows it dropped), or the whole
     value where every character of the prefix is the last code point."""

@@ -15,7 +15,9 @@ a lake of their own. Then, one step after the other:
    table's files Delta removed (old change files are never rewritten: 0);
 5. ``--spread-changes`` changes spread over the whole key range of the large source (updates,
    deletes and inserts), against the ``--changes`` of step 3 on the same state (issue 21);
-6. ``--nested-state`` ~4 KB nested documents in a third source: their snapshot's landing MB/s and
+6. the large state compacted (``lookups``): after its first build and after compaction, the files
+   a point lookup by ``_id`` opens against the files of the table (issue 47);
+7. ``--nested-state`` ~4 KB nested documents in a third source: their snapshot's landing MB/s and
    their first build's, in MB of BSON per second after subtracting the empty job (issue 21).
 
 An empty PySpark job (``empty_spark_job.py``: a ``SparkContext`` and two tasks, submitted the same
@@ -60,6 +62,7 @@ from mongo_cdc.config import SourceConfig
 from mongo_cdc.lake import table_uri
 from mongo_cdc.lake.storage import LakeLocation, table_if_exists
 from mongo_cdc_dev.bench.data import load, nested_documents, small_documents
+from mongo_cdc_dev.bench.lookups import compact, files_opened, lookup_rows, middle_id
 from mongo_cdc_dev.bench.procfs import cpu_ticks
 from mongo_cdc_dev.bench.table import Row
 from mongo_cdc_dev.testing.lake import database_source, memory_keeper
@@ -243,6 +246,10 @@ class Source:
     def transform(self) -> TransformRun:
         return run_transform(self.lake, self.name)
 
+    @property
+    def state_uri(self) -> str:
+        return table_uri(LakeLocation(self.lake), "state", self.name, self.name, COLLECTION)
+
     def change_files(self) -> set[str]:
         uri = table_uri(LakeLocation(self.lake), "changes", self.name, self.name, COLLECTION)
         table = table_if_exists(uri, {})
@@ -399,6 +406,7 @@ class Results:
     runs: dict[str, TransformRun] = field(default_factory=dict)
     removed_change_files: int = 0
     added_change_files: int = 0
+    lookups: dict[str, tuple[int, int]] = field(default_factory=dict)  # after what: (opened, files)
 
     def rows(self) -> list[Row]:
         landed = self.landed_rate
@@ -421,7 +429,7 @@ class Results:
                 "s"),
             Row(section, f"old change files removed by the new field ({self.added_change_files} added)",
                 self.removed_change_files, "files", max_value=1),
-        ] + self._own_work_rows()  # fmt: skip
+        ] + self._own_work_rows() + lookup_rows(section, self.docs, self.lookups)  # fmt: skip
 
     def _own_work_rows(self) -> list[Row]:
         """Issue 21's rows: the empty job, the first builds without it, spread changes, nested documents."""
@@ -491,6 +499,8 @@ def transform(bench: Bench) -> list[Row]:
             with _step(f"first build of {source.namespace}"):
                 run = results.runs[f"first {source.name}"] = source.transform()
             _check(run, source, source.documents)
+        state, wanted = large.state_uri, middle_id(large.state_uri)
+        results.lookups["the first build"] = files_opened(state, "_id", wanted)
         for seed, source in enumerate((large, small), start=1):
             rows = source.pull(apply_changes(source.collection, args.changes, source.documents, seed))
             with _step(f"{args.changes:,} changes on {source.namespace}"):
@@ -509,6 +519,9 @@ def transform(bench: Bench) -> list[Row]:
         with _step(f"{args.spread_changes:,} changes spread over {large.namespace}"):
             run = results.runs["spread large"] = large.transform()
         _check(run, large, rows)
+        with _step(f"compaction of {large.namespace}'s state"):
+            compact(LakeLocation(large.lake), state)
+        results.lookups["compaction"] = files_opened(state, "_id", wanted)
         nested = Source("nested", client, bench.rs.name, lake, args.nested_state)
         with _step(f"loading {nested.documents:,} nested documents into {nested.namespace}"):
             load(nested.collection, nested.documents, nested_documents)
