@@ -37,6 +37,7 @@ from bson_by_hand import (
 )
 
 from mongo_cdc import extjson
+from mongo_cdc.bson_elements import DamagedBson
 from mongo_cdc.transform import columns
 from mongo_cdc.transform.raw_events import RowDocuments
 from mongo_cdc.transform.slice_tasks import FAST_PATH_MIN_ROWS, document_texts, field_values
@@ -140,3 +141,26 @@ def test_doc_is_the_text_of_doc_bson_on_the_lossless_and_the_fast_path(rows):
     assert [bson_of_extjson(text) == data for text, data in zip(texts, raws, strict=True)] == [
         name not in lossless for name, _ in CORPUS
     ] + [True] * rows
+
+
+@pytest.mark.parametrize(("name", "data"), CORPUS, ids=[name for name, _ in CORPUS])
+def test_a_document_without_a_deprecated_type_has_the_text_of_its_values_decoded(name, data):
+    """What changed is only what a decode loses: every other document's text is ``extjson.encode``'s
+    of it decoded, as before (invalid UTF-8 read with U+FFFD alike)."""
+    decoded_text = extjson.encode_str(bson.decode(data, extjson.READ_OPTIONS))
+    assert (extjson.from_bson(data) == decoded_text) is (name not in DEPRECATED_CASES)
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda data: data[:-1],  # cut short
+        lambda data: data[:-1] + b"\x01",  # no closing NUL
+        lambda data: data[:4] + b"\x63" + data[5:],  # an unknown type
+        lambda data: data[:4] + b"\x02" + data[5:],  # an int32 read as a string: its length overruns
+        lambda data: struct.pack("<i", len(data) + 9) + data[4:],  # a length past the end
+    ],
+)
+def test_damaged_bson_is_refused_not_rendered(damage):
+    with pytest.raises(DamagedBson):
+        extjson.from_bson(damage(DEPRECATED))
