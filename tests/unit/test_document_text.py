@@ -38,6 +38,7 @@ from bson_by_hand import (
 
 from mongo_cdc import extjson
 from mongo_cdc.bson_elements import DamagedBson
+from mongo_cdc.lake.debezium_export import debezium_record
 from mongo_cdc.transform import columns
 from mongo_cdc.transform.raw_events import RowDocuments
 from mongo_cdc.transform.slice_tasks import FAST_PATH_MIN_ROWS, document_texts, field_values
@@ -164,3 +165,16 @@ def test_a_document_without_a_deprecated_type_has_the_text_of_its_values_decoded
 def test_damaged_bson_is_refused_not_rendered(damage):
     with pytest.raises(DamagedBson):
         extjson.from_bson(damage(DEPRECATED))
+
+
+def test_the_debezium_export_renders_documents_as_doc_is():
+    """The export's ``before``, ``after`` and ``updatedFields`` are the raw BSON's text, deprecated
+    types with their wrappers (docs/reading.md, "Debezium-compatible export")."""
+    fields = document([("nested.symbol", SYMBOL), ("pointer", DBPOINTER)])
+    row = {"key": '{"id":"99"}', "op": "u", "before": DEPRECATED, "after": DEPRECATED, "ts_ms": 1,
+           "updateDescription": {"updatedFields": fields, "removedFields": [], "truncatedArrays": []},
+           "source": {}, "transaction": None}  # fmt: skip
+    value = debezium_record(row)["value"]
+    assert value["before"] == value["after"] == extjson.from_bson(DEPRECATED)
+    assert value["updateDescription"]["updatedFields"] == extjson.from_bson(fields)
+    assert '{"$symbol":"a symbol"}' in value["updateDescription"]["updatedFields"]
