@@ -23,7 +23,7 @@ NULL = 0x0A
 CONTAINERS = (DOCUMENT, ARRAY)
 
 # value lengths of the types whose length is fixed
-_FIXED_SIZES = {
+FIXED_SIZES = {
     0x01: 8,  # double
     0x06: 0,  # undefined (deprecated)
     0x07: 12,  # ObjectId
@@ -75,7 +75,7 @@ class Container:
             raise DamagedBson(f"a document at byte {start} ends {len(data) - end} bytes before its data")
         last = end - 1  # the closing NUL
         position = start + 4
-        find, fixed_size = data.find, _FIXED_SIZES.get
+        find, fixed_size = data.find, FIXED_SIZES.get
         add_name, add_kind, add_element = self.names.append, self.kinds.append, self._elements.append
         while position < last:
             element_kind = data[position]
@@ -84,7 +84,7 @@ class Container:
                 raise DamagedBson(f"an element name at byte {position} runs past its document's end")
             size = fixed_size(element_kind)
             if size is None:
-                end = _value_end(data, element_kind, name_end + 1, last, position)
+                end = value_end_of(data, element_kind, name_end + 1, last, position)
             else:
                 end = name_end + 1 + size
             if end > last:
@@ -177,7 +177,11 @@ def document_end(data: bytes, start: int = 0, limit: int | None = None) -> int:
     return end
 
 
-def _value_end(data: bytes, kind: int, value: int, limit: int, element: int) -> int:
+def value_end_of(data: bytes, kind: int, value: int, limit: int, element: int) -> int:
+    """Where the value of an element of a type whose length is not fixed (``FIXED_SIZES``) ends:
+    ``kind`` its type, ``value`` where it starts, ``limit`` its document's end, ``element`` where
+    the element starts (to name in errors). DamagedBson where it does not fit, or for a type BSON
+    does not have."""
     if kind in _STRINGS:
         return _string_end(data, value, limit)
     if kind in CONTAINERS:

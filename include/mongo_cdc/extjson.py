@@ -8,8 +8,10 @@ exceptions that keep every BSON type recoverable:
 * dates are always ``{"$date": {"$numberLong": "<ms>"}}`` (no ISO strings: exact for any year).
 
 int32 is a bare integer, a double a number with a fraction or exponent (``1.0``), NaN and
-infinities ``{"$numberDouble": "NaN"}``. Every output parses back to the same BSON with
-``bson.json_util.loads``. ``json_util.dumps`` is ~3x slower than this (see ``make bench``),
+infinities ``{"$numberDouble": "NaN"}``. Every output of ``encode`` parses back to the same BSON
+with ``bson.json_util.loads``. ``from_bson`` writes a document's bytes, which hold what no decoded
+value can (the deprecated types, a DBRef-like key set's order): docs/lake-format.md says what of
+its text reads back, and with what. ``json_util.dumps`` is ~3x slower than this (see ``make bench``),
 so it is only the reference in tests.
 """
 
@@ -17,15 +19,17 @@ from __future__ import annotations
 
 import base64
 import math
+import struct
 from typing import Any
 
-import bson
 import orjson
 from bson import DBRef, Decimal128, Int64, MaxKey, MinKey, ObjectId, Regex, Timestamp
 from bson.binary import Binary
 from bson.code import Code
 from bson.codec_options import CodecOptions, DatetimeConversion
 from bson.datetime_ms import DatetimeMS
+
+from mongo_cdc.bson_elements import CONTAINERS, DOCUMENT, FIXED_SIZES, DamagedBson, document_end, value_end_of
 
 # Decode options for every document that goes through ``encode``: dates stay exact
 # milliseconds (DatetimeMS) instead of datetimes, which cannot hold years outside 1-9999.
@@ -36,6 +40,10 @@ DECODE_OPTIONS: CodecOptions = CodecOptions(datetime_conversion=DatetimeConversi
 READ_OPTIONS: CodecOptions = DECODE_OPTIONS.with_options(unicode_decode_error_handler="replace")
 
 _OPTIONS = orjson.OPT_PASSTHROUGH_SUBCLASS | orjson.OPT_PASSTHROUGH_DATETIME
+_read_int32 = struct.Struct("<i").unpack_from
+_read_int64 = struct.Struct("<q").unpack_from
+_read_double = struct.Struct("<d").unpack_from
+_read_timestamp = struct.Struct("<II").unpack_from
 
 
 def _binary(data: bytes, subtype: int) -> dict:
@@ -128,8 +136,132 @@ def encode_str(value: Any) -> str:
 
 
 def from_bson(data: bytes) -> str:
-    """The Extended JSON of a BSON document's bytes (the raw zone keeps documents as BSON)."""
-    return encode_str(bson.decode(data, READ_OPTIONS))
+    """The Extended JSON of a BSON document's bytes (the raw zone keeps documents as BSON), read
+    element by element from the bytes, never decoded into Python values: a decode cannot keep what
+    Python has no type for (``bson`` reads a Symbol as a str, a DBPointer as a DBRef, Undefined as
+    None, a sub-document with ``$ref`` and ``$id`` as a DBRef whose keys it reorders, a repeated
+    name as one). Every element is written in its order, the deprecated types with their canonical
+    wrappers (``$symbol``, ``$dbPointer``, ``$undefined``), every other value as ``encode`` writes
+    it decoded. A string or name that is not valid UTF-8 reads with U+FFFD for each invalid byte,
+    as with ``READ_OPTIONS``. DamagedBson where the bytes are not a whole document."""
+    parts: list[str] = []
+    _append_container(data, 0, document_end(data), parts, True)
+    return "".join(parts)
+
+
+def _append_container(data: bytes, start: int, end: int, parts: list[str], is_document: bool) -> None:
+    """Append the text of the document (``{"name":value,…}``) or array (``[value,…]``) that is
+    ``data[start:end]`` (its length checked by the caller) to ``parts``."""
+    append = parts.append
+    append("{" if is_document else "[")
+    last = end - 1  # the closing NUL
+    position = start + 4
+    separator = ""
+    while position < last:
+        kind = data[position]
+        name_end = data.find(b"\x00", position + 1, last)
+        if name_end < 0:
+            raise DamagedBson(f"an element name at byte {position} runs past its document's end")
+        if is_document:
+            append(separator + _name_text(data[position + 1 : name_end]) + ":")
+        else:
+            append(separator)
+        separator = ","
+        value = name_end + 1
+        size = FIXED_SIZES.get(kind)
+        value_end = value + size if size is not None else value_end_of(data, kind, value, last, position)
+        if value_end > last:
+            raise DamagedBson(f"the value of an element at byte {position} runs past its document's end")
+        if kind in CONTAINERS:
+            _append_container(data, value, value_end, parts, kind == DOCUMENT)
+        else:
+            append(_value_text(kind, data[value:value_end]))
+        position = value_end
+    append("}" if is_document else "]")
+
+
+# names repeat from document to document: their JSON text is kept (up to a bound, so that a
+# collection of ever new names holds no more memory)
+_NAME_TEXTS: dict[bytes, str] = {}
+_NAME_TEXTS_MAX = 10_000
+
+
+def _name_text(name: bytes) -> str:
+    text = _NAME_TEXTS.get(name)
+    if text is None:
+        text = _json_string(name)
+        if len(_NAME_TEXTS) < _NAME_TEXTS_MAX:
+            _NAME_TEXTS[name] = text
+    return text
+
+
+def _json_string(data: bytes) -> str:
+    """A BSON string's bytes (a name, or a value without its length and NUL) as a JSON string."""
+    return orjson.dumps(data.decode("utf-8", "replace")).decode()
+
+
+def _string_value(value: bytes) -> str:
+    """The JSON text of a length-prefixed BSON string's value (string, code, symbol)."""
+    return _json_string(value[4 : 4 + _read_int32(value)[0] - 1])
+
+
+def _value_text(kind: int, value: bytes) -> str:
+    """The text of one value that is not a document or an array (``value``: its bytes), most
+    frequent types first."""
+    if kind == 0x02:  # string
+        return _json_string(value[4:-1])
+    if kind == 0x10:  # int32
+        return str(_read_int32(value)[0])
+    if kind == 0x01:  # double
+        number = _read_double(value)[0]
+        if math.isfinite(number):
+            return orjson.dumps(number).decode()
+        return '{"$numberDouble":"%s"}' % (
+            "NaN" if math.isnan(number) else "Infinity" if number > 0 else "-Infinity"
+        )
+    if kind == 0x07:
+        return '{"$oid":"%s"}' % value.hex()
+    if kind == 0x12:
+        return '{"$numberLong":"%d"}' % _read_int64(value)[0]
+    if kind == 0x09:
+        return '{"$date":{"$numberLong":"%d"}}' % _read_int64(value)[0]
+    if kind == 0x08:
+        return "true" if value != b"\x00" else "false"
+    if kind == 0x0A:
+        return "null"
+    if kind == 0x05:  # binary: length, subtype, bytes (the old subtype 2 holds its length again)
+        data = value[9:] if value[4] == 2 else value[5:]
+        return '{"$binary":{"base64":"%s","subType":"%02x"}}' % (base64.b64encode(data).decode(), value[4])
+    if kind == 0x13:
+        return '{"$numberDecimal":"%s"}' % Decimal128.from_bid(value)
+    if kind == 0x11:  # increment, then seconds
+        increment, seconds = _read_timestamp(value)
+        return '{"$timestamp":{"t":%d,"i":%d}}' % (seconds, increment)
+    if kind == 0x0B:  # pattern and options, two C strings, kept as they are (a decode sorts the options)
+        pattern, options = value[:-1].split(b"\x00", 1)
+        return '{"$regularExpression":{"pattern":%s,"options":%s}}' % (
+            _json_string(pattern),
+            _json_string(options),
+        )
+    if kind == 0x0D:
+        return '{"$code":%s}' % _string_value(value)
+    if kind == 0x0F:  # total length, the code, the scope
+        code_end = 4 + 4 + _read_int32(value, 4)[0]
+        scope: list[str] = []
+        _append_container(value, code_end, len(value), scope, True)
+        return '{"$code":%s,"$scope":%s}' % (_string_value(value[4:code_end]), "".join(scope))
+    if kind == 0xFF:
+        return '{"$minKey":1}'
+    if kind == 0x7F:
+        return '{"$maxKey":1}'
+    if kind == 0x0E:
+        return '{"$symbol":%s}' % _string_value(value)
+    if kind == 0x0C:  # the namespace's string, then the ObjectId
+        return '{"$dbPointer":{"$ref":%s,"$id":{"$oid":"%s"}}}' % (
+            _string_value(value[:-12]),
+            value[-12:].hex(),
+        )
+    return '{"$undefined":true}'  # the one type left: value_end_of refused every unknown one
 
 
 def document_key(document_id: Any) -> str:

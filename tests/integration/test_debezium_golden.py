@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import bson
 import pytest
@@ -138,3 +142,55 @@ def test_export_writes_one_json_line_per_record(customer_1004_events, tmp_path, 
         "transaction",
     }
     assert "5 records" in capsys.readouterr().err
+
+
+def _export(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """``python -m mongo_cdc.lake.debezium_export`` as a user runs it, from ``cwd``."""
+    command = [sys.executable, "-m", "mongo_cdc.lake.debezium_export", *args]
+    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=300)
+
+
+def test_the_export_command_takes_relative_paths(customer_1004_events, tmp_path):
+    config, rows, db_name = customer_1004_events
+    expected = io.StringIO()
+    write_json_lines((debezium_record(r) for r in rows), expected)
+    work = tmp_path / "work"
+    work.mkdir()
+    lake_root = os.path.relpath(config.lake_root, work)  # e.g. ../lake
+    arguments = (
+        "--lake-root",
+        lake_root,
+        "--topic-prefix",
+        "fulfillment",
+        "--collection",
+        f"{db_name}.customers",
+    )
+    done = _export(*arguments, "--output", "out/customers.jsonl", cwd=work)
+    assert done.returncode == 1  # no such folder: said, without a traceback
+    assert done.stderr == "error: cannot write --output out/customers.jsonl: No such file or directory\n"
+    (work / "out").mkdir()
+    done = _export(*arguments, "--output", "out/customers.jsonl", cwd=work)
+    assert done.returncode == 0, done.stderr
+    assert (work / "out" / "customers.jsonl").read_text() == expected.getvalue()
+    assert done.stderr == "5 records\n"
+
+
+def test_the_export_command_refuses_an_unknown_collection_naming_the_known_ones(
+    customer_1004_events, tmp_path
+):
+    config, _, db_name = customer_1004_events
+    known = f"{db_name}.customers"
+    done = _export("--lake-root", config.lake_root, "--topic-prefix", "fulfillment",
+                   "--collection", f"{db_name}.customer", "--output", "out.jsonl", cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 1
+    assert done.stderr == (
+        f"error: no collection '{db_name}.customer' in the lake at {config.lake_root} under topic prefix "
+        f"'fulfillment'; its collections: {known}\n"
+    )
+    assert not (tmp_path / "out.jsonl").exists()
+    # another topic prefix: a lake without batches, and what to check
+    done = _export("--lake-root", config.lake_root, "--topic-prefix", "dbserver1", "--collection", known,
+                   cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 1
+    assert "which has no committed batch: check --lake-root and --topic-prefix" in done.stderr
+    assert done.stdout == ""

@@ -10,13 +10,18 @@ type and edge case (a document of all: ``corpus_document``); ``CASES`` one docum
 
 from __future__ import annotations
 
+import json
 import struct
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any, NamedTuple
 
 import bson
-from bson import DatetimeConversion
+from bson import DatetimeConversion, json_util
+from bson.code import Code
 from bson.codec_options import CodecOptions
+from bson.json_util import JSONOptions
 from bson.raw_bson import RawBSONDocument
+from bson.son import SON
 
 from mongo_cdc.bson_elements import ARRAY, DOCUMENT, document_bytes, element_bytes
 
@@ -227,3 +232,56 @@ def documents(cases: tuple[tuple[str, Elements], ...], first_id: int) -> list[Ra
                                   *elements]), RAW)
         for index, (name, elements) in enumerate(cases)
     ]  # fmt: skip
+
+
+# the options every ``json_util.loads`` of our Extended JSON takes: dates as exact milliseconds
+LOADS_OPTIONS = JSONOptions(datetime_conversion=DatetimeConversion.DATETIME_MS)
+
+
+class _Deprecated(NamedTuple):
+    """A value ``bson`` has no Python type for (Symbol, DBPointer, Undefined): its element's type
+    and value bytes."""
+
+    kind: int
+    value: bytes
+
+
+def bson_of_extjson(text: str) -> bytes:
+    """The BSON of an Extended JSON document as the specification reads it: ``json_util.loads``
+    (``LOADS_OPTIONS``) but for two things it reads otherwise. The deprecated types' canonical
+    wrappers (``$symbol``, ``$dbPointer``, ``$undefined``), which it reads as a str, a DBRef and
+    None, are kept as the types they name; and an object with ``$ref`` and ``$id`` keys, which it
+    reads as a DBRef (whose ``$ref``, ``$id`` and ``$db`` ``bson.encode`` writes first), is the
+    document it is, its keys in their order (a DBRef is a convention, not a BSON type)."""
+    return document(_elements(json.loads(text, object_pairs_hook=_deprecated_or_loaded)))
+
+
+def _deprecated_or_loaded(pairs: list[tuple[str, Any]]) -> Any:
+    keys = [key for key, _ in pairs]
+    if keys == ["$symbol"]:
+        return _Deprecated(0x0E, string(pairs[0][1]))
+    if keys == ["$undefined"] and pairs[0][1] is True:
+        return _Deprecated(0x06, b"")
+    if keys == ["$dbPointer"]:  # its {"$ref", "$id"} was read as a document already
+        pointer = dict(pairs[0][1])
+        return _Deprecated(0x0C, string(pointer["$ref"]) + pointer["$id"].binary)
+    if "$ref" in keys:
+        return SON(pairs)
+    return json_util.object_pairs_hook(pairs, LOADS_OPTIONS)
+
+
+def _elements(values: Mapping[str, Any]) -> Elements:
+    return [(name, _value(value)) for name, value in values.items()]
+
+
+def _value(value: Any) -> Value:
+    if isinstance(value, _Deprecated):
+        return value.kind, value.value
+    if isinstance(value, Mapping):
+        return embedded(_elements(value))
+    if isinstance(value, list):
+        return array(_value(item) for item in value)
+    if isinstance(value, Code) and value.scope is not None:
+        return code_with_scope(str(value), _elements(value.scope))
+    element = bson.encode({"v": value})[4:-1]  # type byte, "v\0", the value
+    return element[0], element[3:]

@@ -1,16 +1,20 @@
-"""The readers docs/reading.md names, as a user runs them: DuckDB with its delta extension loaded
-offline, and filtered reads compared reader by reader with the reader's own full read filtered
-afterwards (``check_every_reader``)."""
+"""The readers docs/reading.md names, as a user runs them: DuckDB with its delta extension, loaded
+offline by the LOAD statement the page's one-liner prints (so the page's line is what every DuckDB
+read here runs), and filtered reads compared reader by reader with the reader's own full read
+filtered afterwards (``check_every_reader``)."""
 
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import math
 import os
+import re
+import subprocess
+import sys
 from typing import Any
 
 import duckdb
-import duckdb_extension_delta
 import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -23,18 +27,28 @@ from mongo_cdc.lake.readers import read_table, spark_table
 Predicate = tuple[str, str, Any, pa.DataType]
 OPERATORS = ("=", "<", ">", "in", "is null")
 
-# DuckDB's delta extension from PyPI (duckdb_extension_delta), loaded from its file: no download
-DELTA_EXTENSION = os.path.join(
-    os.path.dirname(duckdb_extension_delta.__file__),
-    "extensions",
-    f"v{duckdb.__version__}",
-    "delta.duckdb_extension",
-)
+READING_PAGE = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "reading.md")
+# the one-liner in the page's DuckDB block: python -c '<code>'
+_ONE_LINER = re.compile(r"^-- +python -c '(?P<code>[^']+)'$", re.MULTILINE)
+
+
+@functools.cache
+def documented_delta_load() -> str:
+    """The LOAD statement of DuckDB's delta extension that docs/reading.md's one-liner prints, run
+    by this interpreter (the environment the page's reader installed duckdb into)."""
+    with open(READING_PAGE, encoding="utf-8") as page:
+        block = page.read().split("```sql\n-- DuckDB", 1)[1].split("```", 1)[0]
+    found = _ONE_LINER.search(block)
+    assert found is not None, "docs/reading.md's DuckDB block lost its python -c one-liner"
+    printed = subprocess.run(
+        [sys.executable, "-c", found["code"]], capture_output=True, text=True, check=True, timeout=120
+    ).stdout
+    return printed.strip()
 
 
 def duckdb_connection() -> duckdb.DuckDBPyConnection:
     connection = duckdb.connect()
-    connection.execute(f"LOAD '{DELTA_EXTENSION}'")
+    connection.execute(documented_delta_load())
     return connection
 
 

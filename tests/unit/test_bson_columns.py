@@ -16,6 +16,7 @@ import bson
 import pyarrow as pa
 import pytest
 from bson import Decimal128, Int64, ObjectId
+from bson.binary import Binary
 from bson_by_hand import CASES, INVALID_UTF8_CASES, documents
 
 from mongo_cdc import extjson
@@ -42,6 +43,7 @@ def _clean(start: int, count: int) -> list[bytes]:
                 "when": dt.datetime(2024, 1, 1) + dt.timedelta(seconds=i),
                 "flag": i % 2 == 0,
                 "data": bytes([i % 256, 0, 1]),
+                "blob": Binary(bytes([i % 256]) * (i % 5), 0x80 + i % 2),  # empty ones too
                 "tags": ["new", "vip", f"t{i}"][: i % 4],  # empty arrays too
                 "addr": {"city": "Lisbon", "zip": None if i % 3 else f"{i:05d}", "geo": {"lat": 1.0 * i}},
                 "orders": [{"id": i, "items": [{"sku": "a", "qty": 2}]}] if i % 5 else None,
@@ -129,10 +131,10 @@ def test_the_fast_path_gives_the_lossless_paths_table_and_takes_the_documents_it
     fast_layout, fast, values = _batch(layout, corpus, fast=True)
     lossless_layout, lossless, _ = _batch(layout, corpus, fast=False)
     _same(fast, lossless)
-    # __doc: the fast rows' text from their bytes is extjson's of the document decoded
-    decoded = _decoded(corpus)
-    texts = values.ejson(lambda row: extjson.encode_str(decoded[row]))
-    assert texts.to_pylist() == [extjson.encode_str(document) for document in decoded]
+    # __doc: the fast rows' text rendered in bulk from their bytes is extjson.from_bson's, and the
+    # lossless rows' is theirs (binaries and control characters included: no fast row is left to it)
+    texts = values.ejson(lambda row: None if row in taken_rows(values) else extjson.from_bson(corpus[row]))
+    assert texts.to_pylist() == [extjson.from_bson(raw) for raw in corpus]
     clean = set(range(len(documents(CASES + INVALID_UTF8_CASES, 1)), len(corpus) - len(TRAPS)))
     taken = set(values.fast_rows.tolist())
     assert clean <= taken
@@ -241,14 +243,21 @@ def test_damaged_bson_takes_the_lossless_path(damage):
     assert values.fast_rows.tolist() == [0, 2]
 
 
+def taken_rows(values) -> set[int]:
+    """The rows the fast path took (their texts are rendered in bulk, never one by one)."""
+    return set(values.fast_rows.tolist())
+
+
 def test_strings_to_escape_in_the_fast_texts_are_extjsons():
     """``__doc`` of strings with quotes and backslashes (escaped from the bytes), control characters
-    (left to extjson), and none of them, in one field and in arrays, next to one another."""
+    (escaped by orjson, string by string), and none of them, in one field and in arrays, next to
+    one another."""
     texts = ["plain", 'a "quoted" word', "back\\slash", "tab\tand\nnewline", "\x00", "é名 \u2028", "", '\\"']
     raws = [bson.encode({"_id": i, "s": text, "a": [text, "x"]}) for i, text in enumerate(texts)]
     raws += [bson.encode({"_id": 100, "s": "only plain"})]
     decoded = _decoded(raws)
     values = split_documents((), _rows(raws), decoded, _itself)
     assert len(values.fast_rows) == len(raws)
-    rendered = values.ejson(lambda row: extjson.encode_str(decoded[row]))
+    rendered = values.ejson(lambda row: None)  # every row is fast: none is rendered one by one
+    assert rendered.to_pylist() == [extjson.from_bson(raw) for raw in raws]
     assert rendered.to_pylist() == [extjson.encode_str(document) for document in decoded]

@@ -1,10 +1,15 @@
 """The docs stay navigable: every relative link and #anchor in README.md and docs/*.md resolves, the
-README stays a short first read, and the architecture page's module map names every Python module."""
+README stays a short first read, the architecture page's module map names every Python module, and
+docs/reading.md's offline DuckDB LOAD line loads the delta extension."""
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
+
+import duckdb
+from reader_support import documented_delta_load
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -116,3 +121,15 @@ def test_the_module_map_names_every_module():
     mapped = module_map(ARCHITECTURE.read_text(encoding="utf-8"))
     unnamed = [name for name in module_names() if f"`{name}`" not in mapped]
     assert unnamed == [], f"add these modules to the module map of {ARCHITECTURE.relative_to(ROOT)}"
+
+
+def test_reading_mds_offline_duckdb_load_line_loads_the_delta_extension():
+    """The page's one-liner prints a LOAD of the installed wheel's file (no download), which DuckDB
+    loads; every DuckDB read of the tests goes through it (``reader_support``)."""
+    statement = documented_delta_load()
+    assert statement.startswith("LOAD '") and statement.endswith(".duckdb_extension';")
+    assert os.path.isfile(statement[len("LOAD '") : -len("';")])
+    connection = duckdb.connect()
+    connection.execute(statement)
+    loaded = connection.sql("SELECT loaded FROM duckdb_extensions() WHERE extension_name = 'delta'")
+    assert loaded.fetchall() == [(True,)]

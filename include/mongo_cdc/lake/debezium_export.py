@@ -12,12 +12,16 @@ emits none). ``--transactions`` exports the BEGIN/END records instead
     python -m mongo_cdc.lake.debezium_export --lake-root LAKE --topic-prefix P --collection db.coll \
         [--output F]
     python -m mongo_cdc.lake.debezium_export --lake-root LAKE --topic-prefix P --transactions [--output F]
+
+``LAKE`` is a local path (a relative one is the working directory's) or an object-store URI. Asking
+for a collection the lake has no raw table of exits with status 1, naming the collections it has.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Iterable, Iterator
 from typing import Any, TextIO
@@ -27,7 +31,7 @@ import pyarrow.compute as pc
 from mongo_cdc import extjson
 from mongo_cdc.lake import COLLECTION_OPERATIONS, TRANSACTION_DIR
 from mongo_cdc.lake.landing import SourceLake
-from mongo_cdc.lake.storage import LakeLocation, table_if_exists
+from mongo_cdc.lake.storage import LakeLocation, LakeRootError, resolve_root, table_if_exists
 from mongo_cdc.lake.table_reads import Where, read_rows
 
 
@@ -94,6 +98,28 @@ def records(source_lake: SourceLake, namespace: str) -> Iterator[dict[str, Any]]
     )
 
 
+# the known collections an error lists, at most (a source may capture thousands)
+_LISTED_COLLECTIONS = 20
+
+
+def unknown_collection(source_lake: SourceLake, namespace: str) -> str | None:
+    """Why ``namespace`` cannot be exported (the lake has no raw table of it), naming the collections
+    it has; None when it can (its raw table exists, even if no committed batch has its rows yet)."""
+    if table_if_exists(source_lake.raw_uri(namespace), source_lake.options) is not None:
+        return None
+    where = f"the lake at {source_lake.location.root} under topic prefix {source_lake.prefix!r}"
+    known = source_lake.namespaces()
+    if not known:
+        return (
+            f"no collection {namespace!r} in {where}, which has no committed batch: check --lake-root "
+            "and --topic-prefix (the source's lake.root and topic.prefix)"
+        )
+    listed = ", ".join(known[:_LISTED_COLLECTIONS])
+    if len(known) > _LISTED_COLLECTIONS:
+        listed += f" and {len(known) - _LISTED_COLLECTIONS} more"
+    return f"no collection {namespace!r} in {where}; its collections: {listed}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lake-root", required=True)
@@ -103,17 +129,30 @@ def main(argv: list[str] | None = None) -> int:
     what.add_argument("--transactions", action="store_true", help="the transaction BEGIN/END records")
     parser.add_argument("--output", help="file to write (default: standard output)")
     args = parser.parse_args(argv)
+    try:  # a relative local path is the working directory's; a URI is as given
+        root = resolve_root(args.lake_root, os.getcwd())
+    except LakeRootError as error:
+        parser.error(str(error))
     # object-store credentials come from the environment (see storage.LakeLocation.from_env)
-    source_lake = SourceLake(LakeLocation.from_env(args.lake_root), args.topic_prefix)
+    source_lake = SourceLake(LakeLocation.from_env(root), args.topic_prefix)
     if args.transactions:
         lines: Iterable[dict[str, Any]] = transaction_records(source_lake)
     else:
         db, dot, collection = args.collection.partition(".")
         if not dot or not collection:
             parser.error(f"--collection must be db.collection, got {args.collection!r}")
+        problem = unknown_collection(source_lake, args.collection)
+        if problem is not None:
+            print(f"error: {problem}", file=sys.stderr)
+            return 1
         lines = records(source_lake, args.collection)
     if args.output:
-        with open(args.output, "w", encoding="utf-8") as out:
+        try:
+            out = open(args.output, "w", encoding="utf-8")
+        except OSError as error:
+            print(f"error: cannot write --output {args.output}: {error.strerror}", file=sys.stderr)
+            return 1
+        with out:
             count = write_json_lines(lines, out)
     else:
         count = write_json_lines(lines, sys.stdout)

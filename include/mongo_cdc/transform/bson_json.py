@@ -1,14 +1,16 @@
 """``__doc`` of fast documents (``transform.bson_columns``) straight from their BSON bytes.
 
-The text is what ``extjson.encode`` writes of the document decoded, byte for byte: every element is
+The text is what ``extjson.from_bson`` writes of the same bytes, byte for byte: every element is
 a piece of text at its offset in the buffer (a key and its value; a document or array an opening
 piece there and a closing one at its last byte), so the pieces in offset order, joined per
 document, are the document's text. Pieces are made per kind with Arrow's string kernels, doubles by
-orjson (which writes a numpy array as it writes floats). A document holding a binary (base64) or a
-string with a control character is left to ``extjson`` (its text is null here).
+orjson (which writes a numpy array as it writes floats), and the few values Arrow has no kernel
+for one by one: binaries' base64, and strings holding a control character (orjson escapes them).
 """
 
 from __future__ import annotations
+
+import base64
 
 import numpy as np
 import orjson
@@ -17,6 +19,7 @@ import pyarrow.compute as pc
 
 from mongo_cdc.transform.bson_columns import (
     _ARRAY,
+    _BINARY,
     _BOOL,
     _DATE,
     _DOCUMENT,
@@ -33,17 +36,15 @@ from mongo_cdc.transform.bson_columns import (
 )
 
 
-def document_texts(fast: FastDocuments) -> tuple[pa.StringArray, np.ndarray]:
-    """Each fast document's Extended JSON text, as ``extjson.encode`` writes it decoded, and a
-    mask of those left to it (null here): documents holding a binary, or a string with a control
-    character. Every element becomes a piece of text at its offset in the buffer (a document or
-    array an opening piece there and a closing one at its last byte), so the pieces in offset
-    order, joined per document, are the document's text."""
+def document_texts(fast: FastDocuments) -> pa.StringArray:
+    """Each fast document's Extended JSON text, as ``extjson.from_bson`` writes it. Every element
+    becomes a piece of text at its offset in the buffer (a document or array an opening piece there
+    and a closing one at its last byte), so the pieces in offset order, joined per document, are
+    the document's text."""
     documents = fast.documents
     ends = documents.at + fast.buffer.int32(documents.at) - 1
     offsets = [documents.at, ends]
     pieces = [_repeat("{", len(documents)), _repeat("}", len(documents))]
-    python = np.zeros(len(fast.fast), bool)
     for level in fast.levels.values():
         if not len(level.container):
             continue
@@ -59,8 +60,7 @@ def document_texts(fast: FastDocuments) -> tuple[pa.StringArray, np.ndarray]:
         # each kind's elements are pieces of their own: the pieces are put in order once, at the end
         for kind in kinds_in(values.kind):
             where = np.flatnonzero(values.kind == kind)
-            parts, unrendered = _value_texts(fast, kind, values, where)
-            python[values.root[where[unrendered]]] = True
+            parts = _value_texts(fast, kind, values, where)
             offsets.append(level.offset[where])
             prefix = prefixes.take(pa.array(prefix_index[where]))
             pieces.append(pc.binary_join_element_wise(prefix, *parts, ""))
@@ -76,52 +76,52 @@ def document_texts(fast: FastDocuments) -> tuple[pa.StringArray, np.ndarray]:
     # the pieces in order are the documents' texts end to end: each text is a run of them
     piece_offsets = np.frombuffer(ordered.buffers()[1], np.int32)[ordered.offset :]
     text_offsets = piece_offsets[np.append(bounds, len(at))]
-    texts = pa.StringArray.from_buffers(len(bounds), pa.py_buffer(text_offsets), ordered.buffers()[2])
-    unrendered = python[documents.root]
-    if unrendered.any():
-        texts = pc.if_else(pa.array(unrendered), pa.nulls(len(texts), pa.string()), texts)
-    return texts, unrendered
+    return pa.StringArray.from_buffers(len(bounds), pa.py_buffer(text_offsets), ordered.buffers()[2])
 
 
 def _value_texts(
     fast: FastDocuments, kind: int, values: Values, where: np.ndarray
-) -> tuple[tuple[pa.Array | str, ...], np.ndarray]:
+) -> tuple[pa.Array | str, ...]:
     """The Extended JSON text of the values at ``where``, all of BSON type ``kind`` (a document's or
-    array's opening bracket), as parts to join (texts and, the same for every value, strings), and
-    the positions in ``where`` of those left to ``extjson`` (a binary, a string with a control
-    character)."""
-    none = np.zeros(0, np.int64)
+    array's opening bracket), as parts to join (texts and, the same for every value, strings)."""
     at = values.at[where]
     if kind == _DOUBLE:
-        return (_doubles(fast.gather(at, 8).view("<f8").reshape(-1)),), none
+        return (_doubles(fast.gather(at, 8).view("<f8").reshape(-1)),)
     if kind == _STRING:
-        raw = fast.ranges(at + 4, values.size[where] - 5, pa.string())
-        return _strings(raw)
+        return ('"', _escaped(fast.ranges(at + 4, values.size[where] - 5, pa.string())), '"')
     if kind in (_DOCUMENT, _ARRAY):
-        return ("{" if kind == _DOCUMENT else "[",), none
+        return ("{" if kind == _DOCUMENT else "[",)
     if kind == _OBJECT_ID:
-        return (_fixed_width(b'{"$oid":"', _HEX[fast.gather(at, 12)].reshape(len(at), 24), b'"}'),), none
+        return (_fixed_width(b'{"$oid":"', _HEX[fast.gather(at, 12)].reshape(len(at), 24), b'"}'),)
     if kind == _BOOL:
         flags = pa.array(fast.buffer.data[at] != 0, pa.int8())
-        return (pa.array(["false", "true"], pa.string()).take(flags),), none
+        return (pa.array(["false", "true"], pa.string()).take(flags),)
     if kind == _DATE:
         millis = pa.array(fast.int64(at), pa.int64()).cast(pa.string())
-        return ('{"$date":{"$numberLong":"', millis, '"}}'), none
+        return ('{"$date":{"$numberLong":"', millis, '"}}')
     if kind == _NULL:
-        return ("null",), none
+        return ("null",)
     if kind == _INT32:
-        return (pa.array(fast.int32(at), pa.int64()).cast(pa.string()),), none
+        return (pa.array(fast.int32(at), pa.int64()).cast(pa.string()),)
     if kind == _INT64:
         number = pa.array(fast.int64(at), pa.int64()).cast(pa.string())
-        return ('{"$numberLong":"', number, '"}'), none
-    # a binary: base64 is left to extjson
-    return ("",), np.arange(len(where))
+        return ('{"$numberLong":"', number, '"}')
+    if kind != _BINARY:
+        raise ValueError(f"BSON type 0x{kind:02x} never takes the fast path")
+    # length, subtype, bytes (the old subtype 2, which nests a second length, is never fast)
+    data = fast.ranges(at + 5, values.size[where] - 5, pa.binary()).to_pylist()
+    encoded = pa.array([base64.b64encode(value).decode() for value in data], pa.string())
+    subtypes = _SUBTYPES.take(pa.array(fast.buffer.data[at + 4]))
+    return ('{"$binary":{"base64":"', encoded, '","subType":"', subtypes, '"}}')
 
 
-def _strings(raw: pa.StringArray) -> tuple[tuple[pa.Array | str, ...], np.ndarray]:
-    """Strings quoted as JSON (parts to join), and the indexes of those left to ``extjson`` (holding
-    a control character). Their bytes are looked at once: most strings hold no quote nor backslash
-    to escape."""
+_SUBTYPES = pa.array([f"{subtype:02x}" for subtype in range(256)], pa.string())
+
+
+def _escaped(raw: pa.StringArray) -> pa.Array:
+    """Strings as the inside of JSON strings: a quote and a backslash escaped, and the few strings
+    holding a control character escaped by orjson. Their bytes are looked at once: most strings hold
+    no quote nor backslash to escape."""
     offsets = np.frombuffer(raw.buffers()[1], np.int32)[raw.offset : raw.offset + len(raw) + 1]
     buffer = raw.buffers()[2]
     data = (
@@ -129,12 +129,17 @@ def _strings(raw: pa.StringArray) -> tuple[tuple[pa.Array | str, ...], np.ndarra
         if buffer is not None
         else np.zeros(0, np.uint8)
     )
-    control = np.flatnonzero(data < 0x20)
-    unrendered = np.unique(np.searchsorted(offsets, control + offsets[0], side="right") - 1)
     escaped = raw
     if ((data == ord("\\")) | (data == ord('"'))).any():
         escaped = pc.replace_substring(pc.replace_substring(raw, "\\", "\\\\"), '"', '\\"')
-    return ('"', escaped, '"'), unrendered
+    control = np.flatnonzero(data < 0x20)
+    if not len(control):
+        return escaped
+    holding = np.unique(np.searchsorted(offsets, control + offsets[0], side="right") - 1)
+    inner = [orjson.dumps(text).decode()[1:-1] for text in raw.take(pa.array(holding)).to_pylist()]
+    mask = np.zeros(len(raw), bool)
+    mask[holding] = True
+    return pc.replace_with_mask(escaped, pa.array(mask), pa.array(inner, pa.string()))
 
 
 _NON_FINITE = {"NaN": '{"$numberDouble":"NaN"}', "Infinity": '{"$numberDouble":"Infinity"}',

@@ -407,7 +407,7 @@ def write_state(
     metadata = {
         "__key": versions.column("key").chunk(0),
         "__id": versions.column("document_id_json").chunk(0),
-        "__doc": document_texts(values, documents),
+        "__doc": document_texts(values, document_bson),
         "__doc_bson": document_bson,
         "__cluster_time": versions.column("cluster_time").chunk(0),
         "__event_order": versions.column("event_order").chunk(0),
@@ -509,16 +509,16 @@ def field_values(
     return split_documents(layout.stored_fields, document_bson, documents, as_dict)
 
 
-def document_texts(values: columns.FieldValues | SplitValues, documents: RowDocuments) -> pa.Array:
-    """``__doc``: each document's Extended JSON text (null for none), from its bytes on the fast path."""
+def document_texts(values: columns.FieldValues | SplitValues, document_bson: pa.BinaryArray) -> pa.Array:
+    """``__doc``: each document's Extended JSON text (null for none), rendered from its bytes
+    (``__doc_bson``) on both paths: the fast path's in bulk, the others' by ``extjson.from_bson``."""
 
-    def render(row: int) -> str | None:
-        document = documents[row]
-        return extjson.encode_str(as_dict(document)) if document is not None else None
+    def render(data: bytes | None) -> str | None:
+        return extjson.from_bson(data) if data is not None else None
 
     if isinstance(values, columns.FieldValues):
-        return pa.array([render(row) for row in range(len(documents))], pa.string())
-    return values.ejson(render)
+        return pa.array([render(data) for data in document_bson.to_pylist()], pa.string())
+    return values.ejson(lambda row: render(document_bson[row].as_py()))
 
 
 def hour_partitions(cluster_times: pa.Array) -> pa.Array:

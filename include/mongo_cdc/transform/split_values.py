@@ -9,7 +9,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from mongo_cdc.transform import columns as types
 from mongo_cdc.transform.bson_columns import _MISSING, _NULL, FastDocuments, fits_type
@@ -72,10 +71,7 @@ class SplitValues:
     def ejson(self, render: Callable[[int], str | None]) -> pa.Array:
         """Each row's document as Extended JSON text: the fast rows' from their bytes
         (``bson_json.document_texts``), the others' ``render(row)``."""
-        texts, unrendered = document_texts(self.fast)
-        if unrendered.any():
-            rendered = pa.array([render(row) for row in self.fast_rows[unrendered].tolist()], pa.string())
-            texts = pc.replace_with_mask(texts, pa.array(unrendered), rendered)
+        texts = document_texts(self.fast)
         slow = pa.array([render(row) for row in self.slow_rows.tolist()], pa.string())
         return self._rows(texts, slow)
 
