@@ -82,6 +82,18 @@ def _sql(column: str, op: str) -> str:
     return f"{column} IN (?)" if op == "in" else f"{column} {op} ?"
 
 
+def _type_at(schema: pa.Schema, column: str) -> pa.DataType | None:
+    name, *nested = column.split(".")
+    if name not in schema.names:
+        return None
+    kind = schema.field(name).type
+    for part in nested:
+        if not pa.types.is_struct(kind) or kind.get_field_index(part) < 0:
+            return None
+        kind = kind.field(part).type
+    return kind
+
+
 def _ids(rows: pa.Table) -> list[str]:
     """The rows' identities, as sorted text: the reader's types and order do not matter."""
     columns = [
@@ -109,8 +121,8 @@ def check_every_reader(uri: str, predicates: list[Predicate], spark: Any = None)
     spark_full = None if spark is None else spark_table(spark, uri).localCheckpoint()
     matched = 0
     for column, op, value, kind in predicates:
-        if column.split(".")[0] not in schema.names:
-            continue
+        if _type_at(schema, column) != kind:
+            continue  # the table has no such column, or one of another type (a fallback's text)
         where = f"{uri}: {column} {op} {value!r}"
         expression = _arrow(column, op, value, kind)
         expected = _ids(full.filter(expression))
@@ -127,10 +139,8 @@ def check_every_reader(uri: str, predicates: list[Predicate], spark: Any = None)
         ), where
         sql = _sql(column, op)
         parameters = [] if op == "is null" else [value]
-        filtered = duck.execute(
-            f"SELECT * FROM delta_scan('{uri}') WHERE {sql}", parameters
-        ).fetch_arrow_table()
-        afterwards = duck.execute(f"SELECT * FROM everything WHERE {sql}", parameters).fetch_arrow_table()
+        filtered = duck.execute(f"SELECT * FROM delta_scan('{uri}') WHERE {sql}", parameters).to_arrow_table()
+        afterwards = duck.execute(f"SELECT * FROM everything WHERE {sql}", parameters).to_arrow_table()
         assert _ids(filtered) == _ids(afterwards), where
         if spark is None:
             continue

@@ -13,6 +13,8 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -213,7 +215,7 @@ def test_a_table_written_the_old_way_is_healed_and_then_reads_right(tmp_path: Pa
     assert table.to_pyarrow_table(filters=[("s", "=", "b")]).num_rows == 0  # the trap: pruned
     before = sorted(table.to_pyarrow_table().column("_id").to_pylist())
     assert len(files_to_heal(table, location)) == len(FILES) + 1  # the MERGE's file: string_view
-    assert heal(table, location) == len(FILES)  # the MERGE's file: written again as its last commit
+    assert heal(table, location) == len(FILES) + 1
     healed = DeltaTable(uri)
     assert files_to_heal(healed, location) == []
     assert sorted(healed.to_pyarrow_table().column("_id").to_pylist()) == before  # nothing lost or doubled
@@ -237,3 +239,26 @@ def test_deltalake_writes_are_healed_too(tmp_path: Path) -> None:
     assert DeltaTable(uri).to_pyarrow_table(filters=[("d", ">", 5.0)]).num_rows == 0  # the trap
     assert file_rewrites.normalize_last_commit(DeltaTable(uri), location) == 1
     assert DeltaTable(uri).to_pyarrow_table(filters=[("d", ">", 5.0)]).num_rows == 1
+
+
+def test_the_heal_command_heals_every_table_of_a_lake(tmp_path: Path) -> None:
+    location, uri = old_table(tmp_path / "lake")
+    command = [
+        sys.executable,
+        "-m",
+        "mongo_cdc.lake.file_rewrites",
+        "--lake-root",
+        "lake",
+        "--topic-prefix",
+        "p",
+    ]
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, check=False, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        f"state/p/db/c: {len(FILES) + 1} files written again",
+        "1 of 1 tables healed",
+    ]
+    assert files_to_heal(DeltaTable(uri), location) == []
+    Path(uri, "_delta_log", f"{DeltaTable(uri).version():020d}.json").write_text("not json")
+    damaged = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, check=False, timeout=120)
+    assert damaged.returncode == 1 and "state/p/db/c: not healed" in damaged.stderr

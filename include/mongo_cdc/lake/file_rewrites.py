@@ -21,7 +21,10 @@ crash before the commit leaves only files no log names, which vacuum deletes.
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -33,8 +36,9 @@ from deltalake import CommitProperties, DeltaTable
 from deltalake.transaction import RemoveAction
 
 from mongo_cdc.lake.file_statistics import FileStatistics, bounded, leaf_columns, table_indexed_columns
+from mongo_cdc.lake.layout import STAGING_DIR, ZONES
 from mongo_cdc.lake.raw_files import write_files
-from mongo_cdc.lake.storage import LakeLocation
+from mongo_cdc.lake.storage import LakeLocation, resolve_root
 from mongo_cdc.lake.table_reads import plain_schema
 
 # Compaction's files: a partition's files under this size are written again together, into files
@@ -138,15 +142,15 @@ def _complete(statistics: FileStatistics, indexed: Sequence[tuple[str, ...]], ty
 
 
 def heal(table: DeltaTable, location: LakeLocation) -> int:
-    """Write again the files ``files_to_heal`` names, then mark the table healed; the files written
-    (those of a last commit that needed it not counted)."""
-    normalize_last_commit(table, location)  # a run that died between a MERGE and its normalizing
+    """Write again the files ``files_to_heal`` names (first those of the last commit:
+    ``normalize_last_commit``), then mark the table healed; the files written again."""
+    normalized = normalize_last_commit(table, location)  # a run that died after a delta-rs write
     healing = files_to_heal(table, location)
     if healing:
         rewrite_files(table, location, [healing], None, "heal")
     if table.metadata().configuration.get(HEALED_PROPERTY) != "true":
         table.alter.set_table_properties({HEALED_PROPERTY: "true"}, raise_if_not_exists=False)
-    return len(healing)
+    return normalized + len(healing)
 
 
 def normalize_last_commit(table: DeltaTable, location: LakeLocation) -> int:
@@ -288,3 +292,51 @@ def _added_by_commit(table: DeltaTable, location: LakeLocation, version: int) ->
     with filesystem.open_input_stream(path) as stream:
         lines = stream.read().decode().splitlines()
     return {json.loads(line)["add"]["path"] for line in lines if line.startswith('{"add"')}
+
+
+def lake_tables(location: LakeLocation, under: str = "") -> list[str]:
+    """The directories (under the lake root, within ``under``) of every Delta table: those holding
+    a ``_delta_log``."""
+    from pyarrow.fs import FileSelector
+
+    filesystem, base = location.filesystem()
+    start = "/".join(part for part in (base, under.strip("/")) if part)
+    found = set()
+    for info in filesystem.get_file_info(FileSelector(start, recursive=True, allow_not_found=True)):
+        table, marker, _ = info.path.partition("/_delta_log/")
+        if marker and STAGING_DIR not in table.split("/"):
+            found.add(table[len(base) :].strip("/"))
+    return sorted(found)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Heal every table of a lake at once (``heal``), rather than at each table's next maintenance."""
+    parser = argparse.ArgumentParser(description="Heal the data files of every Delta table of a lake.")
+    parser.add_argument("--lake-root", required=True, help="the lake's root: a path or an object-store URI")
+    parser.add_argument("--topic-prefix", default="", help="only the tables of this source (topic.prefix)")
+    args = parser.parse_args(argv)
+    # object-store credentials come from the environment, as the transform's (LakeLocation.from_env)
+    location = LakeLocation.from_env(resolve_root(args.lake_root, os.getcwd()))
+    tables = [
+        path
+        for zone in ZONES
+        for path in lake_tables(location, f"{zone}/{args.topic_prefix}" if args.topic_prefix else zone)
+    ]
+    failed = 0
+    for path in tables:
+        try:
+            healed = heal(
+                DeltaTable(location.table_uri(*path.split("/")), storage_options=location.storage_options),
+                location,
+            )
+        except Exception as error:  # one damaged table costs that table, not the others
+            failed += 1
+            print(f"{path}: not healed: {type(error).__name__}: {error}", file=sys.stderr)
+            continue
+        print(f"{path}: {healed} files written again")
+    print(f"{len(tables) - failed} of {len(tables)} tables healed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
