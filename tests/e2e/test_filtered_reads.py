@@ -33,7 +33,7 @@ from mongo_cdc.lake.storage import row_count
 from mongo_cdc.transform.state_merge import REWRITE_MAX_ROWS
 
 # above state_merge.REWRITE_MAX_ROWS: the state is merged file by file, not written again whole
-TYPED_DOCUMENTS = 10_050
+TYPED_DOCUMENTS = 10_500
 LONG = "x" * 40 + "tail"  # longer than the statistics' 32-character prefix
 TOP = "\U0010ffff" * 40  # a prefix of the last code point cannot be rounded up
 START = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
@@ -56,6 +56,7 @@ PROBES: list[tuple[str, Any, pa.DataType]] = [
     ("mixed", "7", pa.string()),
     ("_id", 10_020, pa.int64()),
     ("_id", 3, pa.int64()),
+    ("v", 3, pa.int32()),
 ]
 
 

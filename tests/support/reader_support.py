@@ -26,6 +26,7 @@ from mongo_cdc.lake.readers import read_table, spark_table
 # "a.b" is field b of struct column a
 Predicate = tuple[str, str, Any, pa.DataType]
 OPERATORS = ("=", "<", ">", "in", "is null")
+SPARK_OPERATORS = ("=", ">")
 
 READING_PAGE = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "reading.md")
 # the one-liner in the page's DuckDB block: python -c '<code>'
@@ -109,9 +110,9 @@ def _polars_ids(frame: pl.DataFrame) -> list[str]:
 
 
 def check_every_reader(uri: str, predicates: list[Predicate], spark: Any = None) -> int:
-    """Every predicate through every reader (Spark's ``spark_table`` where ``spark`` is given):
-    filtered read == full read filtered; the predicates that matched a row (so that a test does not
-    compare empty answers only)."""
+    """Every predicate through every reader (Spark's ``spark_table`` where ``spark`` is given, for
+    ``SPARK_OPERATORS``: two Spark jobs a predicate): filtered read == full read filtered; the
+    predicates that matched a row (so that a test does not compare empty answers only)."""
     table = DeltaTable(uri)
     schema = pa.schema(table.schema().to_arrow())
     full = table.to_pyarrow_table()
@@ -142,7 +143,7 @@ def check_every_reader(uri: str, predicates: list[Predicate], spark: Any = None)
         filtered = duck.execute(f"SELECT * FROM delta_scan('{uri}') WHERE {sql}", parameters).to_arrow_table()
         afterwards = duck.execute(f"SELECT * FROM everything WHERE {sql}", parameters).to_arrow_table()
         assert _ids(filtered) == _ids(afterwards), where
-        if spark is None:
+        if spark is None or op not in SPARK_OPERATORS:
             continue
         spark_where = sql.replace("?", _spark_literal(value))
         assert sorted(map(str, spark_table(spark, uri).where(spark_where).collect())) == sorted(

@@ -33,6 +33,7 @@ from mongo_cdc.lake.file_statistics import (
     indexed_columns,
     truncated_max,
 )
+from mongo_cdc.lake.maintenance import maintain_table
 from mongo_cdc.lake.storage import LakeLocation, table_filesystem
 from mongo_cdc.transform.data_files import add_actions, write_data_file
 
@@ -215,7 +216,8 @@ def test_a_table_written_the_old_way_is_healed_and_then_reads_right(tmp_path: Pa
     assert table.to_pyarrow_table(filters=[("s", "=", "b")]).num_rows == 0  # the trap: pruned
     before = sorted(table.to_pyarrow_table().column("_id").to_pylist())
     assert len(files_to_heal(table, location)) == len(FILES) + 1  # the MERGE's file: string_view
-    assert heal(table, location) == len(FILES) + 1
+    now = dt.datetime.now(dt.timezone.utc)
+    assert maintain_table(uri, location, 0, 168, now)["files_healed"] == len(FILES) + 1  # the step
     healed = DeltaTable(uri)
     assert files_to_heal(healed, location) == []
     assert sorted(healed.to_pyarrow_table().column("_id").to_pylist()) == before  # nothing lost or doubled
