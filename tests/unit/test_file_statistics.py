@@ -31,6 +31,8 @@ from mongo_cdc.lake.file_statistics import (
     STRING_PREFIX_LENGTH,
     FileStatistics,
     indexed_columns,
+    indexed_columns_property,
+    table_indexed_columns,
     truncated_max,
 )
 from mongo_cdc.lake.maintenance import maintain_table
@@ -264,3 +266,29 @@ def test_the_heal_command_heals_every_table_of_a_lake(tmp_path: Path) -> None:
     Path(uri, "_delta_log", f"{DeltaTable(uri).version():020d}.json").write_text("not json")
     damaged = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, check=False, timeout=120)
     assert damaged.returncode == 1 and "state/p/db/c: not healed" in damaged.stderr
+
+
+def test_a_column_the_table_gains_later_is_not_indexed_and_reads_right(tmp_path: Path) -> None:
+    """Its older files have no statistics of it: were it indexed, deltalake would prune them on
+    ``later IS NULL``, and healing would write every old file again at each new field."""
+    location = LakeLocation(str(tmp_path))
+    uri = location.table_uri("changes", "p", "db", "c")
+    first = pa.table({"__key": ["a", "b"], "n": [1, 2]})
+    configuration = indexed_columns_property(first.schema)
+    old = write_data_file(location, "changes/p/db/c", first)
+    actions = add_actions([old], indexed_columns(first.schema, configuration))
+    create_table_with_add_actions(uri, Schema.from_arrow(first.schema), actions, configuration=configuration)
+    wider = pa.table({"__key": ["c"], "n": [3], "later": ["x"]})
+    write_deltalake(
+        uri, wider.schema.empty_table(), mode="append", schema_mode="merge"
+    )  # as the transform does
+    table = DeltaTable(uri)
+    new = write_data_file(location, "changes/p/db/c", wider)
+    table.create_write_transaction(add_actions([new], table_indexed_columns(table)), "append", table.schema())
+    table = DeltaTable(uri)
+    assert table_indexed_columns(table) == [("__key",), ("n",)]
+    assert files_to_heal(table, location) == []
+    probes = [("later", "x", pa.string()), ("n", 2, pa.int64())]
+    assert check_every_reader(uri, [(c, op, v, k) for c, v, k in probes for op in OPERATORS]) >= 4
+    assert table.to_pyarrow_table(filters=[("later", "=", "x")]).num_rows == 1
+    assert table.to_pyarrow_dataset().to_table(filter=pc.field("later").is_null()).num_rows == 2

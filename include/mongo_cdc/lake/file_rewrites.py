@@ -35,7 +35,15 @@ import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable
 from deltalake.transaction import RemoveAction
 
-from mongo_cdc.lake.file_statistics import FileStatistics, bounded, leaf_columns, table_indexed_columns
+from mongo_cdc.lake.file_statistics import (
+    NUM_INDEXED_COLUMNS_PROPERTY,
+    STATS_COLUMNS_PROPERTY,
+    FileStatistics,
+    bounded,
+    indexed_columns_property,
+    leaf_columns,
+    table_indexed_columns,
+)
 from mongo_cdc.lake.layout import STAGING_DIR, ZONES
 from mongo_cdc.lake.raw_files import write_files
 from mongo_cdc.lake.storage import LakeLocation, resolve_root
@@ -143,8 +151,15 @@ def _complete(statistics: FileStatistics, indexed: Sequence[tuple[str, ...]], ty
 
 def heal(table: DeltaTable, location: LakeLocation) -> int:
     """Write again the files ``files_to_heal`` names (first those of the last commit:
-    ``normalize_last_commit``), then mark the table healed; the files written again."""
+    ``normalize_last_commit``), the columns a table without ``indexed_columns_property`` indexes
+    fixed first, then mark the table healed; the files written again."""
     normalized = normalize_last_commit(table, location)  # a run that died after a delta-rs write
+    metadata = table.metadata()
+    if not {NUM_INDEXED_COLUMNS_PROPERTY, STATS_COLUMNS_PROPERTY} & set(metadata.configuration):
+        # written before the property: the columns it has now are the ones it indexes from now on
+        schema = pa.schema(table.schema().to_arrow())
+        fixed = indexed_columns_property(schema, metadata.partition_columns)
+        table.alter.set_table_properties(fixed, raise_if_not_exists=False)
     healing = files_to_heal(table, location)
     if healing:
         rewrite_files(table, location, [healing], None, "heal")

@@ -11,10 +11,14 @@ bounds; a column the file lacks (its table gained it later) is counted all null.
 Which columns a table indexes is Delta's rule (``indexed_columns``): those
 ``delta.dataSkippingStatsColumns`` names, else the first ``delta.dataSkippingNumIndexedCols`` (32)
 leaf columns of its data in schema order, nested struct fields included, a list or map one leaf.
-mongo-cdc's tables keep Delta's default (delta-rs 1.6 reads ``delta.dataSkippingStatsColumns`` only
-up to the first column of the schema it does not name). Writers keep the statistics of every column
-(``FileStatistics``), and a commit writes those its table indexes (``to_json``): the executors of a
-first build do not know yet which columns the table will have.
+mongo-cdc creates its state and changes tables with ``delta.dataSkippingNumIndexedCols`` set to
+the leaf columns they start with (32 at most: ``indexed_columns_property``), so the columns a table
+gains later, appended to its schema, are not indexed: its older files have no statistics of them,
+and deltalake would prune those files on ``new_column IS NULL``. (``delta.dataSkippingStatsColumns``
+would say it by name, but delta-rs 1.6 reads it only up to the first column of the schema it does
+not name.) Writers keep the statistics of every column (``FileStatistics``), and a commit writes
+those its table indexes (``to_json``): the executors of a first build do not know yet which columns
+the table will have.
 
 Bounds come from the Parquet writer's own footer (``file_statistics``), not from a second pass
 over the data; only where the footer has none although the column holds values (Parquet leaves out
@@ -145,6 +149,14 @@ def indexed_columns(
         return [path for path, _ in leaves if any(path[: len(name)] == name for name in wanted)]
     count = int(configuration.get(NUM_INDEXED_COLUMNS_PROPERTY) or DEFAULT_INDEXED_COLUMNS)
     return [path for path, _ in (leaves if count < 0 else leaves[:count])]
+
+
+def indexed_columns_property(schema: pa.Schema, partition_columns: Iterable[str] = ()) -> dict[str, str]:
+    """The table property that fixes which columns a new table of ``schema`` indexes: its leaf columns
+    (those of its data files), ``DEFAULT_INDEXED_COLUMNS`` at most."""
+    partitioned = set(partition_columns)
+    leaves = sum(1 for path, _ in leaf_columns(schema) if path[0] not in partitioned)
+    return {NUM_INDEXED_COLUMNS_PROPERTY: str(min(leaves, DEFAULT_INDEXED_COLUMNS))}
 
 
 def table_indexed_columns(table: Any) -> list[Path]:

@@ -21,7 +21,7 @@ from deltalake.transaction import create_table_with_add_actions
 from mongo_cdc import lake
 from mongo_cdc.lake.batch_log import BatchWindow
 from mongo_cdc.lake.file_rewrites import normalize_last_commit
-from mongo_cdc.lake.file_statistics import indexed_columns, table_indexed_columns
+from mongo_cdc.lake.file_statistics import indexed_columns, indexed_columns_property, table_indexed_columns
 from mongo_cdc.lake.storage import row_count
 from mongo_cdc.transform.data_files import DataFile, add_actions, delete_data_files, staged_rows
 from mongo_cdc.transform.flatten_options import FlatteningOptions
@@ -112,12 +112,15 @@ class ChangesRun:
             rebuilt = DeltaTable(self.transform.changes_uri, storage_options=self.transform.options)
             normalize_last_commit(rebuilt, self.transform.location)
         elif self.table is None:
+            hour = [lake.HOUR_COLUMN]
+            configuration = indexed_columns_property(schema, hour)
             with creating(self.transform.changes_uri, self.transform.options):
                 create_table_with_add_actions(
                     self.transform.changes_uri,
                     Schema.from_arrow(schema),
-                    add_actions(files, indexed_columns(schema, {}, [lake.HOUR_COLUMN])),
+                    add_actions(files, indexed_columns(schema, configuration, hour)),
                     mode="error",
+                    configuration=configuration,
                     partition_by=[lake.HOUR_COLUMN],
                     storage_options=self.transform.options,
                     commit_properties=properties,

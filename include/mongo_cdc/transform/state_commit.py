@@ -36,7 +36,7 @@ from deltalake.transaction import RemoveAction, create_table_with_add_actions
 from pyspark import RDD, StorageLevel
 
 from mongo_cdc.lake.batch_log import BatchWindow
-from mongo_cdc.lake.file_statistics import indexed_columns, table_indexed_columns
+from mongo_cdc.lake.file_statistics import indexed_columns, indexed_columns_property, table_indexed_columns
 from mongo_cdc.lake.storage import file_actions, file_stats, row_count, table_if_exists
 from mongo_cdc.transform import columns
 from mongo_cdc.transform.data_files import DataFile, add_actions, delete_data_files, staged_rows
@@ -288,12 +288,14 @@ class StateRun:
         if self.folded is not None:
             self.folded.unpersist()
         if self.table is None:
+            configuration = indexed_columns_property(layout.schema)
             with creating(self.transform.state_uri, self.transform.options):
                 create_table_with_add_actions(
                     self.transform.state_uri,
                     Schema.from_arrow(layout.schema),
-                    add_actions(files, indexed_columns(layout.schema, {})),
+                    add_actions(files, indexed_columns(layout.schema, configuration)),
                     mode="error",
+                    configuration=configuration,
                     storage_options=self.transform.options,
                     commit_properties=self.transform.commit_properties("state"),
                 )
