@@ -56,7 +56,8 @@ PROBES: list[tuple[str, Any, pa.DataType]] = [
     ("mixed", "7", pa.string()),
     ("_id", 10_020, pa.int64()),
     ("_id", 3, pa.int64()),
-    ("v", 3, pa.int32()),
+    ("v", 3, pa.int64()),
+    ("_id", '"four"', pa.string()),  # the fallback's Extended JSON of a string _id
 ]
 
 

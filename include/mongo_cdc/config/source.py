@@ -93,7 +93,7 @@ class SourceConfig:
         "lake.optimize.interval.hours",
         24,
         Integer(0),
-        "Compact each table's small files when its last compaction (`OPTIMIZE` in the Delta history) "
+        "Heal, then compact each table's small files (a state's sorted by key) when its last compaction "
         "is this old. `0`: never. Readers are never blocked.",
     )
     lake_retention_hours: int = setting(
