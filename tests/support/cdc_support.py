@@ -6,6 +6,7 @@ import datetime as dt
 import functools
 import importlib.util
 import json
+import math
 import os
 import subprocess
 import sys
@@ -318,6 +319,8 @@ def assert_cell_equals(cell: Any, value: Any, where: str) -> None:
         assert cell == str(value), where
     elif isinstance(value, bson.Binary | bytes):
         assert cell == bytes(value), where
+    elif isinstance(value, float) and math.isnan(value):
+        assert isinstance(cell, float) and math.isnan(cell), (where, cell)
     elif isinstance(value, dict):
         assert isinstance(cell, dict), where
         for key, item in value.items():
