@@ -75,7 +75,16 @@ class CollectionWork:
         changes_applied = applied_batches(changes_table, "changes", replica_sets)
         state_window = BatchWindow.of(batches, namespace, state_applied)
         changes_window = BatchWindow.of(batches, namespace, {} if rebuilt else changes_applied)
-        copied = any(
+        missing = tuple(
+            name
+            for name, table, window in (
+                ("state", state_table, state_window),
+                ("changes", changes_table, changes_window),
+            )
+            if table is None and window.is_empty
+        )
+        # asked only of a collection missing a table: it goes through every batch, for each collection
+        copied = bool(missing) and any(
             batch.manifest is not None and namespace in batch.manifest.collections for batch in batches
         )
         return cls(
@@ -83,14 +92,7 @@ class CollectionWork:
             manifest_pending=manifest_pending,
             changes_window=changes_window,
             changes_rebuilt=rebuilt,
-            tables_to_create=tuple(
-                name
-                for name, table, window in (
-                    ("state", state_table, state_window),
-                    ("changes", changes_table, changes_window),
-                )
-                if copied and table is None and window.is_empty
-            ),
+            tables_to_create=missing if copied else (),
             rebuild_hours=rebuild_hours if changes_table is not None else (),
             maintain=maintain,
             state_table=state_table,
