@@ -138,3 +138,27 @@ def test_a_collection_has_transform_work_for_batches_a_manifest_other_flattening
         namespace: w.reasons
         for namespace, w in source_work(source_lake, batches, defaults, maintenance=EVERY_TABLE).items()
     } == {namespace: ["maintenance"] for namespace in (ORDERS, USERS)}
+
+
+def test_a_copied_collection_without_rows_has_its_missing_tables_to_create_once(tmp_path):
+    source_lake = SourceLake(LakeLocation(str(tmp_path)), "shop")
+    commit(source_lake, "rs0", 1, (ORDERS,), snapshot_cluster_time=1 << 32, collections=(ORDERS, EMPTY))
+    defaults = FlatteningOptions()
+    work = source_work(source_lake, source_lake.batches(), defaults)[EMPTY]
+    assert work.reasons == ["empty tables to create (state, changes)"]
+    assert work.updates_state and work.updates_changes and not work.applies_batches
+    # a run that committed the state table and failed before the changes table: the changes table only
+    record_applied(source_lake, "state", EMPTY, {"rs0": 1})
+    work = source_work(source_lake, source_lake.batches(), defaults)[EMPTY]
+    assert work.reasons == ["empty tables to create (changes)"]
+    assert not work.updates_state and work.updates_changes
+    record_applied(source_lake, "changes", EMPTY, {"rs0": 1})
+    record_applied(source_lake, "state", ORDERS, {"rs0": 1})
+    record_applied(source_lake, "changes", ORDERS, {"rs0": 1})
+    assert source_work(source_lake, source_lake.batches(), defaults) == {}
+    # its first documents are batches to apply, as any collection's
+    commit(source_lake, "rs0", 2, (EMPTY,))
+    work = source_work(source_lake, source_lake.batches(), defaults)
+    assert {namespace: w.reasons for namespace, w in work.items()} == {
+        EMPTY: ["state batches to apply", "changes batches to apply"]
+    }

@@ -2,8 +2,10 @@
 
 A collection's run has work when its ``state`` table has committed batches of rows to apply, or a
 manifest (a copy that may have found no document) to apply; when its ``changes`` table has batches
-to apply or was written with other flattening options (rebuilt); when the run rewrites hours of
-change rows (``--rebuild-hours``, a backfill); or when the run maintains the tables (``--maintain``).
+to apply or was written with other flattening options (rebuilt); when a copy names a collection that
+has no rows to give a missing table (an empty one: its tables exist, empty, from its copy on); when
+the run rewrites hours of change rows (``--rebuild-hours``, a backfill); or when the run maintains
+the tables (``--maintain``).
 The transform's driver runs only the collections with work (``CollectionTransform.update`` decides
 from the same ``CollectionWork``), and the CDC DAG's ``plan_transform`` asks the same question
 before Spark starts: a run where no collection has work starts no Spark at all. A collection the
@@ -35,6 +37,9 @@ class CollectionWork:
     manifest_pending: bool  # a copy's manifest the state table has not applied (it may delete)
     changes_window: BatchWindow  # the batches the changes table is to apply (all of them if rebuilt)
     changes_rebuilt: bool  # the changes table was written with other flattening options
+    # the tables ("state", "changes") a copy names the collection for that are missing with no rows to
+    # apply (a collection empty since its copy): created empty, readers find tables of no rows
+    tables_to_create: tuple[str, ...]
     rebuild_hours: tuple[str, ...]  # hours of change rows to rewrite (only with a changes table)
     maintain: bool  # the run compacts and vacuums the collection's tables
     # the tables as read for this answer, and the batches each has applied per replica set (the
@@ -68,11 +73,26 @@ class CollectionWork:
         )
         rebuilt = changes_table is not None and recorded_flattening(changes_table) != flattening.to_json()
         changes_applied = applied_batches(changes_table, "changes", replica_sets)
+        state_window = BatchWindow.of(batches, namespace, state_applied)
+        changes_window = BatchWindow.of(batches, namespace, {} if rebuilt else changes_applied)
+        missing = tuple(
+            name
+            for name, table, window in (
+                ("state", state_table, state_window),
+                ("changes", changes_table, changes_window),
+            )
+            if table is None and window.is_empty
+        )
+        # asked only of a collection missing a table: it goes through every batch, for each collection
+        copied = bool(missing) and any(
+            batch.manifest is not None and namespace in batch.manifest.collections for batch in batches
+        )
         return cls(
-            state_window=BatchWindow.of(batches, namespace, state_applied),
+            state_window=state_window,
             manifest_pending=manifest_pending,
-            changes_window=BatchWindow.of(batches, namespace, {} if rebuilt else changes_applied),
+            changes_window=changes_window,
             changes_rebuilt=rebuilt,
+            tables_to_create=missing if copied else (),
             rebuild_hours=rebuild_hours if changes_table is not None else (),
             maintain=maintain,
             state_table=state_table,
@@ -83,16 +103,16 @@ class CollectionWork:
 
     @property
     def updates_state(self) -> bool:
-        return not self.state_window.is_empty or self.manifest_pending
+        return not self.state_window.is_empty or self.manifest_pending or "state" in self.tables_to_create
 
     @property
     def updates_changes(self) -> bool:
-        return not self.changes_window.is_empty
+        return not self.changes_window.is_empty or "changes" in self.tables_to_create
 
     @property
     def applies_batches(self) -> bool:
         """Whether a table of the collection has committed batches to apply (it is behind them)."""
-        return not self.state_window.is_empty or self.updates_changes
+        return not self.state_window.is_empty or not self.changes_window.is_empty
 
     @property
     def reasons(self) -> list[str]:
@@ -104,8 +124,10 @@ class CollectionWork:
             reasons.append("a copy's manifest to apply")
         if self.changes_rebuilt:
             reasons.append("changes table written with other flattening options")
-        elif self.updates_changes:
+        elif not self.changes_window.is_empty:
             reasons.append("changes batches to apply")
+        if self.tables_to_create:
+            reasons.append(f"empty tables to create ({', '.join(self.tables_to_create)})")
         if self.rebuild_hours:
             reasons.append("hours of change rows to rewrite")
         if self.maintain:
