@@ -113,7 +113,8 @@ class ChangesRun:
             normalize_last_commit(rebuilt, self.transform.location)
         elif self.table is None:
             hour = [lake.HOUR_COLUMN]
-            configuration = indexed_columns_property(schema, hour)
+            # an empty table fixes no columns (as the state's: ``StateRun.finish``)
+            configuration = indexed_columns_property(schema, hour) if files else {}
             with creating(self.transform.changes_uri, self.transform.options):
                 create_table_with_add_actions(
                     self.transform.changes_uri,

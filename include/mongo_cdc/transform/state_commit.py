@@ -290,7 +290,8 @@ class StateRun:
         if self.folded is not None:
             self.folded.unpersist()
         if self.table is None:
-            configuration = indexed_columns_property(layout.schema)
+            # an empty table fixes no columns: those its first rows bring are indexed (healing fixes them)
+            configuration = indexed_columns_property(layout.schema) if files else {}
             with creating(self.transform.state_uri, self.transform.options):
                 create_table_with_add_actions(
                     self.transform.state_uri,
