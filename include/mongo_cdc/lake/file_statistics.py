@@ -11,14 +11,14 @@ bounds; a column the file lacks (its table gained it later) is counted all null.
 Which columns a table indexes is Delta's rule (``indexed_columns``): those
 ``delta.dataSkippingStatsColumns`` names, else the first ``delta.dataSkippingNumIndexedCols`` (32)
 leaf columns of its data in schema order, nested struct fields included, a list or map one leaf.
-mongo-cdc creates its state and changes tables with ``delta.dataSkippingNumIndexedCols`` set to
-the leaf columns they start with (32 at most: ``indexed_columns_property``; a table created empty
-gets it when healed), so the columns a table gains later, appended to its schema, are not indexed: its older files have no statistics of them,
-and deltalake would prune those files on ``new_column IS NULL``. (``delta.dataSkippingStatsColumns``
-would say it by name, but delta-rs 1.6 reads it only up to the first column of the schema it does
-not name.) Writers keep the statistics of every column (``FileStatistics``), and a commit writes
-those its table indexes (``to_json``): the executors of a first build do not know yet which columns
-the table will have.
+mongo-cdc creates its state and changes tables with ``delta.dataSkippingNumIndexedCols`` set to the
+leaf columns they start with (32 at most: ``indexed_columns_property``; a table created empty gets
+it when healed), so the columns a table gains later, appended to its schema, are not indexed: its
+older files have no statistics of them, and deltalake would prune those files on ``new_column IS
+NULL``. (``delta.dataSkippingStatsColumns`` would say it by name, but delta-rs 1.6 reads it only up
+to the first column of the schema it does not name.) Writers keep the statistics of every column
+(``FileStatistics``), and a commit writes those its table indexes (``to_json``): the executors of a
+first build do not know yet which columns the table will have.
 
 Bounds come from the Parquet writer's own footer (``file_statistics``), not from a second pass
 over the data; only where the footer has none although the column holds values (Parquet leaves out
