@@ -27,6 +27,7 @@ from airflow.sdk import (
 from airflow.task.trigger_rule import TriggerRule
 
 from mongo_cdc.config import SourceConfig, SourceConfigError, load_sources, sources_dir
+from mongo_cdc.config.dag_settings import DagSettings, resolve_callable
 from mongo_cdc_airflow import chunk_copy, source_tasks, task_ids
 from mongo_cdc_airflow.assets import source_alias
 from mongo_cdc_airflow.params import resnapshot_params
@@ -41,18 +42,43 @@ SPARK_APP = os.environ.get("MONGO_CDC_SPARK_APP", os.path.join(REPO_ROOT, "spark
 START_DATE = pendulum.datetime(2024, 1, 1, tz="UTC")
 
 
-def default_args() -> dict:
-    """Task retries with exponential backoff (30 s doubling up to 10 min).
+def default_args(settings: DagSettings) -> dict:
+    """Task retries with exponential backoff (30 s doubling up to 10 min), and the source file's owner,
+    mail and failure callback (``dag.*``).
 
     Read when a DAG is built: tests set MONGO_CDC_TASK_RETRIES=0 where a failure is the point,
     so dag.test() doesn't wait out the backoff.
     """
-    return {
+    args = {
+        "owner": settings.owner,
         "retries": int(os.environ.get("MONGO_CDC_TASK_RETRIES", "3")),
         "retry_delay": timedelta(seconds=30),
         "retry_exponential_backoff": True,
         "max_retry_delay": timedelta(minutes=10),
     }
+    callbacks = []
+    if settings.on_failure_callback:
+        callbacks.append(resolve_callable(settings.on_failure_callback))
+    if settings.email and settings.email_on_failure:
+        # Airflow 3's notifier, not the task's deprecated email settings; only imported when used
+        from airflow.providers.smtp.notifications.smtp import SmtpNotifier
+
+        callbacks.append(SmtpNotifier(to=list(settings.email)))
+    if callbacks:
+        args["on_failure_callback"] = callbacks
+    return args
+
+
+def dag_tags(config: SourceConfig) -> list[str]:
+    """Both DAGs' tags: ``mongo-cdc``, the topic prefix, then the source file's ``dag.tags``."""
+    return list(dict.fromkeys(["mongo-cdc", config.topic_prefix, *config.dag.tags]))
+
+
+def dag_limits(settings: DagSettings) -> dict:
+    """``max_consecutive_failed_dag_runs`` when the source file sets it (else Airflow's ``[core]`` one)."""
+    if settings.max_consecutive_failed_runs is None:
+        return {}
+    return {"max_consecutive_failed_dag_runs": settings.max_consecutive_failed_runs}
 
 
 def build_cdc_dag(config: SourceConfig) -> DAG:
@@ -61,14 +87,15 @@ def build_cdc_dag(config: SourceConfig) -> DAG:
     @dag(
         dag_id=cdc_dag_id(config.name),
         description=f"MongoDB CDC of '{config.name}' into {config.lake_root}",
-        schedule=CronDataIntervalTimetable("0 * * * *", timezone="UTC"),
+        schedule=CronDataIntervalTimetable(config.dag.cron, timezone="UTC"),
         start_date=START_DATE,
         catchup=False,
         max_active_runs=1,
-        default_args=default_args(),
-        tags=["mongo-cdc", config.topic_prefix],
+        default_args=default_args(config.dag),
+        tags=dag_tags(config),
         doc_md=cdc_doc(config),
         params=resnapshot_params(),
+        **dag_limits(config.dag),
     )
     def cdc() -> None:
         @task(task_id=task_ids.DISCOVER)
@@ -161,7 +188,8 @@ def build_topology_dag(config: SourceConfig, poke_interval_s: float = 180.0) -> 
         start_date=START_DATE,
         catchup=False,
         max_active_runs=1,
-        tags=["mongo-cdc", config.topic_prefix],
+        default_args={"owner": config.dag.owner},
+        tags=dag_tags(config),
         doc_md=topology_doc(config),
         # One switch per source, the CDC DAG's: this DAG is live from the start and its sensor skips
         # while the CDC DAG is paused (sensors.reason_not_to_watch).

@@ -77,8 +77,9 @@ def cdc_doc(config: SourceConfig) -> str:
 # MongoDB CDC of `{config.name}`
 
 Source file `{config.path}`; lake `{config.lake_root}` (topic prefix `{config.topic_prefix}`).
-Hourly; one run at a time. This DAG's pause switch is the source's: its shard watch
-`mongo_cdc_topology__{config.name}` follows it (skipped while this DAG is paused).
+Runs on `{config.dag.schedule}` (UTC, the source file's `dag.schedule`); one run at a time. This
+DAG's pause switch is the source's: its shard watch `mongo_cdc_topology__{config.name}` follows it
+(skipped while this DAG is paused).
 
 ## Tasks
 
@@ -146,7 +147,7 @@ def topology_doc(config: SourceConfig) -> str:
 Every 15 minutes its sensor `shards_changed` compares the cluster's shard ids with the Variable
 `mongo_cdc.{config.name}.topology` (written by `{cdc}`'s `discover`), and `trigger_cdc` triggers
 `{cdc}` when a shard was added or removed, so the new shard is snapshotted and a removed one
-drained without waiting for the hourly run.
+drained without waiting for the next scheduled run.
 
 **It follows `{cdc}`'s pause switch:** this DAG is unpaused from the start and its sensor is
 skipped while `{cdc}` is paused or has not run yet. Pause and unpause `{cdc}` only.

@@ -114,7 +114,10 @@ def plan_transform(config: SourceConfig) -> list[str]:
         from mongo_cdc.capture.backfill import hour_partitions
 
         hours = tuple(hour_partitions(context["data_interval_start"], context["data_interval_end"]))
-    maintenance = maintenance_settings(config, context.get("data_interval_start"))  # none for manual runs
+    # none for manual runs
+    maintenance = maintenance_settings(
+        config, context.get("data_interval_start"), context.get("data_interval_end")
+    )
     # Whether the job will find work, asked as it asks it: a run with nothing starts no Spark (the
     # transform task reads the work key). The collections that may be behind, for the summary's asset
     # events: one catching up after a failed run has tables that change although no batch of it landed.
@@ -139,17 +142,23 @@ def plan_transform(config: SourceConfig) -> list[str]:
     ]
 
 
-def maintenance_settings(config: SourceConfig, interval_start: dt.datetime | None) -> dict[str, int] | None:
+def maintenance_settings(
+    config: SourceConfig, interval_start: dt.datetime | None, interval_end: dt.datetime | None
+) -> dict[str, int] | None:
     """The ``--maintain`` settings of every scheduled run, for one share of the collections: the run
     whose interval starts at UTC hour H since the epoch maintains ``slot`` H mod
     ``lake.optimize.interval.hours`` (``lake.maintenance.maintained``), so each table is compacted and
     vacuumed once per interval (daily by default) and no run visits every table of a source of
-    thousands. None (no maintenance) for manual runs (no interval) and an interval of 0."""
+    thousands. A run whose interval is longer than an hour (a ``dag.schedule`` slower than hourly)
+    has no slot: the hours it spans hold several shares, so it maintains every table that is due. None
+    (no maintenance) for manual runs (no interval) and an interval of 0."""
     every = config.lake_optimize_interval_hours
-    if not every or interval_start is None:
+    if not every or interval_start is None or interval_end is None:
         return None
-    slot = int(interval_start.timestamp() // 3600) % every
-    return {"optimize_interval_hours": every, "retention_hours": config.lake_retention_hours, "slot": slot}
+    settings = {"optimize_interval_hours": every, "retention_hours": config.lake_retention_hours}
+    if interval_end - interval_start > dt.timedelta(hours=1):
+        return settings
+    return {**settings, "slot": int(interval_start.timestamp() // 3600) % every}
 
 
 def maintenance_arguments(settings: dict[str, int] | None) -> list[str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+import failure_probe
 import pytest
 from airflow.sdk.exceptions import AirflowFailException
 
@@ -75,3 +76,19 @@ def test_a_wrong_trigger_fails_discover_once_and_never_reaches_spark(
     assert tis["plan_transform"].state == "failed" and tis["transform"].state == "upstream_failed"
     assert message in "".join(capfd.readouterr())
     assert os.environ["MONGO_CDC_TASK_RETRIES"] == "3"
+
+
+def test_the_source_files_failure_callback_runs_for_each_task_that_fails(
+    cdc_source, db_name, tmp_path, monkeypatch
+):
+    """``dag.on.failure.callback`` (c): a wrong trigger fails discover (and plan_transform after it),
+    and the callable the source file names is called with each failed task's context."""
+    record = tmp_path / "failed-tasks.txt"
+    monkeypatch.setenv(failure_probe.RECORD_ENV, str(record))
+    source = cdc_source(db_name, **{"dag.on.failure.callback": "failure_probe.record"})
+    run = source.run(conf={"resnapshot": True, "colections": []}, expect="failed", skip_spark=True)
+    failed = sorted(
+        f"{source.dag_id} {ti.task_id}" for ti in run.get_task_instances() if ti.state == "failed"
+    )
+    assert f"{source.dag_id} discover" in failed
+    assert sorted(record.read_text().splitlines()) == failed

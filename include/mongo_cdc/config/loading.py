@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from mongo_cdc.config.dag_settings import DAG_ATTRIBUTES, DagSettings
 from mongo_cdc.config.source import SETTINGS, SourceConfig
 from mongo_cdc.config.values import SourceConfigError
 from mongo_cdc.lake.storage import LakeRootError, resolve_root
@@ -147,8 +148,9 @@ def load_source(path: str) -> SourceConfig:
         problems.append(f"{path}: key 'lake.root': {exc}")
     if problems:
         raise SourceConfigError(*problems)
+    dag = DagSettings(**{name: values.pop(name) for name in DAG_ATTRIBUTES & values.keys()})
     try:
-        return SourceConfig(name=source_name(path), path=os.path.abspath(path), **values)
+        return SourceConfig(name=source_name(path), path=os.path.abspath(path), dag=dag, **values)
     except ValueError as exc:  # the flattening or capture options do not fit together
         raise SourceConfigError(f"{path}: {exc}") from None
 
