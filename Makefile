@@ -71,20 +71,22 @@ $(CHROMIUM):
 		echo "ERROR: installing chromium failed (the whole log: $(CHROMIUM_LOG)); try: sudo apt-get install chromium" >&2; \
 		exit 1; }
 
-# The alerting rules' tests (tests/unit/test_alert_rules.py) run Prometheus's promtool, from Debian's
-# prometheus package: installed with apt when missing, quietly, as chromium is. Only promtool is
-# used; the package's own Prometheus service is not started (policy-rc.d says no to it).
-PROMTOOL := /usr/bin/promtool
+# The alerting rules' tests (tests/system/test_alert_rules.py) run Prometheus's promtool, from Debian's
+# prometheus package: downloaded with apt (its lists refreshed as root, or through sudo) and unpacked
+# under .local, quietly, as chromium is installed. Unpacked, not installed: installing the package
+# would start a Prometheus service on the machine. promtool is one static binary.
+PROMTOOL := .local/prometheus/usr/bin/promtool
 PROMTOOL_LOG := .local/promtool-install.log
 
 $(PROMTOOL):
-	@mkdir -p .local
-	@echo "== installing Debian's prometheus for promtool, the alert rules' tests (apt's output: $(PROMTOOL_LOG))"
+	@mkdir -p .local/prometheus
+	@echo "== fetching Debian's prometheus package for promtool, the alert rules' tests (apt's output: $(PROMTOOL_LOG))"
 	@sudo=$$([ "$$(id -u)" = 0 ] || echo sudo); \
-	( $$sudo apt-get update -q && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -q --no-install-recommends prometheus ) \
+	( set -e; $$sudo apt-get update -q; cd .local/prometheus; rm -f prometheus_*.deb; \
+	  apt-get download -q prometheus; dpkg-deb -x prometheus_*.deb .; rm -f prometheus_*.deb ) \
 		> $(PROMTOOL_LOG) 2>&1 || { \
 		tail -n 20 $(PROMTOOL_LOG); \
-		echo "ERROR: installing prometheus failed (the whole log: $(PROMTOOL_LOG)); try: sudo apt-get install prometheus" >&2; \
+		echo "ERROR: fetching promtool failed (the whole log: $(PROMTOOL_LOG)); try: sudo apt-get update && make $(PROMTOOL)" >&2; \
 		exit 1; }
 
 # Java's class-data archive of a local Spark driver's classes (mongo_cdc_airflow.local_env maps it

@@ -173,7 +173,12 @@ def summary(config: SourceConfig) -> dict:
     what it left behind (``stuck_collections`` fails the run then). A run with a failed shard fails
     here, and a failed task's asset events are dropped."""
     # when the task runs, not when the DAG is parsed: metrics may be off
-    from mongo_cdc_airflow.metrics import emit_run_metrics, emit_state_rows, emit_verification_metrics
+    from mongo_cdc_airflow.metrics import (
+        emit_run_metrics,
+        emit_state_rows,
+        emit_success,
+        emit_verification_metrics,
+    )
 
     context = get_current_context()
     ti = context["ti"]
@@ -215,7 +220,20 @@ def summary(config: SourceConfig) -> dict:
     )  # fmt: skip
     result["assets"] = [table.uri for table in tables]
     emit_state_rows(config.name, {table.namespace: table.rows for table in tables if table.zone == "state"})
+    if transform_succeeded(ti):
+        emit_success(config.name, run_end.timestamp(), config.dag.interval_seconds(run_end))
     return result
+
+
+def run_task_states(ti, task_id: str) -> dict[str, str]:
+    """The states of ``task_id``'s instances in ``ti``'s run, by their names."""
+    states = ti.get_task_states(dag_id=ti.dag_id, task_ids=[task_id], run_ids=[ti.run_id])
+    return states.get(ti.run_id, {})
+
+
+def transform_succeeded(ti) -> bool:
+    """Whether this run's transform succeeded (it does when no collection had work, without Spark)."""
+    return run_task_states(ti, task_ids.TRANSFORM).get(task_ids.TRANSFORM) == "success"
 
 
 def verified_collections(verifications: list[dict]) -> dict[str, dict]:
@@ -274,8 +292,9 @@ def verification_failed() -> None:
     task before a verify failed (Airflow's one_failed counts upstream failures), and passes then:
     the summary already fails such a run, naming the shard."""
     ti = get_current_context()["ti"]
-    states = ti.get_task_states(dag_id=ti.dag_id, task_ids=[task_ids.SHARD_VERIFY], run_ids=[ti.run_id])
-    failed = sorted(name for name, state in states.get(ti.run_id, {}).items() if state == "failed")
+    failed = sorted(
+        name for name, state in run_task_states(ti, task_ids.SHARD_VERIFY).items() if state == "failed"
+    )
     if not failed:
         log.info("no verify task failed: a task before one did, and the summary reports it")
         return

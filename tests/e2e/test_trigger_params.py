@@ -7,6 +7,7 @@ import os
 import failure_probe
 import pytest
 from airflow.sdk.exceptions import AirflowFailException
+from statsd_support import airflow_statsd
 
 from mongo_cdc.capture.shard_lifecycle import ResnapshotRequest
 from mongo_cdc_airflow.params import resnapshot_request
@@ -81,14 +82,18 @@ def test_a_wrong_trigger_fails_discover_once_and_never_reaches_spark(
 def test_the_source_files_failure_callback_runs_for_each_task_that_fails(
     cdc_source, db_name, tmp_path, monkeypatch
 ):
-    """``dag.on.failure.callback`` (c): a wrong trigger fails discover (and plan_transform after it),
-    and the callable the source file names is called with each failed task's context."""
+    """``dag.on.failure.callback``: a wrong trigger fails discover (and plan_transform after it), and
+    the callable the source file names is called with each failed task's context."""
     record = tmp_path / "failed-tasks.txt"
     monkeypatch.setenv(failure_probe.RECORD_ENV, str(record))
     source = cdc_source(db_name, **{"dag.on.failure.callback": "failure_probe.record"})
-    run = source.run(conf={"resnapshot": True, "colections": []}, expect="failed", skip_spark=True)
+    with airflow_statsd(monkeypatch) as statsd:
+        run = source.run(conf={"resnapshot": True, "colections": []}, expect="failed", skip_spark=True)
+        sent = statsd.drain()
     failed = sorted(
         f"{source.dag_id} {ti.task_id}" for ti in run.get_task_instances() if ti.state == "failed"
     )
     assert f"{source.dag_id} discover" in failed
     assert sorted(record.read_text().splitlines()) == failed
+    # a failed run is no success: the stalled-source alert sees the last one age
+    assert not [name for name in sent if "last_success" in name]

@@ -7,6 +7,7 @@ them into the DAG's arguments (``mongo_cdc_airflow.dag_factory``); nothing here 
 
 from __future__ import annotations
 
+import datetime as dt
 import importlib
 import re
 from dataclasses import dataclass, fields
@@ -143,6 +144,15 @@ class DagSettings:
     def cron(self) -> str:
         """The schedule as a cron expression (a preset written out)."""
         return CRON_PRESETS.get(self.schedule, self.schedule)
+
+    def interval_seconds(self, after: dt.datetime) -> float:
+        """Seconds between the schedule's next two runs after ``after`` (UTC): what "N schedule
+        intervals" means to the alerts (a month's length varies, so it is the coming one's)."""
+        from croniter import croniter
+
+        runs = croniter(self.cron, after.astimezone(dt.timezone.utc))
+        first = runs.get_next(dt.datetime)
+        return (runs.get_next(dt.datetime) - first).total_seconds()
 
 
 DAG_SETTINGS = {declared.key: declared for declared in declared_settings(DagSettings)}
