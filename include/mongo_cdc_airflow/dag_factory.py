@@ -4,7 +4,7 @@
 ``mongo_cdc__<source>``: discover -> snapshot_start (per shard) -> snapshot_chunks -> snapshot_copy
 (per slice of chunks) -> per-shard mapped group [snapshot -> pull -> verify] -> plan_transform -> Spark
 transform -> summary, and stuck_collections (only when the transform failed); verification_failed
-(only when a shard's verify failed).
+(runs when a task of a shard's sync failed, fails the run when a verify did).
 ``mongo_cdc_topology__<source>``: a deferrable sensor that triggers the CDC DAG as soon as shards are
 added to or removed from the cluster (while the CDC DAG is unpaused).
 """
