@@ -1,0 +1,54 @@
+"""mongo-cdc's deployment settings: Airflow's config section ``[mongo_cdc]`` (declared in ``provider``).
+
+Each option is read as Airflow reads its own (``airflow.cfg``, or the environment variable
+``AIRFLOW__MONGO_CDC__<OPTION>``); when it is not set, the environment variable it had before the
+section existed (``MONGO_CDC_SOURCES_DIR``, ...) still counts, then the built-in default.
+"""
+
+from __future__ import annotations
+
+import os
+
+from airflow.sdk.configuration import conf
+
+from mongo_cdc_airflow.provider import OPTIONS, SECTION
+
+
+def option(name: str) -> str | None:
+    """``[mongo_cdc] <name>``, else its legacy environment variable; None when neither is set."""
+    value = conf.get(SECTION, name, fallback=None)
+    return value or os.environ.get(OPTIONS[name].legacy_env) or None
+
+
+def sources_dir() -> str:
+    """The folder of the source files."""
+    dags_folder = conf.get("core", "dags_folder")
+    return option("sources_dir") or os.path.join(os.path.dirname(dags_folder), "include", "sources")
+
+
+def lake_root() -> str | None:
+    """The lake of sources without ``lake.root`` (None: the core's, ``$AIRFLOW_HOME/mongo-cdc-lake``)."""
+    return option("lake_root")
+
+
+def spark_app() -> str:
+    """The Spark entry point ``spark-submit`` runs: the installed package's own file by default."""
+    import mongo_cdc_spark
+
+    return option("spark_app") or os.path.join(os.path.dirname(mongo_cdc_spark.__file__), "cdc_transform.py")
+
+
+def task_retries() -> int:
+    value = option("task_retries")
+    if value is None:
+        return 3
+    try:
+        retries = int(value)
+    except ValueError:
+        retries = -1
+    if retries < 0:
+        raise ValueError(
+            f"[{SECTION}] task_retries is {value!r}; set it to a whole number of retries, 0 or more "
+            f"(airflow.cfg, AIRFLOW__MONGO_CDC__TASK_RETRIES or {OPTIONS['task_retries'].legacy_env})"
+        )
+    return retries
