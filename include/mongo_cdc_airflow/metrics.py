@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from airflow.sdk.configuration import conf
-from airflow.sdk.observability import stats
+from airflow.sdk.observability.stats import Stats  # 3.2's task SDK has only the class; 3.3 keeps it
 
 PREFIX = "mongo_cdc"
 
@@ -98,17 +98,17 @@ class SourceMetrics:
 
     def gauge(self, metric: str, value: float, **tags: str) -> None:
         name, tag_values = self._named(metric, "gauge", tags)
-        stats.gauge(name, value, tags=tag_values)
+        Stats.gauge(name, value, tags=tag_values)
 
     def count(self, metric: str, value: int, **tags: str) -> None:
         if value:
             name, tag_values = self._named(metric, "counter", tags)
-            stats.incr(name, value, tags=tag_values)
+            Stats.incr(name, value, tags=tag_values)
 
     def seconds(self, metric: str, seconds: float, **tags: str) -> None:
         """A timer, in milliseconds as StatsD timers are."""
         name, tag_values = self._named(metric, "timer", tags)
-        stats.timing(name, seconds * 1000, tags=tag_values)
+        Stats.timing(name, seconds * 1000, tags=tag_values)
 
 
 def emit_run_metrics(source: str, pulls: Iterable[Mapping[str, Any]], run_end_ms: int) -> None:

@@ -114,3 +114,14 @@ def test_the_dag_files_a_user_copies_are_the_repositorys_own(tmp_path, capsys):
     assert (tmp_path / "mongo_cdc_dags.py").read_text() == "# mine\n"
     write_dag_files(str(tmp_path), overwrite=True)
     assert (tmp_path / "mongo_cdc_dags.py").read_text() == DAG_FILES["mongo_cdc_dags.py"]
+
+
+def test_the_deploying_page_lists_every_option_with_its_old_variable_and_default():
+    page = (ROOT / "docs" / "deploying.md").read_text(encoding="utf-8")
+    section = page.split("### Settings: the `[mongo_cdc]` section", 1)[1].split("\n## ", 1)[0]
+    rows = {}
+    for line in section.splitlines():
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        if len(cells) == 4 and cells[0].startswith("`") and cells[0] != "option":
+            rows[cells[0].strip("`")] = (cells[1].strip("`"), cells[2])
+    assert rows == {name: (spec.legacy_env, spec.default) for name, spec in OPTIONS.items()}
