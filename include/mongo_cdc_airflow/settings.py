@@ -7,6 +7,7 @@ section existed (``MONGO_CDC_SOURCES_DIR``, ...) still counts, then the built-in
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 from airflow.sdk.configuration import conf
@@ -32,10 +33,16 @@ def lake_root() -> str | None:
 
 
 def spark_app() -> str:
-    """The Spark entry point ``spark-submit`` runs: the installed package's own file by default."""
-    import mongo_cdc_spark
-
-    return option("spark_app") or os.path.join(os.path.dirname(mongo_cdc_spark.__file__), "cdc_transform.py")
+    """The Spark entry point ``spark-submit`` runs: the installed package's own file by default, or in a
+    checkout used through ``PYTHONPATH=<repo>/include`` (no install), ``spark_apps/`` beside ``include/``."""
+    configured = option("spark_app")
+    if configured:
+        return configured
+    spec = importlib.util.find_spec("mongo_cdc_spark")
+    if spec is not None and spec.origin is not None:
+        return os.path.join(os.path.dirname(spec.origin), "cdc_transform.py")
+    include = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return os.path.join(os.path.dirname(include), "spark_apps", "cdc_transform.py")
 
 
 def task_retries() -> int:
