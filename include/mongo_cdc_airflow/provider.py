@@ -15,8 +15,6 @@ import mongo_cdc
 
 DISTRIBUTION = "mongo-cdc"
 INTEGRATION = "MongoDB CDC"
-
-
 SECTION = "mongo_cdc"
 
 

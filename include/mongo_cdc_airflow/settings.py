@@ -46,16 +46,13 @@ def spark_app() -> str:
 
 
 def task_retries() -> int:
+    """Retries of every task: 3 unless set."""
     value = option("task_retries")
     if value is None:
         return 3
-    try:
-        retries = int(value)
-    except ValueError:
-        retries = -1
-    if retries < 0:
+    if not value.strip().isdigit():
         raise ValueError(
             f"[{SECTION}] task_retries is {value!r}; set it to a whole number of retries, 0 or more "
             f"(airflow.cfg, AIRFLOW__MONGO_CDC__TASK_RETRIES or {OPTIONS['task_retries'].legacy_env})"
         )
-    return retries
+    return int(value)
