@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import failure_probe
 import pytest
 from airflow.sdk.exceptions import AirflowFailException
+from smtp_support import SmtpServer
 from statsd_support import airflow_statsd
 
 from mongo_cdc.capture.shard_lifecycle import ResnapshotRequest
@@ -97,3 +99,25 @@ def test_the_source_files_failure_callback_runs_for_each_task_that_fails(
     assert sorted(record.read_text().splitlines()) == failed
     # a failed run is no success: the stalled-source alert sees the last one age
     assert not [name for name in sent if "last_success" in name]
+
+
+def test_the_source_files_mail_goes_to_its_addresses_when_a_task_fails(cdc_source, db_name, monkeypatch):
+    """``dag.email``: Airflow's SMTP notifier mails each failed task to the addresses, through the
+    connection ``[email] email_conn_id`` names (here a real SMTP server on loopback)."""
+    with SmtpServer() as smtp:
+        connection = {
+            "conn_type": "smtp",
+            "host": "127.0.0.1",
+            "port": smtp.port,
+            "extra": {"disable_ssl": True, "disable_tls": True, "from_email": "airflow@example.com"},
+        }
+        monkeypatch.setenv("AIRFLOW_CONN_SMTP_DEFAULT", json.dumps(connection))
+        source = cdc_source(db_name, **{"dag.email": ["oncall@example.com", "lead@example.com"]})
+        run = source.run(conf={"resnapshot": True, "colections": []}, expect="failed", skip_spark=True)
+    failed = sorted(ti.task_id for ti in run.get_task_instances() if ti.state == "failed")
+    assert "discover" in failed and len(smtp.messages) == len(failed)
+    for message in smtp.messages:
+        assert message["To"] == "oncall@example.com, lead@example.com"
+        assert message["From"] == "airflow@example.com"
+    subjects = " ".join(message["Subject"] for message in smtp.messages)
+    assert "discover" in subjects and source.dag_id in subjects

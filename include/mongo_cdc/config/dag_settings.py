@@ -116,7 +116,8 @@ class DagSettings:
         (),
         TextList("e-mail addresses", r"[^@\s,]+@[^@\s,]+", "is not an e-mail address"),
         "Addresses mailed when a task of the CDC DAG fails after its last try, by Airflow's SMTP "
-        "notifier through the connection `[email] email_conn_id` names (`smtp_default`)",
+        "notifier through the connection `[email] email_conn_id` names (`smtp_default`), whose extra "
+        "`from_email` is the sender",
     )
     email_on_failure: bool = setting(
         "dag.email.on.failure",
