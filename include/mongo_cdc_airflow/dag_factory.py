@@ -70,11 +70,11 @@ def dag_tags(config: SourceConfig) -> list[str]:
     return list(dict.fromkeys(["mongo-cdc", config.topic_prefix, *config.dag.tags]))
 
 
-def dag_limits(settings: DagSettings) -> dict:
+def dag_limits(dag_settings: DagSettings) -> dict:
     """``max_consecutive_failed_dag_runs`` when the source file sets it (else Airflow's ``[core]`` one)."""
-    if settings.max_consecutive_failed_runs is None:
+    if dag_settings.max_consecutive_failed_runs is None:
         return {}
-    return {"max_consecutive_failed_dag_runs": settings.max_consecutive_failed_runs}
+    return {"max_consecutive_failed_dag_runs": dag_settings.max_consecutive_failed_runs}
 
 
 def build_cdc_dag(config: SourceConfig) -> DAG:
