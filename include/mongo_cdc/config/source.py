@@ -82,7 +82,7 @@ class SourceConfig:
         "The lake: a local directory (a relative path is resolved against the YAML file's folder) or "
         "an `s3://`, `gs://`, `abfs://` or `abfss://` URI, kept as written. Other schemes are "
         "refused.",
-        shown_default="`$MONGO_CDC_LAKE_ROOT`, else `$AIRFLOW_HOME/mongo-cdc-lake`",
+        shown_default="`[mongo_cdc] lake_root` (`$MONGO_CDC_LAKE_ROOT`), else `$AIRFLOW_HOME/mongo-cdc-lake`",
     )
     lake_conn_id: str | None = setting(
         "lake.connection.id",
