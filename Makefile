@@ -71,6 +71,24 @@ $(CHROMIUM):
 		echo "ERROR: installing chromium failed (the whole log: $(CHROMIUM_LOG)); try: sudo apt-get install chromium" >&2; \
 		exit 1; }
 
+# The alerting rules' tests (tests/system/test_alert_rules.py) run Prometheus's promtool, from Debian's
+# prometheus package: downloaded with apt (its lists refreshed as root, or through sudo) and unpacked
+# under .local, quietly, as chromium is installed. Unpacked, not installed: installing the package
+# would start a Prometheus service on the machine. promtool is one static binary.
+PROMTOOL := .local/prometheus/usr/bin/promtool
+PROMTOOL_LOG := .local/promtool-install.log
+
+$(PROMTOOL):
+	@mkdir -p .local/prometheus
+	@echo "== fetching Debian's prometheus package for promtool, the alert rules' tests (apt's output: $(PROMTOOL_LOG))"
+	@sudo=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	( set -e; $$sudo apt-get update -q; cd .local/prometheus; rm -f prometheus_*.deb; \
+	  apt-get download -q prometheus; dpkg-deb -x prometheus_*.deb .; rm -f prometheus_*.deb ) \
+		> $(PROMTOOL_LOG) 2>&1 || { \
+		tail -n 20 $(PROMTOOL_LOG); \
+		echo "ERROR: fetching promtool failed (the whole log: $(PROMTOOL_LOG)); try: sudo apt-get update && make $(PROMTOOL)" >&2; \
+		exit 1; }
+
 # Java's class-data archive of a local Spark driver's classes (mongo_cdc_airflow.local_env maps it
 # into the tests' and the demo's spark-submit runs): made once per venv by a tiny job; a failure
 # only leaves those runs slower, so it warns and goes on.
@@ -103,7 +121,7 @@ bytecode: $(STAMP)
 
 # MAKEFLAGS emptied: the demo's test runs `make demo`, which would find this make's jobserver in
 # its environment without the pipe it names and warn "jobserver unavailable".
-test: $(STAMP) $(PYSPARK_BYTECODE) $(CHROMIUM) $(SPARK_CLASSES) bytecode
+test: $(STAMP) $(PYSPARK_BYTECODE) $(CHROMIUM) $(PROMTOOL) $(SPARK_CLASSES) bytecode
 	MAKEFLAGS= $(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # The unit tier alone (tests/unit): no mongod, no Java, no Airflow metadata DB; well under 2 minutes.

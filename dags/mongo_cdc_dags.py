@@ -1,4 +1,4 @@
-"""mongo-cdc DAGs: one per source YAML in include/sources/ (or $MONGO_CDC_SOURCES_DIR)."""
+"""mongo-cdc DAGs: one per source YAML in [mongo_cdc] sources_dir (docs/deploying.md)."""
 
 from mongo_cdc_airflow.dag_factory import build_dags
 

@@ -4,14 +4,13 @@
 ``mongo_cdc__<source>``: discover -> snapshot_start (per shard) -> snapshot_chunks -> snapshot_copy
 (per slice of chunks) -> per-shard mapped group [snapshot -> pull -> verify] -> plan_transform -> Spark
 transform -> summary, and stuck_collections (only when the transform failed); verification_failed
-(only when a shard's verify failed).
+(runs when a task of a shard's sync failed, fails the run when a verify did).
 ``mongo_cdc_topology__<source>``: a deferrable sensor that triggers the CDC DAG as soon as shards are
 added to or removed from the cluster (while the CDC DAG is unpaused).
 """
 
 from __future__ import annotations
 
-import os
 from datetime import timedelta
 
 import pendulum
@@ -26,8 +25,9 @@ from airflow.sdk import (
 )
 from airflow.task.trigger_rule import TriggerRule
 
-from mongo_cdc.config import SourceConfig, SourceConfigError, load_sources, sources_dir
-from mongo_cdc_airflow import chunk_copy, source_tasks, task_ids
+from mongo_cdc.config import SourceConfig, SourceConfigError, load_sources
+from mongo_cdc.config.dag_settings import DagSettings, resolve_callable
+from mongo_cdc_airflow import chunk_copy, settings, source_tasks, task_ids
 from mongo_cdc_airflow.assets import source_alias
 from mongo_cdc_airflow.params import resnapshot_params
 from mongo_cdc_airflow.runbook import cdc_doc, topology_doc
@@ -35,24 +35,46 @@ from mongo_cdc_airflow.sensors import ShardsChangedSensor, cdc_dag_id
 from mongo_cdc_airflow.shard_sync import ShardSync, sole_writer
 from mongo_cdc_airflow.spark_submit import transform_task
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-DEFAULT_SOURCES_DIR = os.path.join(REPO_ROOT, "include", "sources")
-SPARK_APP = os.environ.get("MONGO_CDC_SPARK_APP", os.path.join(REPO_ROOT, "spark_apps", "cdc_transform.py"))
 START_DATE = pendulum.datetime(2024, 1, 1, tz="UTC")
 
 
-def default_args() -> dict:
-    """Task retries with exponential backoff (30 s doubling up to 10 min).
+def default_args(dag_settings: DagSettings) -> dict:
+    """Task retries with exponential backoff (30 s doubling up to 10 min), and the source file's owner,
+    mail and failure callback (``dag.*``).
 
-    Read when a DAG is built: tests set MONGO_CDC_TASK_RETRIES=0 where a failure is the point,
-    so dag.test() doesn't wait out the backoff.
+    The retries are ``[mongo_cdc] task_retries``, read when a DAG is built: tests set 0 where a
+    failure is the point, so dag.test() doesn't wait out the backoff.
     """
-    return {
-        "retries": int(os.environ.get("MONGO_CDC_TASK_RETRIES", "3")),
+    args = {
+        "owner": dag_settings.owner,
+        "retries": settings.task_retries(),
         "retry_delay": timedelta(seconds=30),
         "retry_exponential_backoff": True,
         "max_retry_delay": timedelta(minutes=10),
     }
+    callbacks = []
+    if dag_settings.on_failure_callback:
+        callbacks.append(resolve_callable(dag_settings.on_failure_callback))
+    if dag_settings.email and dag_settings.email_on_failure:
+        # Airflow 3's notifier, not the task's deprecated email settings; only imported when used
+        from airflow.providers.smtp.notifications.smtp import SmtpNotifier
+
+        callbacks.append(SmtpNotifier(to=list(dag_settings.email)))
+    if callbacks:
+        args["on_failure_callback"] = callbacks
+    return args
+
+
+def dag_tags(config: SourceConfig) -> list[str]:
+    """Both DAGs' tags: ``mongo-cdc``, the topic prefix, then the source file's ``dag.tags``."""
+    return list(dict.fromkeys(["mongo-cdc", config.topic_prefix, *config.dag.tags]))
+
+
+def dag_limits(dag_settings: DagSettings) -> dict:
+    """``max_consecutive_failed_dag_runs`` when the source file sets it (else Airflow's ``[core]`` one)."""
+    if dag_settings.max_consecutive_failed_runs is None:
+        return {}
+    return {"max_consecutive_failed_dag_runs": dag_settings.max_consecutive_failed_runs}
 
 
 def build_cdc_dag(config: SourceConfig) -> DAG:
@@ -61,14 +83,15 @@ def build_cdc_dag(config: SourceConfig) -> DAG:
     @dag(
         dag_id=cdc_dag_id(config.name),
         description=f"MongoDB CDC of '{config.name}' into {config.lake_root}",
-        schedule=CronDataIntervalTimetable("0 * * * *", timezone="UTC"),
+        schedule=CronDataIntervalTimetable(config.dag.cron, timezone="UTC"),
         start_date=START_DATE,
         catchup=False,
         max_active_runs=1,
-        default_args=default_args(),
-        tags=["mongo-cdc", config.topic_prefix],
+        default_args=default_args(config.dag),
+        tags=dag_tags(config),
         doc_md=cdc_doc(config),
         params=resnapshot_params(),
+        **dag_limits(config.dag),
     )
     def cdc() -> None:
         @task(task_id=task_ids.DISCOVER)
@@ -144,7 +167,7 @@ def build_cdc_dag(config: SourceConfig) -> DAG:
         synced = shard_sync.expand(shard_entry=shards)
         synced >> spark_args
         synced >> verification_failed()
-        transform = transform_task(config, SPARK_APP, spark_args)
+        transform = transform_task(config, settings.spark_app(), spark_args)
         transform >> summary()
         transform >> stuck_collections()
 
@@ -161,7 +184,8 @@ def build_topology_dag(config: SourceConfig, poke_interval_s: float = 180.0) -> 
         start_date=START_DATE,
         catchup=False,
         max_active_runs=1,
-        tags=["mongo-cdc", config.topic_prefix],
+        default_args={"owner": config.dag.owner},
+        tags=dag_tags(config),
         doc_md=topology_doc(config),
         # One switch per source, the CDC DAG's: this DAG is live from the start and its sensor skips
         # while the CDC DAG is paused (sensors.reason_not_to_watch).
@@ -178,7 +202,7 @@ def build_topology_dag(config: SourceConfig, poke_interval_s: float = 180.0) -> 
 
 
 def _sources(directory: str | None) -> tuple[list[SourceConfig], list[SourceConfigError]]:
-    return load_sources(directory or sources_dir(DEFAULT_SOURCES_DIR))
+    return load_sources(directory or settings.sources_dir(), settings.lake_root())
 
 
 def build_dags(directory: str | None = None) -> dict[str, DAG]:

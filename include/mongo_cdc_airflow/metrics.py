@@ -11,6 +11,10 @@ Names and tag values are made of what every backend accepts: a dot inside a name
 becomes ``__`` so that it does not split StatsD's hierarchy, any other character outside
 ``[A-Za-z0-9_-]`` becomes ``_``, and a part longer than ``MAX_PART`` keeps its start and a hash of
 the whole (StatsD names are limited to 250 characters).
+
+``METRICS`` declares every metric: its type and what it is per, after the source. Only these are
+sent (``SourceMetrics`` refuses any other name or tag set), so the monitoring page's table, the
+statsd-exporter mapping and the alert rules under monitoring/ are checked against it by the tests.
 """
 
 from __future__ import annotations
@@ -18,12 +22,47 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from airflow.sdk.configuration import conf
-from airflow.sdk.observability import stats
+from airflow.sdk.observability.stats import Stats  # 3.2's task SDK has only the class; 3.3 keeps it
 
 PREFIX = "mongo_cdc"
+
+
+@dataclass(frozen=True)
+class Metric:
+    kind: str  # "gauge", "counter" or "timer"
+    per: tuple[str, ...]  # its tags after ``source``, in the order plain StatsD appends them
+
+
+_PER_RS = ("rs",)
+_PER_COLLECTION = ("rs", "collection")
+# Every metric mongo-cdc sends (docs/monitoring.md says what each is and when to alert).
+METRICS = {
+    "lag_seconds": Metric("gauge", _PER_RS),
+    "position_age_seconds": Metric("gauge", _PER_RS),
+    "oplog_window_seconds": Metric("gauge", _PER_RS),
+    "oplog_headroom_seconds": Metric("gauge", _PER_RS),
+    "last_batch_seq": Metric("gauge", _PER_RS),
+    "events": Metric("counter", ("rs", "collection", "op")),
+    "snapshot_documents": Metric("counter", _PER_COLLECTION),
+    "snapshot_chunks": Metric("counter", _PER_RS),
+    "disconnects": Metric("counter", _PER_RS),
+    "primary_elections": Metric("counter", _PER_RS),
+    "state_rows": Metric("gauge", ("collection",)),
+    "drift_missing": Metric("gauge", _PER_COLLECTION),
+    "drift_extra": Metric("gauge", _PER_COLLECTION),
+    "drift_different": Metric("gauge", _PER_COLLECTION),
+    "repaired_documents": Metric("counter", _PER_COLLECTION),
+    "last_success_timestamp_seconds": Metric("gauge", ()),
+    "schedule_interval_seconds": Metric("gauge", ()),
+    "snapshot": Metric("timer", _PER_RS),
+    "pull": Metric("timer", _PER_RS),
+    "verify": Metric("timer", _PER_RS),
+    "transform": Metric("timer", ()),
+}
 MAX_PART = 60
 _NOT_ALLOWED = re.compile(r"[^A-Za-z0-9_-]")
 # the [metrics] switches of the backends that carry tags (Airflow's own names for them)
@@ -45,25 +84,31 @@ class SourceMetrics:
         self.source = source
         self.tagged = any(conf.getboolean("metrics", switch, fallback=False) for switch in TAGGED_BACKENDS)
 
-    def _named(self, metric: str, tags: Mapping[str, str]) -> tuple[str, dict[str, str] | None]:
+    def _named(self, metric: str, kind: str, tags: Mapping[str, str]) -> tuple[str, dict[str, str] | None]:
+        declared = METRICS.get(metric)
+        if declared != Metric(kind, tuple(tags)):
+            raise ValueError(
+                f"metric {metric!r} as a {kind} per {tuple(tags)} is not declared in METRICS "
+                f"({declared}); declare it there and in docs/monitoring.md"
+            )
         values = {"source": stat_part(self.source), **{key: stat_part(value) for key, value in tags.items()}}
         if self.tagged:
             return f"{PREFIX}.{metric}", values
         return ".".join((PREFIX, metric, *values.values())), None
 
     def gauge(self, metric: str, value: float, **tags: str) -> None:
-        name, tag_values = self._named(metric, tags)
-        stats.gauge(name, value, tags=tag_values)
+        name, tag_values = self._named(metric, "gauge", tags)
+        Stats.gauge(name, value, tags=tag_values)
 
     def count(self, metric: str, value: int, **tags: str) -> None:
         if value:
-            name, tag_values = self._named(metric, tags)
-            stats.incr(name, value, tags=tag_values)
+            name, tag_values = self._named(metric, "counter", tags)
+            Stats.incr(name, value, tags=tag_values)
 
     def seconds(self, metric: str, seconds: float, **tags: str) -> None:
         """A timer, in milliseconds as StatsD timers are."""
-        name, tag_values = self._named(metric, tags)
-        stats.timing(name, seconds * 1000, tags=tag_values)
+        name, tag_values = self._named(metric, "timer", tags)
+        Stats.timing(name, seconds * 1000, tags=tag_values)
 
 
 def emit_run_metrics(source: str, pulls: Iterable[Mapping[str, Any]], run_end_ms: int) -> None:
@@ -131,3 +176,12 @@ def emit_verification_metrics(source: str, verifications: Iterable[Mapping[str, 
                 metrics.count("repaired_documents", drifted, rs=rs, collection=namespace)
         if verification.get("seconds") is not None:
             metrics.seconds("verify", verification["seconds"], rs=rs)
+
+
+def emit_success(source: str, run_end_s: float, interval_s: float) -> None:
+    """A run whose every shard synced and whose transform succeeded: its end, in Unix seconds
+    (``last_success_timestamp_seconds``), and the schedule's interval (``schedule_interval_seconds``),
+    which the stalled-source alert compares (monitoring/prometheus-rules.yaml)."""
+    metrics = SourceMetrics(source)
+    metrics.gauge("last_success_timestamp_seconds", run_end_s)
+    metrics.gauge("schedule_interval_seconds", interval_s)

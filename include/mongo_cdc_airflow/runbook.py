@@ -1,14 +1,18 @@
 """The DAG pages as the on-call runbook: each DAG's ``doc_md`` (shown on its page in the Airflow UI).
 
-Every failure it quotes is the start of a real message (tests/unit/test_runbook.py checks them
-against the code), followed by its fix. The full story is in the repository's docs/.
+Every failure it quotes is the start of a real message, followed by its fix, and every command it
+quotes triggers the DAG with valid params (tests/unit/test_runbook.py checks both against the code).
+The full story is in the repository's docs/.
 """
 
 from __future__ import annotations
 
+import json
+
 from mongo_cdc.capture.offsets import offset_key
 from mongo_cdc.config import SourceConfig
 from mongo_cdc_airflow import task_ids
+from mongo_cdc_airflow.sensors import cdc_dag_id
 
 # (the start of a failure message, what to do), in the order an on-call meets them
 FAILURES = (
@@ -39,8 +43,10 @@ FAILURES = (
     ),
     (
         "is no longer in the oplog",
-        'The stored position left the oplog: trigger with `{"resnapshot": true}` (add `"shards": '
-        '["<shard id>"]` to copy one shard only). The state tables are reconciled.',
+        "The stored position left the oplog: re-snapshot every collection of every shard (the "
+        "command under *Re-snapshot*). Only that moves the position; a re-snapshot of some "
+        "collections keeps the lost one, and on a sharded cluster a one-shard re-snapshot can drop "
+        "documents a chunk migration moved. The state tables are reconciled.",
     ),
     (
         "leaves the oplog in about",
@@ -68,17 +74,27 @@ FAILURES = (
 )
 
 
+def trigger_command(dag_id: str, params: dict) -> str:
+    """The CLI command triggering ``dag_id`` with the trigger params ``params``."""
+    return f"airflow dags trigger {dag_id} --conf '{json.dumps(params)}'"
+
+
 def cdc_doc(config: SourceConfig) -> str:
     """The CDC DAG's page: what each task does, how to re-snapshot, where things are, what to do when
     a task fails."""
     key = offset_key(config.name, "<replica set>")
     failures = "\n".join(f"| `…{start}…` | {fix} |" for start, fix in FAILURES)
+    dag_id = cdc_dag_id(config.name)
+    resnapshot_all = trigger_command(dag_id, {"resnapshot": True})
+    resnapshot_some = trigger_command(dag_id, {"resnapshot": True, "collections": ["<db>.<collection>"]})
+    verify = trigger_command(dag_id, {"verify": True})
     return f"""\
 # MongoDB CDC of `{config.name}`
 
 Source file `{config.path}`; lake `{config.lake_root}` (topic prefix `{config.topic_prefix}`).
-Hourly; one run at a time. This DAG's pause switch is the source's: its shard watch
-`mongo_cdc_topology__{config.name}` follows it (skipped while this DAG is paused).
+Runs on `{config.dag.schedule}` (UTC, the source file's `dag.schedule`); one run at a time. This
+DAG's pause switch is the source's: its shard watch `mongo_cdc_topology__{config.name}` follows it
+(skipped while this DAG is paused).
 
 ## Tasks
 
@@ -94,13 +110,27 @@ Hourly; one run at a time. This DAG's pause switch is the source's: its shard wa
 | `{task_ids.PLAN_TRANSFORM}`, `{task_ids.TRANSFORM}` | Spark updates `state` and `changes` from `raw` |
 | `summary` | Event counts, lag, each replica set's oplog window (XCom and log); Asset events |
 | `stuck_collections` | Runs only when the transform failed: names the collections left behind |
-| `{task_ids.VERIFICATION_FAILED}` | Runs only when a shard's sync or verify failed, and fails the run |
+| `{task_ids.VERIFICATION_FAILED}` | Runs when a shard's task failed; fails the run if a `verify` did |
 
 ## Re-snapshot
 
 Trigger with params (all optional): **Re-snapshot** on, then **Collections to re-snapshot**
 (`<db>.<collection>`, one per line) and/or **Shards to re-snapshot**. Empty lists mean everything.
-Streaming goes on from its stored position; the state tables are reconciled.
+The state tables are reconciled: documents that no longer exist disappear.
+
+* Every collection (**Collections** empty): streaming goes on from the re-snapshot's position, as
+  after the first snapshot. The only way past a position that left the oplog:
+  `{resnapshot_all}`
+* Some collections: streaming keeps its stored position, so the other collections miss nothing:
+  `{resnapshot_some}`
+* On a sharded cluster leave **Shards** empty: chunk migrations emit no events, so a one-shard
+  re-snapshot can drop documents a migration moved off that shard.
+
+## Verify
+
+**Verify** on compares the state tables with MongoDB and heals what drifted, as the
+`verify.interval.hours` runs do (report: `raw/{config.topic_prefix}/_verifications`):
+`{verify}`
 
 ## Reading the summary
 
@@ -146,7 +176,7 @@ def topology_doc(config: SourceConfig) -> str:
 Every 15 minutes its sensor `shards_changed` compares the cluster's shard ids with the Variable
 `mongo_cdc.{config.name}.topology` (written by `{cdc}`'s `discover`), and `trigger_cdc` triggers
 `{cdc}` when a shard was added or removed, so the new shard is snapshotted and a removed one
-drained without waiting for the hourly run.
+drained without waiting for the next scheduled run.
 
 **It follows `{cdc}`'s pause switch:** this DAG is unpaused from the start and its sensor is
 skipped while `{cdc}` is paused or has not run yet. Pause and unpause `{cdc}` only.

@@ -114,7 +114,10 @@ def plan_transform(config: SourceConfig) -> list[str]:
         from mongo_cdc.capture.backfill import hour_partitions
 
         hours = tuple(hour_partitions(context["data_interval_start"], context["data_interval_end"]))
-    maintenance = maintenance_settings(config, context.get("data_interval_start"))  # none for manual runs
+    # none for manual runs
+    maintenance = maintenance_settings(
+        config, context.get("data_interval_start"), context.get("data_interval_end")
+    )
     # Whether the job will find work, asked as it asks it: a run with nothing starts no Spark (the
     # transform task reads the work key). The collections that may be behind, for the summary's asset
     # events: one catching up after a failed run has tables that change although no batch of it landed.
@@ -139,17 +142,23 @@ def plan_transform(config: SourceConfig) -> list[str]:
     ]
 
 
-def maintenance_settings(config: SourceConfig, interval_start: dt.datetime | None) -> dict[str, int] | None:
+def maintenance_settings(
+    config: SourceConfig, interval_start: dt.datetime | None, interval_end: dt.datetime | None
+) -> dict[str, int] | None:
     """The ``--maintain`` settings of every scheduled run, for one share of the collections: the run
     whose interval starts at UTC hour H since the epoch maintains ``slot`` H mod
     ``lake.optimize.interval.hours`` (``lake.maintenance.maintained``), so each table is compacted and
     vacuumed once per interval (daily by default) and no run visits every table of a source of
-    thousands. None (no maintenance) for manual runs (no interval) and an interval of 0."""
+    thousands. A run whose interval is longer than an hour (a ``dag.schedule`` slower than hourly)
+    has no slot: the hours it spans hold several shares, so it maintains every table that is due. None
+    (no maintenance) for manual runs (no interval) and an interval of 0."""
     every = config.lake_optimize_interval_hours
-    if not every or interval_start is None:
+    if not every or interval_start is None or interval_end is None:
         return None
-    slot = int(interval_start.timestamp() // 3600) % every
-    return {"optimize_interval_hours": every, "retention_hours": config.lake_retention_hours, "slot": slot}
+    settings = {"optimize_interval_hours": every, "retention_hours": config.lake_retention_hours}
+    if interval_end - interval_start > dt.timedelta(hours=1):
+        return settings
+    return {**settings, "slot": int(interval_start.timestamp() // 3600) % every}
 
 
 def maintenance_arguments(settings: dict[str, int] | None) -> list[str]:
@@ -164,7 +173,12 @@ def summary(config: SourceConfig) -> dict:
     what it left behind (``stuck_collections`` fails the run then). A run with a failed shard fails
     here, and a failed task's asset events are dropped."""
     # when the task runs, not when the DAG is parsed: metrics may be off
-    from mongo_cdc_airflow.metrics import emit_run_metrics, emit_state_rows, emit_verification_metrics
+    from mongo_cdc_airflow.metrics import (
+        emit_run_metrics,
+        emit_state_rows,
+        emit_success,
+        emit_verification_metrics,
+    )
 
     context = get_current_context()
     ti = context["ti"]
@@ -206,7 +220,20 @@ def summary(config: SourceConfig) -> dict:
     )  # fmt: skip
     result["assets"] = [table.uri for table in tables]
     emit_state_rows(config.name, {table.namespace: table.rows for table in tables if table.zone == "state"})
+    if transform_succeeded(ti):
+        emit_success(config.name, run_end.timestamp(), config.dag.interval_seconds(run_end))
     return result
+
+
+def run_task_states(ti, task_id: str) -> dict[str, str]:
+    """The states of ``task_id``'s instances in ``ti``'s run, by their names."""
+    states = ti.get_task_states(dag_id=ti.dag_id, task_ids=[task_id], run_ids=[ti.run_id])
+    return states.get(ti.run_id, {})
+
+
+def transform_succeeded(ti) -> bool:
+    """Whether this run's transform succeeded (it does when no collection had work, without Spark)."""
+    return run_task_states(ti, task_ids.TRANSFORM).get(task_ids.TRANSFORM) == "success"
 
 
 def verified_collections(verifications: list[dict]) -> dict[str, dict]:
@@ -265,8 +292,9 @@ def verification_failed() -> None:
     task before a verify failed (Airflow's one_failed counts upstream failures), and passes then:
     the summary already fails such a run, naming the shard."""
     ti = get_current_context()["ti"]
-    states = ti.get_task_states(dag_id=ti.dag_id, task_ids=[task_ids.SHARD_VERIFY], run_ids=[ti.run_id])
-    failed = sorted(name for name, state in states.get(ti.run_id, {}).items() if state == "failed")
+    failed = sorted(
+        name for name, state in run_task_states(ti, task_ids.SHARD_VERIFY).items() if state == "failed"
+    )
     if not failed:
         log.info("no verify task failed: a task before one did, and the summary reports it")
         return

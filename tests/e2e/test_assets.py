@@ -89,6 +89,10 @@ def assert_metrics_match_summary(statsd: StatsdListener, run, source, rs: str) -
     assert received[f"airflow.mongo_cdc.transform.{source.name}"][-1][1] == "ms"
     assert received[per_rs % "pull"][-1][1] == "ms"
     assert per_rs % "disconnects" not in received  # none happened: no counter
+    # every shard synced and the transform succeeded: the stalled-source alert's figures
+    assert statsd.last(f"airflow.mongo_cdc.schedule_interval_seconds.{source.name}") == 3600  # hourly
+    succeeded_at = statsd.last(f"airflow.mongo_cdc.last_success_timestamp_seconds.{source.name}")
+    assert run.start_date.timestamp() <= succeeded_at <= run.end_date.timestamp()
     return received
 
 

@@ -31,7 +31,7 @@ from mongo_cdc.lake.storage import LakeLocation, table_if_exists
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ASSETS_PAGE = os.path.join(REPO, "docs", "reading.md")
-# The Spark job's entry point: what spark-submit runs (the DAG's ``dag_factory.SPARK_APP``).
+# The Spark job's entry point: what spark-submit runs (the DAG's ``settings.spark_app()`` in a checkout).
 SPARK_APP = os.path.join(REPO, "spark_apps", "cdc_transform.py")
 DOCUMENTED_ASSET_URI = "file:///data/lake/state/shop/shop/orders"
 EJSON_OPTIONS = json_util.JSONOptions(datetime_conversion=bson.DatetimeConversion.DATETIME_MS)

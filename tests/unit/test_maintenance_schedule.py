@@ -16,10 +16,16 @@ from mongo_cdc_airflow.source_tasks import maintenance_arguments, maintenance_se
 
 CONFIG = SourceConfig(name="s", path="s.yaml", topic_prefix="s", lake_root="/lake")
 MIDNIGHT = dt.datetime(2026, 1, 2, tzinfo=dt.timezone.utc)
+HOUR = dt.timedelta(hours=1)
+
+
+def hourly_run(config: SourceConfig, start: dt.datetime | None) -> dict | None:
+    """The maintenance settings of an hourly run whose data interval starts at ``start``."""
+    return maintenance_settings(config, start, None if start is None else start + HOUR)
 
 
 def test_each_scheduled_run_maintains_its_share_and_each_collection_is_maintained_once_an_interval():
-    assert maintenance_arguments(maintenance_settings(CONFIG, MIDNIGHT + dt.timedelta(hours=3))) == [
+    assert maintenance_arguments(hourly_run(CONFIG, MIDNIGHT + dt.timedelta(hours=3))) == [
         "--maintain",
         json.dumps({"optimize_interval_hours": 24, "retention_hours": 168, "slot": 3}, sort_keys=True),
     ]
@@ -27,7 +33,7 @@ def test_each_scheduled_run_maintains_its_share_and_each_collection_is_maintaine
     maintained_by = {namespace: [] for namespace in namespaces}
     for hour in range(24):
         settings = json.loads(
-            maintenance_arguments(maintenance_settings(CONFIG, MIDNIGHT + dt.timedelta(hours=hour)))[1]
+            maintenance_arguments(hourly_run(CONFIG, MIDNIGHT + dt.timedelta(hours=hour)))[1]
         )
         assert maintains_source(settings) == (hour == 0)  # the leftovers' listing once a day
         for namespace in namespaces:
@@ -38,9 +44,7 @@ def test_each_scheduled_run_maintains_its_share_and_each_collection_is_maintaine
     assert len(per_run) == 24 and max(per_run.values()) < 3 * 1_000 / 24  # spread, not all in one run
     every_six = dataclasses.replace(CONFIG, lake_optimize_interval_hours=6)
     assert (
-        json.loads(
-            maintenance_arguments(maintenance_settings(every_six, MIDNIGHT + dt.timedelta(hours=7)))[1]
-        )["slot"]
+        json.loads(maintenance_arguments(hourly_run(every_six, MIDNIGHT + dt.timedelta(hours=7)))[1])["slot"]
         == 1
     )
 
@@ -51,10 +55,10 @@ def test_settings_without_a_slot_maintain_every_collection_and_the_source():
 
 
 def test_manual_runs_without_an_interval_and_a_zero_interval_never_maintain():
-    assert maintenance_arguments(maintenance_settings(CONFIG, None)) == []
+    assert maintenance_arguments(hourly_run(CONFIG, None)) == []
     assert (
         maintenance_arguments(
-            maintenance_settings(dataclasses.replace(CONFIG, lake_optimize_interval_hours=0), MIDNIGHT)
+            hourly_run(dataclasses.replace(CONFIG, lake_optimize_interval_hours=0), MIDNIGHT)
         )
         == []
     )
@@ -62,9 +66,16 @@ def test_manual_runs_without_an_interval_and_a_zero_interval_never_maintain():
 
 def test_the_job_reads_back_the_settings_and_refuses_a_slot_outside_the_interval(tmp_path, capsys):
     base = ["--lake-root", str(tmp_path), "--topic-prefix", "s"]
-    arguments = maintenance_arguments(maintenance_settings(CONFIG, MIDNIGHT + dt.timedelta(hours=5)))
+    arguments = maintenance_arguments(hourly_run(CONFIG, MIDNIGHT + dt.timedelta(hours=5)))
     assert spark_job().parse_args([*base, *arguments]).maintain == json.loads(arguments[1])
     for bad in ({"optimize_interval_hours": 24, "retention_hours": 1, "slot": 24}, {"slot": 1}):
         with pytest.raises(SystemExit):
             spark_job().parse_args([*base, "--maintain", json.dumps(bad)])
         assert '"slot": <the share of the collections this run maintains' in capsys.readouterr().err
+
+
+def test_a_run_of_a_schedule_slower_than_hourly_maintains_every_collection_that_is_due():
+    """A daily run's interval holds every hour's share: it has no slot, so no share is left out."""
+    settings = maintenance_settings(CONFIG, MIDNIGHT, MIDNIGHT + dt.timedelta(days=1))
+    assert settings == {"optimize_interval_hours": 24, "retention_hours": 168}
+    assert all(maintained(settings, f"db.c{index}") for index in range(100)) and maintains_source(settings)

@@ -7,9 +7,19 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 from statsd_support import airflow_statsd
 
-from mongo_cdc_airflow.metrics import MAX_PART, SourceMetrics, stat_part
+from mongo_cdc_airflow.metrics import (
+    MAX_PART,
+    METRICS,
+    SourceMetrics,
+    emit_run_metrics,
+    emit_state_rows,
+    emit_success,
+    emit_verification_metrics,
+    stat_part,
+)
 
 
 def test_names_carry_source_replica_set_and_collection_where_statsd_has_no_tags(monkeypatch):
@@ -59,3 +69,46 @@ def test_parsing_the_dags_imports_no_metrics_or_lineage_code(tmp_path):
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_the_code_sends_every_declared_metric_with_its_declared_parts(monkeypatch):
+    """What the summary and the transform send, each figure present, is exactly ``METRICS``
+    (docs/monitoring.md's table is checked against it in test_monitoring_page.py), each name with
+    the parts its declaration says."""
+    pull = {
+        "rs": "rs0",
+        "newest_source_ts_ms": 1_000,
+        "oplog": {"window_seconds": 7200, "headroom_seconds": 3600, "position_age_seconds": 5},
+        "batch_seq": 7,
+        "events": {"shop.orders": {"c": 2}},
+        "disconnects": 1,
+        "primary_elections": 1,
+        "seconds": 1.0,
+        "snapshot": {"documents": {"shop.orders": 3}, "chunks": 1, "seconds": 2.0},
+    }
+    verification = {
+        "rs": "rs0",
+        "repair_batch_seq": 8,
+        "collections": {"shop.orders": {"missing": 1, "extra": 0, "different": 0}},
+        "seconds": 0.5,
+    }
+    with airflow_statsd(monkeypatch) as listener:
+        emit_run_metrics("shop", [pull], run_end_ms=2_000)
+        emit_verification_metrics("shop", [verification])
+        emit_state_rows("shop", {"shop.orders": 3})
+        SourceMetrics("shop").seconds("transform", 3.0)
+        emit_success("shop", 1_700_000_000.0, 3600.0)
+        received = listener.drain()
+    sent = {}
+    for name in received:
+        _, _, metric, *parts = name.split(".")
+        sent[metric] = len(parts)
+    assert sent == {metric: 1 + len(declared.per) for metric, declared in METRICS.items()}
+
+
+def test_an_undeclared_metric_or_tag_set_is_refused():
+    metrics = SourceMetrics("shop")
+    with pytest.raises(ValueError, match="metric 'lag' as a gauge per \\('rs',\\) is not declared"):
+        metrics.gauge("lag", 1.0, rs="rs0")
+    with pytest.raises(ValueError, match="not declared in METRICS"):
+        metrics.gauge("lag_seconds", 1.0, collection="shop.orders")

@@ -9,11 +9,9 @@ the key and what is allowed.
 
 from mongo_cdc.config.loading import (
     LAKE_ROOT_ENV,
-    SOURCES_DIR_ENV,
     default_lake_root,
     load_source,
     load_sources,
-    sources_dir,
 )
 from mongo_cdc.config.source import (
     SETTINGS,
@@ -30,12 +28,10 @@ __all__ = [
     "SETTINGS",
     "SKIPPABLE_OPERATIONS",
     "SNAPSHOT_MODES",
-    "SOURCES_DIR_ENV",
     "SYSTEM_DATABASES",
     "SourceConfig",
     "SourceConfigError",
     "default_lake_root",
     "load_source",
     "load_sources",
-    "sources_dir",
 ]

@@ -16,11 +16,11 @@ from typing import Any
 
 import yaml
 
+from mongo_cdc.config.dag_settings import DAG_ATTRIBUTES, DagSettings
 from mongo_cdc.config.source import SETTINGS, SourceConfig
 from mongo_cdc.config.values import SourceConfigError
 from mongo_cdc.lake.storage import LakeRootError, resolve_root
 
-SOURCES_DIR_ENV = "MONGO_CDC_SOURCES_DIR"
 LAKE_ROOT_ENV = "MONGO_CDC_LAKE_ROOT"
 
 _MUTUALLY_EXCLUSIVE = (
@@ -93,8 +93,11 @@ def _source_name_problems(path: str) -> list[str]:
     ]
 
 
-def load_source(path: str) -> SourceConfig:
-    """Parse and validate one source YAML file; the error lists every problem the file has."""
+def load_source(path: str, lake_root: str | None = None) -> SourceConfig:
+    """Parse and validate one source YAML file; the error lists every problem the file has.
+
+    ``lake_root``: the lake of a file without ``lake.root`` (the deployment's setting; None:
+    ``default_lake_root()``)."""
     name_problems = _source_name_problems(path)
     try:
         with open(path, encoding="utf-8") as handle:
@@ -141,14 +144,16 @@ def load_source(path: str) -> SourceConfig:
         )
     try:  # a relative local path is taken from the YAML's folder; a URI is kept as it is
         values["lake_root"] = resolve_root(
-            values.get("lake_root") or default_lake_root(), os.path.dirname(os.path.abspath(path))
+            values.get("lake_root") or lake_root or default_lake_root(),
+            os.path.dirname(os.path.abspath(path)),
         )
     except LakeRootError as exc:
         problems.append(f"{path}: key 'lake.root': {exc}")
     if problems:
         raise SourceConfigError(*problems)
+    dag = DagSettings(**{name: values.pop(name) for name in DAG_ATTRIBUTES & values.keys()})
     try:
-        return SourceConfig(name=source_name(path), path=os.path.abspath(path), **values)
+        return SourceConfig(name=source_name(path), path=os.path.abspath(path), dag=dag, **values)
     except ValueError as exc:  # the flattening or capture options do not fit together
         raise SourceConfigError(f"{path}: {exc}") from None
 
@@ -159,27 +164,28 @@ def _unknown_key(path: str, key: str) -> str:
     return f"{path}: unknown key '{key}'; {hint}allowed keys: {', '.join(sorted(SETTINGS))}"
 
 
-def sources_dir(default: str) -> str:
-    return os.environ.get(SOURCES_DIR_ENV) or default
-
-
-def load_sources(directory: str) -> tuple[list[SourceConfig], list[SourceConfigError]]:
+def load_sources(
+    directory: str, lake_root: str | None = None
+) -> tuple[list[SourceConfig], list[SourceConfigError]]:
     """Every valid ``*.yaml``/``*.yml`` source in a folder, sorted by name, plus the errors of the others.
 
     Each file stands alone, except where two sources would share what must be one source's: two
     files with one source name (``shop.yaml`` and ``shop.yml``) would have one DAG id, and two
     sources writing the same lake with the same ``topic.prefix`` would write the same tables. Both
-    are refused, each naming the other.
+    are refused, each naming the other. ``lake_root``: as for ``load_source``.
     """
     configs, errors = [], []
     if not os.path.isdir(directory):
         return configs, [
-            SourceConfigError(f"{directory}: sources folder does not exist; set {SOURCES_DIR_ENV}")
+            SourceConfigError(
+                f"{directory}: sources folder does not exist; create it, or set the sources folder "
+                "(Airflow: [mongo_cdc] sources_dir, AIRFLOW__MONGO_CDC__SOURCES_DIR)"
+            )
         ]
     for entry in sorted(os.listdir(directory)):
         if entry.endswith((".yaml", ".yml")):
             try:
-                configs.append(load_source(os.path.join(directory, entry)))
+                configs.append(load_source(os.path.join(directory, entry), lake_root))
             except SourceConfigError as exc:
                 errors.append(exc)
     clashing = _clashes(

@@ -7,12 +7,13 @@ Property names follow the Debezium MongoDB connector where one exists; the rest 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from functools import cached_property, lru_cache
 
 from mongo_cdc.capture.field_filters import FieldFilters, FieldRule
 from mongo_cdc.capture.oversized_events import OVERSIZE_MODES
 from mongo_cdc.config.capture_mode_table import CAPTURE_MODES, FULL_UPDATE_TYPES, check_full_update_type
+from mongo_cdc.config.dag_settings import DAG_SETTINGS, DagSettings
 from mongo_cdc.config.setting import Setting, declared_settings, required_setting, setting
 from mongo_cdc.config.values import (
     AddedFields,
@@ -48,8 +49,9 @@ _FLATTENING_DEFAULTS = FlatteningOptions()
 class SourceConfig:
     """One validated source: everything a DAG, a pull or the Spark transform needs to know.
 
-    Every field but ``name`` and ``path`` is a source key, declared here once; the upper bounds of
-    the integers come from what each one drives (the comments say what).
+    Every field but ``name``, ``path`` and ``dag`` is a source key, declared here once; the upper
+    bounds of the integers come from what each one drives (the comments say what). ``dag`` holds the
+    ``dag.*`` keys (``dag_settings``).
     """
 
     name: str  # the YAML file's name without its extension
@@ -80,7 +82,7 @@ class SourceConfig:
         "The lake: a local directory (a relative path is resolved against the YAML file's folder) or "
         "an `s3://`, `gs://`, `abfs://` or `abfss://` URI, kept as written. Other schemes are "
         "refused.",
-        shown_default="`$MONGO_CDC_LAKE_ROOT`, else `$AIRFLOW_HOME/mongo-cdc-lake`",
+        shown_default="`[mongo_cdc] lake_root` (`$MONGO_CDC_LAKE_ROOT`), else `$AIRFLOW_HOME/mongo-cdc-lake`",
     )
     lake_conn_id: str | None = setting(
         "lake.connection.id",
@@ -344,7 +346,7 @@ class SourceConfig:
         3,
         Integer(0, 1000),
         "The pull warns when its replica set's committed position would leave the oplog within this "
-        "many schedule intervals (the DAG's hourly interval) at the current write rate; see the "
+        "many schedule intervals (`dag.schedule`'s) at the current write rate; see the "
         "[oplog-window guard](semantics.md#oplog-window-guard). `0` turns the warning off.",
     )
     oplog_headroom_fail: bool = setting(
@@ -419,6 +421,7 @@ class SourceConfig:
         String(),
         "Prepended to every `add.fields` column name. It may be empty.",
     )
+    dag: DagSettings = field(default_factory=DagSettings)  # the dag.* keys
 
     def __post_init__(self) -> None:
         self.flattening  # noqa: B018 - builds the options, so clashing ones are refused here
@@ -481,8 +484,11 @@ class SourceConfig:
         return not self.snapshot_include or any(p.fullmatch(namespace) for p in self.snapshot_include)
 
 
-# Every source key and its declaration, in the order of SourceConfig's fields.
-SETTINGS: dict[str, Setting] = {declared.key: declared for declared in declared_settings(SourceConfig)}
+# Every source key and its declaration, in the order of SourceConfig's fields, then the dag.* keys.
+SETTINGS: dict[str, Setting] = {
+    **{declared.key: declared for declared in declared_settings(SourceConfig)},
+    **DAG_SETTINGS,
+}
 
 # The fields deciding which namespaces are captured (captures_collection), by their keys.
 _CAPTURE_FILTER = {

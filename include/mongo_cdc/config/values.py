@@ -132,21 +132,43 @@ class String:
         return value
 
 
+def string_items(path: str, key: str, value: Any, what: str) -> list[str]:
+    """The strings of a YAML list as written, or the blank-trimmed items of a comma-separated string."""
+    if isinstance(value, str):
+        return [item.strip() for item in value.split(",") if item.strip()]
+    if isinstance(value, list) and all(isinstance(item, str) for item in value):
+        return value
+    raise SourceConfigError(
+        f"{path}: key '{key}' must be a list of {what} or a comma-separated string, got {value!r}"
+    )
+
+
+class TextList:
+    """Strings, as a YAML list or a comma-separated string, each matching ``pattern`` (``hint`` says
+    what an item that does not is)."""
+
+    def __init__(self, what: str, pattern: str, hint: str) -> None:
+        self.what, self.pattern, self.hint = what, re.compile(pattern), hint
+
+    @property
+    def allowed(self) -> str:
+        return f"{self.what}: a list or a comma-separated string"
+
+    def parse(self, path: str, key: str, value: Any) -> tuple[str, ...]:
+        items = tuple(item.strip() for item in string_items(path, key, value, self.what))
+        bad = [item for item in items if not self.pattern.fullmatch(item)]
+        if bad:
+            raise SourceConfigError(f"{path}: key '{key}': {', '.join(map(repr, bad))} {self.hint}")
+        return items
+
+
 class RegexList:
     """Regular expressions, as a YAML list or a comma-separated string."""
 
     allowed = "regular expressions: a list or a comma-separated string"
 
     def parse(self, path: str, key: str, value: Any) -> tuple[re.Pattern, ...]:
-        if isinstance(value, str):
-            items = [item.strip() for item in value.split(",") if item.strip()]
-        elif isinstance(value, list) and all(isinstance(item, str) for item in value):
-            items = value
-        else:
-            raise SourceConfigError(
-                f"{path}: key '{key}' must be a list of regular expressions or a comma-separated string, "
-                f"got {value!r}"
-            )
+        items = string_items(path, key, value, "regular expressions")
         patterns = []
         for item in items:
             try:
@@ -200,15 +222,7 @@ class AddedFields:
     allowed = "event fields: a list or a comma-separated string"
 
     def parse(self, path: str, key: str, value: Any) -> tuple[str, ...]:
-        if isinstance(value, str):
-            items = tuple(item.strip() for item in value.split(",") if item.strip())
-        elif isinstance(value, list) and all(isinstance(item, str) for item in value):
-            items = tuple(item.strip() for item in value)
-        else:
-            raise SourceConfigError(
-                f"{path}: key '{key}' must be a list of field names or a comma-separated string, "
-                f"got {value!r}"
-            )
+        items = tuple(item.strip() for item in string_items(path, key, value, "field names"))
         for item in items:
             try:
                 added_field(item, prefix="")
