@@ -35,3 +35,18 @@ def test_small_documents_are_sliced_by_rows(tmp_path: Path) -> None:
     files = [RawFile(f"raw/{seq}.parquet", "h", seq, seq, half, SLICE_BYTES // 8) for seq in range(4)]
     slices = raw_slices(LakeLocation(str(tmp_path)), files, parallelism=1)
     assert [len(one) for one in slices] == [2, 2]
+
+
+def test_a_snapshots_chunk_files_are_sliced_in_the_order_of_their_first_key(tmp_path: Path) -> None:
+    # one batch's files, their names (uuids) in another order than their keys: each slice takes
+    # neighbouring key ranges, so the first build's state files do not overlap
+    half = SLICE_ROWS // 2
+    firsts = ['{"id":"c"}', '{"id":"a"}', '{"id":"d"}', '{"id":"b"}']
+    files = [
+        RawFile(f"raw/{n}.parquet", "h", 7, 7, half, SLICE_BYTES // 8, key) for n, key in enumerate(firsts)
+    ]
+    slices = raw_slices(LakeLocation(str(tmp_path)), files, parallelism=1)
+    assert slices == [
+        (RawPiece("raw/1.parquet", None), RawPiece("raw/3.parquet", None)),
+        (RawPiece("raw/0.parquet", None), RawPiece("raw/2.parquet", None)),
+    ]

@@ -34,7 +34,8 @@ SLICE_BYTES = 8 * 1024 * 1024
 
 
 class RawFile(NamedTuple):
-    """A data file of a raw table: its path under the lake root, partition, batch range and rows."""
+    """A data file of a raw table: its path under the lake root, partition, batch range, rows and
+    first key (the statistics' minimum of ``key``: None where unknown)."""
 
     path: str
     hour: str
@@ -42,6 +43,7 @@ class RawFile(NamedTuple):
     max_seq: int | None
     rows: int
     size: int  # bytes
+    min_key: str | None = None
 
 
 class RawPiece(NamedTuple):
@@ -59,14 +61,15 @@ def raw_files(table: DeltaTable, table_path: str) -> list[RawFile]:
     actions = file_actions(table)
     unknown = [None] * actions.num_rows
     return [
-        RawFile(f"{table_path}/{path}", hour, low, high, rows or 0, size or 0)
-        for path, hour, low, high, rows, size in zip(
+        RawFile(f"{table_path}/{path}", hour, low, high, rows or 0, size or 0, first_key)
+        for path, hour, low, high, rows, size, first_key in zip(
             actions.column("path").to_pylist(),
             file_stats(actions, "partition", "hour") or unknown,
             file_stats(actions, "min", "batch_seq") or unknown,
             file_stats(actions, "max", "batch_seq") or unknown,
             actions.column("num_records").to_pylist(),
             actions.column("size_bytes").to_pylist(),
+            file_stats(actions, "min", "key") or unknown,
             strict=True,
         )
     ]
@@ -75,7 +78,9 @@ def raw_files(table: DeltaTable, table_path: str) -> list[RawFile]:
 def raw_slices(location: LakeLocation, files: list[RawFile], parallelism: int) -> list[RawSlice]:
     """``files`` in slices of about SLICE_ROWS rows (fewer when that keeps every core busy) and at most
     about SLICE_BYTES, in batch order, so each slice's change files cover few hours and its state file
-    a narrow range of keys.
+    a narrow range of keys; the files of one batch (a snapshot's chunks) in the order of their first
+    key, so a first build's state files hold disjoint key ranges (a chunk's rows follow its ``_id``
+    index) and a point lookup opens one of them.
 
     Small files (a pull's batches) are grouped; a large one (a snapshot's) is split at its row groups.
     """
@@ -83,7 +88,7 @@ def raw_slices(location: LakeLocation, files: list[RawFile], parallelism: int) -
     target = max(MIN_SLICE_ROWS, min(SLICE_ROWS, -(-total // max(1, parallelism))))
     pieces: list[tuple[RawPiece, int, float]] = []  # a piece, its rows and (about) its bytes
     filesystem, base = location.filesystem()
-    for file in sorted(files, key=lambda file: (file.min_seq or 0, file.path)):
+    for file in sorted(files, key=lambda file: (file.min_seq or 0, file.min_key or "", file.path)):
         row_bytes = file.size / max(1, file.rows)
         groups = []
         if file.rows > target or file.size > SLICE_BYTES:
