@@ -166,6 +166,19 @@ def table_indexed_columns(table: Any) -> list[Path]:
     return indexed_columns(schema, metadata.configuration, metadata.partition_columns)
 
 
+def statistics_writer(sink: Any, schema: pa.Schema, use_dictionary: bool | list[str]) -> pq.ParquetWriter:
+    """A snappy Parquet writer of ``schema`` whose footer holds the bounds ``file_statistics`` reads
+    (of no other column: computing them over 4 KB documents costs time and says nothing a reader
+    filters on)."""
+    return pq.ParquetWriter(
+        sink,
+        schema,
+        compression="snappy",
+        use_dictionary=use_dictionary,
+        write_statistics=statistics_paths(schema),
+    )
+
+
 def statistics_paths(schema: pa.Schema) -> list[str]:
     """The Parquet column paths whose bounds a writer keeps in its footer (``write_statistics``): the
     bounded leaves, but doubles (bounded from their values)."""

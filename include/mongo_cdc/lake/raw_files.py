@@ -34,7 +34,7 @@ from mongo_cdc.lake.file_statistics import (
     column_at,
     file_statistics,
     null_counts,
-    statistics_paths,
+    statistics_writer,
 )
 from mongo_cdc.lake.storage import LakeLocation
 
@@ -128,15 +128,7 @@ class _TableFiles:
         directory = (f"{self.partition}={value}",) if self.partition else ()
         name = f"part-{uuid.uuid4()}.snappy.parquet"
         sink = self.location.open_output(*self.table_path, *directory, name)
-        # Parquet statistics only of the columns Delta keeps bounds of: computing them over 4 KB
-        # documents costs time and says nothing a reader filters on
-        writer = pq.ParquetWriter(
-            sink,
-            self.file_schema,
-            compression="snappy",
-            use_dictionary=False,
-            write_statistics=statistics_paths(self.file_schema),
-        )
+        writer = statistics_writer(sink, self.file_schema, use_dictionary=False)
         partition = {self.partition: value} if self.partition else {}
         return _File("/".join((*directory, name)), partition, sink, writer, self.file_schema, self._read_back)
 

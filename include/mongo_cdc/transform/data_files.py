@@ -31,7 +31,7 @@ from mongo_cdc.lake.file_statistics import (
     column_at,
     file_statistics,
     null_counts,
-    statistics_paths,
+    statistics_writer,
 )
 from mongo_cdc.lake.storage import LakeLocation
 from mongo_cdc.transform.slices import lake_path
@@ -68,13 +68,7 @@ def write_data_file(
     dictionary = [
         path for field in rows.schema if field.name not in unique_columns for path in leaf_paths(field)
     ]
-    writer = pq.ParquetWriter(
-        sink,
-        rows.schema,
-        compression="snappy",
-        use_dictionary=dictionary,
-        write_statistics=statistics_paths(rows.schema),
-    )
+    writer = statistics_writer(sink, rows.schema, dictionary)
     writer.write_table(rows)
     writer.close()
     data = sink.getvalue()
