@@ -6,7 +6,7 @@ import os
 
 from datagen import load
 
-from mongo_cdc_airflow.dag_factory import DEFAULT_SOURCES_DIR
+from mongo_cdc_airflow.local_env import REPO_ROOT
 
 
 def test_a_broken_source_is_an_import_error_listing_its_problems_while_the_good_one_runs(
@@ -16,7 +16,7 @@ def test_a_broken_source_is_an_import_error_listing_its_problems_while_the_good_
 
     good = cdc_source(db_name)
     sources = os.environ["MONGO_CDC_SOURCES_DIR"]
-    assert sources != DEFAULT_SOURCES_DIR
+    assert os.path.realpath(sources) != os.path.realpath(os.path.join(REPO_ROOT, "include", "sources"))
     broken = os.path.join(sources, "broken.yaml")
     with open(broken, "w") as handle:
         handle.write("topic.prefix: other\ntombstones.on.delete: yes\nmax.batch.size: 0\nmax.batch.size: 5\n")
