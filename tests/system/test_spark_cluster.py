@@ -106,7 +106,7 @@ class StandaloneCluster:
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{self.webui_port}/json/", timeout=5) as response:
                 return json.load(response)
-        except OSError:  # not listening yet
+        except (OSError, ValueError):  # not listening yet, or the UI answers before its JSON page is up
             return {}
 
     def log_tail(self, name: str, lines: int = 30) -> str:
