@@ -4,8 +4,8 @@ The raw zone keeps documents as BSON, end to end in one buffer of an Arrow binar
 ``FastDocuments`` walks that buffer with numpy, one vectorised step per element position across all
 documents at once, and takes an exact census of each field's BSON types (at every depth, array
 elements included). A document takes this fast path only if the census shows every value it holds is
-one the columns of ``mongo_cdc.transform.columns`` hold exactly as the lossless path
-(``bson.decode`` then ``columns.to_arrow``) would:
+one the columns of ``mongo_cdc.transform.column_types`` hold exactly as the lossless path
+(``bson.decode`` then ``column_types.to_arrow``) would:
 
 ===================  ==========================================================================
 fast                 double (NaN, infinities and -0.0 kept bit for bit), string (valid UTF-8),
@@ -33,7 +33,7 @@ from typing import NamedTuple
 import numpy as np
 import pyarrow as pa
 
-from mongo_cdc.transform import columns as types
+from mongo_cdc.transform import column_types
 
 # BSON element types
 _DOUBLE, _STRING, _DOCUMENT, _ARRAY, _BINARY, _UNDEFINED, _OBJECT_ID, _BOOL, _DATE, _NULL = range(1, 11)
@@ -47,15 +47,15 @@ _LOW_BYTES, _HIGH_BITS = np.uint64(0x0101010101010101), np.uint64(0x808080808080
 _LOW_BYTES_MASKS = np.array([(1 << (8 * count)) - 1 for count in range(9)], np.uint64)
 
 # Column type of each kind the fast path holds exactly.
-_FAST_KINDS: dict[int, types.ColumnType] = {
-    _DOUBLE: types.DOUBLE,
-    _STRING: types.STRING,
-    _BINARY: types.BINARY,
-    _OBJECT_ID: types.OBJECT_ID,
-    _BOOL: types.BOOL,
-    _DATE: types.DATE,
-    _INT32: types.LONG,
-    _INT64: types.LONG,
+_FAST_KINDS: dict[int, column_types.ColumnType] = {
+    _DOUBLE: column_types.DOUBLE,
+    _STRING: column_types.STRING,
+    _BINARY: column_types.BINARY,
+    _OBJECT_ID: column_types.OBJECT_ID,
+    _BOOL: column_types.BOOL,
+    _DATE: column_types.DATE,
+    _INT32: column_types.LONG,
+    _INT64: column_types.LONG,
 }
 
 # Value size of fixed-size kinds; -1 where the size is read from the value (or not a kind).
@@ -178,7 +178,7 @@ class FastDocuments:
     the documents that take the fast path; ``types`` their merged type (a struct, or NULL), which
     holds no ``fallback`` anywhere."""
 
-    def __init__(self, data: np.ndarray, starts: np.ndarray, stored: types.StructFields = ()) -> None:
+    def __init__(self, data: np.ndarray, starts: np.ndarray, stored: column_types.StructFields = ()) -> None:
         """``stored``: the table's typed columns (``TableLayout.stored_fields``); a document with a value
         that does not fit its column, or that goes to a ``fallback`` column, takes the lossless path."""
         self.buffer = _Buffer(data)
@@ -209,9 +209,11 @@ class FastDocuments:
         additions = [
             (name, added)
             for name, column in census.items()
-            if (added := added_type(stored_types.get(name), column)) != types.NULL
+            if (added := added_type(stored_types.get(name), column)) != column_types.NULL
         ]
-        self.survey = types.BatchTypes(types.struct_type(additions) if additions else types.NULL, frozenset())
+        self.survey = column_types.BatchTypes(
+            column_types.struct_type(additions) if additions else column_types.NULL, frozenset()
+        )
 
     def __len__(self) -> int:
         return len(self.indices)
@@ -345,22 +347,24 @@ class FastDocuments:
     # -- census
 
     def _census(
-        self, values: Values, bad: np.ndarray, path: tuple[str, ...], stored: types.ColumnType | None
-    ) -> types.ColumnType:
-        """The merged type of ``values`` (``columns.column_type`` of them decoded), to go into a column
+        self, values: Values, bad: np.ndarray, path: tuple[str, ...], stored: column_types.ColumnType | None
+    ) -> column_types.ColumnType:
+        """The merged type of ``values`` (``column_types.column_type`` of them decoded), to go into a column
         of type ``stored`` (None: none yet). ``bad`` gets the roots of the values the fast path does
         not hold exactly: of a kind it does not take, that do not fit ``stored`` (their field goes to
         its fallback sibling), that a ``fallback`` column holds as text, or, with no column yet, of
         every value of the path if their types disagree (the field becomes a fallback column)."""
         present = (values.kind != _MISSING) & (values.kind != _NULL)
-        if stored == types.FALLBACK:
+        if stored == column_types.FALLBACK:
             bad[values.root[present]] = True
-            return types.NULL
+            return column_types.NULL
         stored_kind = stored[0] if isinstance(stored, tuple) else stored
-        merged: list[types.ColumnType] = []
+        merged: list[column_types.ColumnType] = []
         for kind in kinds_in(values.kind[present]):
             where = np.flatnonzero(present & (values.kind == kind))
-            kind_of_column = types.STRUCT if kind == _DOCUMENT else types.ARRAY if kind == _ARRAY else None
+            kind_of_column = (
+                column_types.STRUCT if kind == _DOCUMENT else column_types.ARRAY if kind == _ARRAY else None
+            )
             if kind in _FAST_KINDS:
                 kind_of_column = _FAST_KINDS[kind]
             if kind_of_column is None or stored is not None and kind_of_column != stored_kind:
@@ -371,14 +375,14 @@ class FastDocuments:
             elif kind == _ARRAY:
                 level = self.levels[path] = self._level(_take(values, where), bad, documents=False)
                 element = stored[1] if stored is not None else None
-                merged.append((types.ARRAY, self._census(level.values, bad, (*path, "[]"), element)))
+                merged.append((column_types.ARRAY, self._census(level.values, bad, (*path, "[]"), element)))
             else:
                 merged.append(kind_of_column)
                 self._check_scalars(kind, values, where, bad)
-        column = types.NULL
+        column = column_types.NULL
         for kind_type in merged:
-            column = types.merge_types(column, kind_type)
-        if column == types.FALLBACK:
+            column = column_types.merge_types(column, kind_type)
+        if column == column_types.FALLBACK:
             bad[values.root[present]] = True
         return column
 
@@ -387,14 +391,14 @@ class FastDocuments:
         documents: Values,
         bad: np.ndarray,
         path: tuple[str, ...],
-        stored: dict[str, types.ColumnType] | None,
-    ) -> types.ColumnType:
+        stored: dict[str, column_types.ColumnType] | None,
+    ) -> column_types.ColumnType:
         level = self.levels[path] = self._level(documents, bad, documents=True)
         empty = np.ones(len(documents), bool)
         empty[level.container] = False
         bad[documents.root[empty]] = True  # {} is a fallback value: Parquet has no empty groups
         fields = self._fields(level, len(documents), bad)
-        return types.struct_type(
+        return column_types.struct_type(
             (name, self._census(field, bad, (*path, name), stored.get(name) if stored is not None else None))
             for name, field in fields.items()
         )
@@ -421,24 +425,24 @@ class FastDocuments:
 
     # -- columns
 
-    def array(self, name: str, column: types.ColumnType, arrow: pa.DataType | None = None) -> pa.Array:
-        """Field ``name`` of the fast documents (in order) as ``columns.to_arrow`` gives it for a
+    def array(self, name: str, column: column_types.ColumnType, arrow: pa.DataType | None = None) -> pa.Array:
+        """Field ``name`` of the fast documents (in order) as ``column_types.to_arrow`` gives it for a
         column of type ``column`` (which the census's type fits)."""
         values = self.top.get(name)
         if values is None:
-            array = pa.nulls(len(self.documents), types.arrow_type(column))
+            array = pa.nulls(len(self.documents), column_types.arrow_type(column))
         else:
             array = self._build(values, column, (name,))
         return array if arrow is None or arrow == array.type else array.view(arrow)
 
-    def _build(self, values: Values, column: types.ColumnType, path: tuple[str, ...]) -> pa.Array:
+    def _build(self, values: Values, column: column_types.ColumnType, path: tuple[str, ...]) -> pa.Array:
         present = (values.kind != _MISSING) & (values.kind != _NULL)
         where = np.flatnonzero(present)
         if not where.size:  # (a fallback column too: the fast documents hold no value of it)
-            return pa.nulls(len(values), types.arrow_type(column))
+            return pa.nulls(len(values), column_types.arrow_type(column))
         if isinstance(column, tuple):
             inner = _take(values, where)
-            if column[0] == types.STRUCT:
+            if column[0] == column_types.STRUCT:
                 dense = self._struct(inner, column, path)
             else:
                 dense = self._list(inner, column, path)
@@ -450,53 +454,55 @@ class FastDocuments:
         slots = np.cumsum(present) - 1
         return dense.take(pa.array(slots, pa.int64(), mask=~present))
 
-    def _struct(self, documents: Values, column: types.ColumnType, path: tuple[str, ...]) -> pa.Array:
+    def _struct(self, documents: Values, column: column_types.ColumnType, path: tuple[str, ...]) -> pa.Array:
         scratch = np.zeros(len(self.fast), bool)
         fields = self._fields(self.levels[path], len(documents), scratch)
         children = []
         for name, field_type in column[1]:
             field = fields.get(name)
             if field is None:
-                children.append(pa.nulls(len(documents), types.arrow_type(field_type)))
+                children.append(pa.nulls(len(documents), column_types.arrow_type(field_type)))
             else:
                 children.append(self._build(field, field_type, (*path, name)))
-        arrow = types.arrow_type(column)
+        arrow = column_types.arrow_type(column)
         return (
             pa.StructArray.from_arrays(children, fields=list(arrow), mask=None)
             if children
             else pa.nulls(len(documents), arrow)
         )
 
-    def _list(self, arrays: Values, column: types.ColumnType, path: tuple[str, ...]) -> pa.Array:
+    def _list(self, arrays: Values, column: column_types.ColumnType, path: tuple[str, ...]) -> pa.Array:
         level = self.levels[path]
         offsets = np.zeros(len(arrays) + 1, np.int32)
         np.cumsum(np.bincount(level.container, minlength=len(arrays)), out=offsets[1:])
         elements = self._build(level.values, column[1], (*path, "[]"))
         return pa.ListArray.from_arrays(
-            pa.array(offsets, pa.int32()), elements, type=types.arrow_type(column)
+            pa.array(offsets, pa.int32()), elements, type=column_types.arrow_type(column)
         )
 
-    def _scalars(self, kind: int, values: Values, where: np.ndarray, column: types.ColumnType) -> pa.Array:
+    def _scalars(
+        self, kind: int, values: Values, where: np.ndarray, column: column_types.ColumnType
+    ) -> pa.Array:
         at = values.at[where]
-        if column == types.LONG:
+        if column == column_types.LONG:
             short = values.kind[where] == _INT32  # 4 bytes: an int64's 8 may run past the buffer
             out = np.empty(len(at), np.int64)
             out[short] = self.int32(at[short])
             out[~short] = self.int64(at[~short])
             return pa.array(out, pa.int64())
-        if column == types.DOUBLE:
+        if column == column_types.DOUBLE:
             return pa.array(self.gather(at, 8).view("<f8").reshape(-1), pa.float64())
-        if column == types.BOOL:
+        if column == column_types.BOOL:
             return pa.array(self.buffer.data[at] != 0, pa.bool_())
-        if column == types.DATE:
+        if column == column_types.DATE:
             return pa.array(self.int64(at) * 1000, pa.timestamp("us", tz="UTC"))
-        if column == types.OBJECT_ID:
+        if column == column_types.OBJECT_ID:
             hex_digits = _HEX[self.gather(at, 12)].reshape(-1)
             offsets = np.arange(len(at) + 1, dtype=np.int32) * 24
             return pa.StringArray.from_buffers(len(at), pa.py_buffer(offsets), pa.py_buffer(hex_digits))
-        if column == types.STRING:
+        if column == column_types.STRING:
             return self._strings(values, where)
-        if column == types.BINARY:
+        if column == column_types.BINARY:
             lengths = self.buffer.int32(at)
             return self.ranges(at + 5, lengths, pa.binary())
         raise ValueError(f"no fast column of type {column!r} for BSON kind {kind}")
@@ -560,36 +566,38 @@ def _valid_utf8(text: bytes) -> bool:
     return True
 
 
-def fits_type(stored: types.ColumnType | None, column: types.ColumnType) -> bool:
+def fits_type(stored: column_types.ColumnType | None, column: column_types.ColumnType) -> bool:
     """Whether values of (census) type ``column`` go into a column of type ``stored`` (None: no
-    column yet) as they are: no conflict (``columns.survey_values``), and no part of them lands in a
+    column yet) as they are: no conflict (``column_types.survey_values``), and no part of them lands in a
     ``fallback`` column, whose values are Extended JSON texts."""
-    if column == types.NULL or stored is None:
+    if column == column_types.NULL or stored is None:
         return True
     if not isinstance(column, tuple):
         return column == stored
     if not isinstance(stored, tuple) or stored[0] != column[0]:
         return False
-    if column[0] == types.ARRAY:
+    if column[0] == column_types.ARRAY:
         return fits_type(stored[1], column[1])
     fields = dict(stored[1])
     return all(fits_type(fields.get(name), field) for name, field in column[1])
 
 
-def added_type(stored: types.ColumnType | None, column: types.ColumnType) -> types.ColumnType:
+def added_type(
+    stored: column_types.ColumnType | None, column: column_types.ColumnType
+) -> column_types.ColumnType:
     """What values of type ``column`` add to a column of type ``stored`` that they fit
-    (``columns.survey_values``'s additions)."""
+    (``column_types.survey_values``'s additions)."""
     if stored is None:
         return column
     if not isinstance(column, tuple):
-        return types.NULL
-    if column[0] == types.ARRAY:
+        return column_types.NULL
+    if column[0] == column_types.ARRAY:
         element = added_type(stored[1], column[1])
-        return types.NULL if element == types.NULL else (types.ARRAY, element)
+        return column_types.NULL if element == column_types.NULL else (column_types.ARRAY, element)
     fields = dict(stored[1])
     added = [
         (name, addition)
         for name, field in column[1]
-        if (addition := added_type(fields.get(name), field)) != types.NULL
+        if (addition := added_type(fields.get(name), field)) != column_types.NULL
     ]
-    return types.struct_type(added) if added else types.NULL
+    return column_types.struct_type(added) if added else column_types.NULL
