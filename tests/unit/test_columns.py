@@ -18,6 +18,8 @@ from bson.datetime_ms import DatetimeMS
 from deltalake import DeltaTable, write_deltalake
 
 from mongo_cdc import extjson
+from mongo_cdc.transform.arrow_columns import arrow_field, fields_from_arrow
+from mongo_cdc.transform.column_survey import BatchTypes, FieldValues, column_type, type_of
 from mongo_cdc.transform.column_types import (
     ARRAY,
     BINARY,
@@ -31,15 +33,9 @@ from mongo_cdc.transform.column_types import (
     OBJECT_ID,
     STRING,
     STRUCT,
-    BatchTypes,
     ColumnType,
-    FieldValues,
-    arrow_field,
-    column_type,
-    fields_from_arrow,
     merge_types,
     struct_type,
-    type_of,
     without_nulls,
 )
 from mongo_cdc.transform.table_layout import FALLBACK_SUFFIX, TableLayout, documents_to_batch

@@ -17,16 +17,9 @@ from cdc_support import spark_job
 from mongo_cdc import extjson, lake
 from mongo_cdc.capture.events import rows_to_table
 from mongo_cdc.config import SourceConfigError, load_source
-from mongo_cdc.transform.column_types import (
-    BOOL,
-    FALLBACK,
-    INT,
-    LONG,
-    STRING,
-    arrow_type,
-    struct_type,
-    type_of,
-)
+from mongo_cdc.transform.arrow_columns import arrow_type
+from mongo_cdc.transform.column_survey import type_of
+from mongo_cdc.transform.column_types import BOOL, FALLBACK, INT, LONG, STRING, struct_type
 from mongo_cdc.transform.flatten import change_row, change_rows, encode_document
 from mongo_cdc.transform.flatten_options import EVENT_FIELDS, FIXED_COLUMNS, FlatteningOptions
 from mongo_cdc.transform.raw_events import ChangeEvent

@@ -5,7 +5,7 @@ The raw zone keeps documents as BSON, end to end in one buffer of an Arrow binar
 documents at once, and takes an exact census of each field's BSON types (at every depth, array
 elements included). A document takes this fast path only if the census shows every value it holds is
 one the columns of ``mongo_cdc.transform.column_types`` hold exactly as the lossless path
-(``bson.decode`` then ``column_types.to_arrow``) would:
+(``bson.decode`` then ``arrow_columns.to_arrow``) would:
 
 ===================  ==========================================================================
 fast                 double (NaN, infinities and -0.0 kept bit for bit), string (valid UTF-8),
@@ -33,13 +33,28 @@ from typing import NamedTuple
 import numpy as np
 import pyarrow as pa
 
-from mongo_cdc.transform import column_types
+from mongo_cdc.bson_elements import (
+    ARRAY,
+    BINARY,
+    BOOL,
+    CODE,
+    CODE_WITH_SCOPE,
+    DATE,
+    DB_POINTER,
+    DOCUMENT,
+    DOUBLE,
+    FIXED_SIZES,
+    INT32,
+    INT64,
+    NULL,
+    OBJECT_ID,
+    REGEX,
+    STRING,
+    SYMBOL,
+)
+from mongo_cdc.transform import arrow_columns, column_survey, column_types
 
-# BSON element types
-_DOUBLE, _STRING, _DOCUMENT, _ARRAY, _BINARY, _UNDEFINED, _OBJECT_ID, _BOOL, _DATE, _NULL = range(1, 11)
-_REGEX, _DB_POINTER, _CODE, _SYMBOL, _CODE_WITH_SCOPE, _INT32, _TIMESTAMP, _INT64, _DECIMAL = range(11, 20)
-_MIN_KEY, _MAX_KEY = 255, 127
-_MISSING = 0  # no element (a field a document lacks), as a kind
+MISSING = 0  # no element (a field a document lacks), as a kind
 _NAME_BYTES_MAX = 64  # a document with a longer field name takes the lossless path (bounds _keys' memory)
 _SCAN_BYTES = 16  # bytes after a cstring's start searched for its end before a lookup of the rest
 _LOW_BYTES, _HIGH_BITS = np.uint64(0x0101010101010101), np.uint64(0x8080808080808080)
@@ -48,30 +63,26 @@ _LOW_BYTES_MASKS = np.array([(1 << (8 * count)) - 1 for count in range(9)], np.u
 
 # Column type of each kind the fast path holds exactly.
 _FAST_KINDS: dict[int, column_types.ColumnType] = {
-    _DOUBLE: column_types.DOUBLE,
-    _STRING: column_types.STRING,
-    _BINARY: column_types.BINARY,
-    _OBJECT_ID: column_types.OBJECT_ID,
-    _BOOL: column_types.BOOL,
-    _DATE: column_types.DATE,
-    _INT32: column_types.LONG,
-    _INT64: column_types.LONG,
+    DOUBLE: column_types.DOUBLE,
+    STRING: column_types.STRING,
+    BINARY: column_types.BINARY,
+    OBJECT_ID: column_types.OBJECT_ID,
+    BOOL: column_types.BOOL,
+    DATE: column_types.DATE,
+    INT32: column_types.LONG,
+    INT64: column_types.LONG,
 }
 
 # Value size of fixed-size kinds; -1 where the size is read from the value (or not a kind).
-_FIXED_SIZES = np.full(256, -1, np.int64)
-for _kind, _size in {
-    _DOUBLE: 8, _UNDEFINED: 0, _OBJECT_ID: 12, _BOOL: 1, _DATE: 8, _NULL: 0, _INT32: 4,
-    _TIMESTAMP: 8, _INT64: 8, _DECIMAL: 16, _MIN_KEY: 0, _MAX_KEY: 0,
-}.items():  # fmt: skip
-    _FIXED_SIZES[_kind] = _size
+_FIXED_SIZES_BY_KIND = np.full(256, -1, np.int64)
+for _kind, _size in FIXED_SIZES.items():
+    _FIXED_SIZES_BY_KIND[_kind] = _size
 # Kinds whose value starts with its int32 length, and what to add to it.
-_LENGTH_PREFIXED = {_STRING: 4, _CODE: 4, _SYMBOL: 4, _DOCUMENT: 0, _ARRAY: 0, _CODE_WITH_SCOPE: 0,
-                    _BINARY: 5, _DB_POINTER: 16}  # fmt: skip
+_LENGTH_PREFIXED = {STRING: 4, CODE: 4, SYMBOL: 4, DOCUMENT: 0, ARRAY: 0, CODE_WITH_SCOPE: 0,
+                    BINARY: 5, DB_POINTER: 16}  # fmt: skip
 
-_MIN_TIMESTAMP_MS = -62_135_596_800_000
-_MAX_TIMESTAMP_MS = 253_402_300_799_999
-_HEX = np.frombuffer(b"".join(b"%02x" % byte for byte in range(256)), np.uint8).reshape(256, 2)
+# each byte's two hex digits, as an ObjectId's text has them
+HEX_DIGITS = np.frombuffer(b"".join(b"%02x" % byte for byte in range(256)), np.uint8).reshape(256, 2)
 
 
 def _unaligned(data: np.ndarray, dtype: str) -> np.ndarray:
@@ -148,7 +159,7 @@ class _Buffer:
 
 
 class Values(NamedTuple):
-    """Values at one path (a field, or array elements), one per slot; kind _MISSING where absent."""
+    """Values at one path (a field, or array elements), one per slot; kind MISSING where absent."""
 
     kind: np.ndarray  # uint8 BSON type
     at: np.ndarray  # offset of the value in the buffer
@@ -190,7 +201,7 @@ class FastDocuments:
             chosen = everything[~slow]
             count = len(chosen)
             self.documents = Values(
-                np.full(count, _DOCUMENT, np.uint8), starts[chosen], np.zeros(count, np.int64), chosen
+                np.full(count, DOCUMENT, np.uint8), starts[chosen], np.zeros(count, np.int64), chosen
             )
             marked = np.zeros(len(starts), bool)
             self.levels: dict[tuple[str, ...], Level] = {}  # each path's walk, for columns and texts
@@ -209,9 +220,9 @@ class FastDocuments:
         additions = [
             (name, added)
             for name, column in census.items()
-            if (added := added_type(stored_types.get(name), column)) != column_types.NULL
+            if (added := column_types.added_type(stored_types.get(name), column)) != column_types.NULL
         ]
-        self.survey = column_types.BatchTypes(
+        self.survey = column_survey.BatchTypes(
             column_types.struct_type(additions) if additions else column_types.NULL, frozenset()
         )
 
@@ -252,12 +263,12 @@ class FastDocuments:
                 misplaced = buffer.data[np.minimum(key_end, size - 1)] != 0
                 key_end[misplaced] = buffer.next_zero(at[misplaced] + 1)
             value = key_end + 1
-            value_size = _FIXED_SIZES[kind]
+            value_size = _FIXED_SIZES_BY_KIND[kind]
             prefixed = np.isin(kind, list(_LENGTH_PREFIXED))
             readable = prefixed & (value + 4 <= end)
             value_size[readable] = buffer.int32(value[readable]) + _add_to_length(kind[readable])
             value_size[readable & (value_size < _add_to_length(kind))] = -1  # a negative length
-            regex = kind == _REGEX
+            regex = kind == REGEX
             if regex.any():
                 pattern_end = buffer.next_zero(value[regex])
                 value_size[regex] = buffer.next_zero(pattern_end + 1) + 1 - value[regex]
@@ -320,7 +331,7 @@ class FastDocuments:
         return keys.reshape(-1), names
 
     def _fields(self, level: Level, count: int, bad: np.ndarray) -> dict[str, Values]:
-        """Each field's values across ``count`` documents (kind _MISSING where one lacks it)."""
+        """Each field's values across ``count`` documents (kind MISSING where one lacks it)."""
         fields = {}
         for key, raw_name in enumerate(level.names):
             selected = np.flatnonzero(level.key == key)
@@ -349,12 +360,12 @@ class FastDocuments:
     def _census(
         self, values: Values, bad: np.ndarray, path: tuple[str, ...], stored: column_types.ColumnType | None
     ) -> column_types.ColumnType:
-        """The merged type of ``values`` (``column_types.column_type`` of them decoded), to go into a column
+        """The merged type of ``values`` (``column_survey.column_type`` of them decoded), to go into a column
         of type ``stored`` (None: none yet). ``bad`` gets the roots of the values the fast path does
         not hold exactly: of a kind it does not take, that do not fit ``stored`` (their field goes to
         its fallback sibling), that a ``fallback`` column holds as text, or, with no column yet, of
         every value of the path if their types disagree (the field becomes a fallback column)."""
-        present = (values.kind != _MISSING) & (values.kind != _NULL)
+        present = (values.kind != MISSING) & (values.kind != NULL)
         if stored == column_types.FALLBACK:
             bad[values.root[present]] = True
             return column_types.NULL
@@ -363,16 +374,16 @@ class FastDocuments:
         for kind in kinds_in(values.kind[present]):
             where = np.flatnonzero(present & (values.kind == kind))
             kind_of_column = (
-                column_types.STRUCT if kind == _DOCUMENT else column_types.ARRAY if kind == _ARRAY else None
+                column_types.STRUCT if kind == DOCUMENT else column_types.ARRAY if kind == ARRAY else None
             )
             if kind in _FAST_KINDS:
                 kind_of_column = _FAST_KINDS[kind]
             if kind_of_column is None or stored is not None and kind_of_column != stored_kind:
                 bad[values.root[where]] = True
-            elif kind == _DOCUMENT:
+            elif kind == DOCUMENT:
                 fields = dict(stored[1]) if stored is not None else None
                 merged.append(self._struct_census(_take(values, where), bad, path, fields))
-            elif kind == _ARRAY:
+            elif kind == ARRAY:
                 level = self.levels[path] = self._level(_take(values, where), bad, documents=False)
                 element = stored[1] if stored is not None else None
                 merged.append((column_types.ARRAY, self._census(level.values, bad, (*path, "[]"), element)))
@@ -405,14 +416,14 @@ class FastDocuments:
 
     def _check_scalars(self, kind: int, values: Values, where: np.ndarray, bad: np.ndarray) -> None:
         """Mark the roots of scalars the lossless path reads differently."""
-        if kind == _DATE:
+        if kind == DATE:
             millis = self.int64(values.at[where])
-            outside = (millis < _MIN_TIMESTAMP_MS) | (millis > _MAX_TIMESTAMP_MS)
+            outside = (millis < column_types.MIN_TIMESTAMP_MS) | (millis > column_types.MAX_TIMESTAMP_MS)
             bad[values.root[where[outside]]] = True
-        elif kind == _BINARY:
+        elif kind == BINARY:
             old = self.buffer.data[values.at[where] + 4] == 2  # subtype 2 nests a second length
             bad[values.root[where[old]]] = True
-        elif kind == _STRING:
+        elif kind == STRING:
             at, size = values.at[where], values.size[where]
             unterminated = (size < 5) | (self.buffer.data[at + size - 1] != 0)
             bad[values.root[where[unterminated]]] = True
@@ -426,20 +437,20 @@ class FastDocuments:
     # -- columns
 
     def array(self, name: str, column: column_types.ColumnType, arrow: pa.DataType | None = None) -> pa.Array:
-        """Field ``name`` of the fast documents (in order) as ``column_types.to_arrow`` gives it for a
+        """Field ``name`` of the fast documents (in order) as ``arrow_columns.to_arrow`` gives it for a
         column of type ``column`` (which the census's type fits)."""
         values = self.top.get(name)
         if values is None:
-            array = pa.nulls(len(self.documents), column_types.arrow_type(column))
+            array = pa.nulls(len(self.documents), arrow_columns.arrow_type(column))
         else:
             array = self._build(values, column, (name,))
         return array if arrow is None or arrow == array.type else array.view(arrow)
 
     def _build(self, values: Values, column: column_types.ColumnType, path: tuple[str, ...]) -> pa.Array:
-        present = (values.kind != _MISSING) & (values.kind != _NULL)
+        present = (values.kind != MISSING) & (values.kind != NULL)
         where = np.flatnonzero(present)
         if not where.size:  # (a fallback column too: the fast documents hold no value of it)
-            return pa.nulls(len(values), column_types.arrow_type(column))
+            return pa.nulls(len(values), arrow_columns.arrow_type(column))
         if isinstance(column, tuple):
             inner = _take(values, where)
             if column[0] == column_types.STRUCT:
@@ -461,10 +472,10 @@ class FastDocuments:
         for name, field_type in column[1]:
             field = fields.get(name)
             if field is None:
-                children.append(pa.nulls(len(documents), column_types.arrow_type(field_type)))
+                children.append(pa.nulls(len(documents), arrow_columns.arrow_type(field_type)))
             else:
                 children.append(self._build(field, field_type, (*path, name)))
-        arrow = column_types.arrow_type(column)
+        arrow = arrow_columns.arrow_type(column)
         return (
             pa.StructArray.from_arrays(children, fields=list(arrow), mask=None)
             if children
@@ -477,7 +488,7 @@ class FastDocuments:
         np.cumsum(np.bincount(level.container, minlength=len(arrays)), out=offsets[1:])
         elements = self._build(level.values, column[1], (*path, "[]"))
         return pa.ListArray.from_arrays(
-            pa.array(offsets, pa.int32()), elements, type=column_types.arrow_type(column)
+            pa.array(offsets, pa.int32()), elements, type=arrow_columns.arrow_type(column)
         )
 
     def _scalars(
@@ -485,7 +496,7 @@ class FastDocuments:
     ) -> pa.Array:
         at = values.at[where]
         if column == column_types.LONG:
-            short = values.kind[where] == _INT32  # 4 bytes: an int64's 8 may run past the buffer
+            short = values.kind[where] == INT32  # 4 bytes: an int64's 8 may run past the buffer
             out = np.empty(len(at), np.int64)
             out[short] = self.int32(at[short])
             out[~short] = self.int64(at[~short])
@@ -497,7 +508,7 @@ class FastDocuments:
         if column == column_types.DATE:
             return pa.array(self.int64(at) * 1000, pa.timestamp("us", tz="UTC"))
         if column == column_types.OBJECT_ID:
-            hex_digits = _HEX[self.gather(at, 12)].reshape(-1)
+            hex_digits = HEX_DIGITS[self.gather(at, 12)].reshape(-1)
             offsets = np.arange(len(at) + 1, dtype=np.int32) * 24
             return pa.StringArray.from_buffers(len(at), pa.py_buffer(offsets), pa.py_buffer(hex_digits))
         if column == column_types.STRING:
@@ -564,40 +575,3 @@ def _valid_utf8(text: bytes) -> bool:
     except UnicodeDecodeError:
         return False
     return True
-
-
-def fits_type(stored: column_types.ColumnType | None, column: column_types.ColumnType) -> bool:
-    """Whether values of (census) type ``column`` go into a column of type ``stored`` (None: no
-    column yet) as they are: no conflict (``column_types.survey_values``), and no part of them lands in a
-    ``fallback`` column, whose values are Extended JSON texts."""
-    if column == column_types.NULL or stored is None:
-        return True
-    if not isinstance(column, tuple):
-        return column == stored
-    if not isinstance(stored, tuple) or stored[0] != column[0]:
-        return False
-    if column[0] == column_types.ARRAY:
-        return fits_type(stored[1], column[1])
-    fields = dict(stored[1])
-    return all(fits_type(fields.get(name), field) for name, field in column[1])
-
-
-def added_type(
-    stored: column_types.ColumnType | None, column: column_types.ColumnType
-) -> column_types.ColumnType:
-    """What values of type ``column`` add to a column of type ``stored`` that they fit
-    (``column_types.survey_values``'s additions)."""
-    if stored is None:
-        return column
-    if not isinstance(column, tuple):
-        return column_types.NULL
-    if column[0] == column_types.ARRAY:
-        element = added_type(stored[1], column[1])
-        return column_types.NULL if element == column_types.NULL else (column_types.ARRAY, element)
-    fields = dict(stored[1])
-    added = [
-        (name, addition)
-        for name, field in column[1]
-        if (addition := added_type(fields.get(name), field)) != column_types.NULL
-    ]
-    return column_types.struct_type(added) if added else column_types.NULL

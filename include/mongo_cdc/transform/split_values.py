@@ -1,5 +1,5 @@
 """One table's rows split between the fast path (``transform.bson_columns``) and the lossless path
-(``column_types.FieldValues`` of the documents decoded), given to ``TableLayout`` as its documents: the
+(``column_survey.FieldValues`` of the documents decoded), given to ``TableLayout`` as its documents: the
 survey, the record batch and ``__doc`` are those of the lossless path for every row."""
 
 from __future__ import annotations
@@ -10,22 +10,23 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from mongo_cdc.transform import column_types
-from mongo_cdc.transform.bson_columns import _MISSING, _NULL, FastDocuments, fits_type
+from mongo_cdc.bson_elements import NULL
+from mongo_cdc.transform import column_survey, column_types
+from mongo_cdc.transform.bson_columns import MISSING, FastDocuments
 from mongo_cdc.transform.bson_json import document_texts
 
 
 class SplitValues:
     """One table's rows' documents, split between the fast path (``FastDocuments``) and the lossless
-    path (``column_types.FieldValues``): what ``TableLayout`` takes for its survey and its record batch,
-    which are those of the same documents decoded (``column_types.FieldValues`` of them all)."""
+    path (``column_survey.FieldValues``): what ``TableLayout`` takes for its survey and its record batch,
+    which are those of the same documents decoded (``column_survey.FieldValues`` of them all)."""
 
     def __init__(
         self,
         stored: column_types.StructFields,
         fast: FastDocuments,
         fast_rows: np.ndarray,
-        slow: column_types.FieldValues,
+        slow: column_survey.FieldValues,
         slow_rows: np.ndarray,
         documents: Sequence[Any],
     ) -> None:
@@ -52,7 +53,7 @@ class SplitValues:
         )
         return in_fast or (name in self.slow.names and self.slow.typed(name))
 
-    def survey(self, stored: column_types.StructFields) -> column_types.BatchTypes:
+    def survey(self, stored: column_types.StructFields) -> column_survey.BatchTypes:
         if stored != self.stored:
             raise ValueError("these documents were split against other stored fields")
         return self.fast.survey.merge(self.slow.survey(stored))
@@ -109,7 +110,7 @@ def split_documents(
         lossless = np.ones(len(raw), bool)
         lossless[fast_rows] = False
         slow_rows = np.flatnonzero(lossless)
-        slow = column_types.FieldValues([read(documents[row]) or {} for row in slow_rows.tolist()])
+        slow = column_survey.FieldValues([read(documents[row]) or {} for row in slow_rows.tolist()])
         merged = fast.survey.merge(slow.survey(stored))
         added = dict(merged.additions[1]) if merged.additions != column_types.NULL else {}
         unfit = np.zeros(len(raw), bool)
@@ -117,9 +118,9 @@ def split_documents(
             final = column_types.merge_types(
                 stored_types.get(name, column_types.NULL), added.get(name, column_types.NULL)
             )
-            if not fits_type(final, column):
+            if not column_types.fits_type(final, column):
                 field = fast.top[name]
-                unfit[candidates[field.root[(field.kind != _MISSING) & (field.kind != _NULL)]]] = True
+                unfit[candidates[field.root[(field.kind != MISSING) & (field.kind != NULL)]]] = True
         if not unfit.any():
             return SplitValues(stored, fast, fast_rows, slow, slow_rows, documents)
         candidates = candidates[~unfit[candidates]]

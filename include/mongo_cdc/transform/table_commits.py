@@ -17,7 +17,7 @@ from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError, DeltaError
 
 from mongo_cdc.lake.storage import table_if_exists
-from mongo_cdc.transform import column_types
+from mongo_cdc.transform import column_survey, column_types
 from mongo_cdc.transform.slice_tasks import Output
 from mongo_cdc.transform.table_layout import TableLayout
 
@@ -44,7 +44,7 @@ def stored_layout(
 def settled_layout(stored: TableLayout, outputs: list[Output]) -> TableLayout:
     """The table's layout after this run: ``stored`` with what every task's rows needed."""
     return stored.evolved(
-        reduce(lambda a, b: a.merge(b), (o.survey for o in outputs), column_types.NO_CHANGES)
+        reduce(lambda a, b: a.merge(b), (o.survey for o in outputs), column_survey.NO_CHANGES)
     )
 
 

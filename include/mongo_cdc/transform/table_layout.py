@@ -35,7 +35,7 @@ from typing import NamedTuple
 
 import pyarrow as pa
 
-from mongo_cdc.transform import column_types
+from mongo_cdc.transform import arrow_columns, column_survey, column_types
 
 FALLBACK_SUFFIX = "__fallback"
 FALLBACK_OF_METADATA = b"mongo_cdc.fallback_of"
@@ -68,7 +68,7 @@ class TableLayout:
         if orphans:
             raise ValueError(f"fallback columns without their typed column: {sorted(orphans)}")
         self.schema = pa.schema(
-            [column_types.arrow_field(name, column_type) for name, column_type in self.metadata_columns]
+            [arrow_columns.arrow_field(name, column_type) for name, column_type in self.metadata_columns]
             + [_arrow_field(column) for column in self.document_columns]
         )
 
@@ -86,7 +86,7 @@ class TableLayout:
         caller adds them); every other column must carry mongo-cdc's type metadata.
         """
         skipped = {name for name, _ in metadata_columns} | set(reserved_names)
-        read = column_types.fields_from_arrow(field for field in schema if field.name not in skipped)
+        read = arrow_columns.fields_from_arrow(field for field in schema if field.name not in skipped)
         document_columns = [
             DocumentColumn(
                 c.column, c.metadata[FALLBACK_OF_METADATA].decode(), c.field_type, c.column_type, True
@@ -102,13 +102,13 @@ class TableLayout:
         """The typed columns' fields, under the document's names."""
         return tuple((c.field, c.field_type) for c in self.typed_columns.values())
 
-    def survey(self, documents: list[dict] | column_types.FieldValues) -> column_types.BatchTypes:
-        """What ``documents`` need from this layout (``column_types.survey``)."""
-        return column_types.survey(self.stored_fields, documents)
+    def survey(self, documents: list[dict] | column_survey.FieldValues) -> column_survey.BatchTypes:
+        """What ``documents`` need from this layout (``column_survey.survey``)."""
+        return column_survey.survey(self.stored_fields, documents)
 
-    def evolved(self, batch: column_types.BatchTypes) -> TableLayout:
+    def evolved(self, batch: column_survey.BatchTypes) -> TableLayout:
         """This layout with ``batch``'s additions and the fallback siblings its conflicts need."""
-        if batch == column_types.NO_CHANGES:
+        if batch == column_survey.NO_CHANGES:
             return self
         added = dict(batch.additions[1]) if batch.additions != column_types.NULL else {}
         name_nested = partial(_free_names, sanitize=self.sanitize_field_names)
@@ -151,7 +151,7 @@ class TableLayout:
             self.metadata_columns, self.reserved_names, self.sanitize_field_names, document_columns
         )
 
-    def reads_as(self, batch: column_types.BatchTypes, target: TableLayout) -> bool:
+    def reads_as(self, batch: column_survey.BatchTypes, target: TableLayout) -> bool:
         """Whether documents surveyed as ``batch`` and written in ``evolved(batch)`` read as they
         would written in ``target`` (this layout evolved with ``batch`` and others'): ``fits_in``,
         and no value left null for want of a column ``target`` has (``column_types.lost_in``)."""
@@ -174,11 +174,11 @@ class TableLayout:
         return self.metadata_columns == target.metadata_columns
 
     def record_batch(
-        self, metadata_arrays: Mapping[str, pa.Array], documents: list[dict] | column_types.FieldValues
+        self, metadata_arrays: Mapping[str, pa.Array], documents: list[dict] | column_survey.FieldValues
     ) -> pa.RecordBatch:
         """The rows of ``documents`` (each with its metadata values, ``metadata_arrays`` keyed by
         metadata column) in this layout, which must hold them: ``evolved(survey(documents))``."""
-        values_of = column_types.FieldValues(documents) if isinstance(documents, list) else documents
+        values_of = column_survey.FieldValues(documents) if isinstance(documents, list) else documents
         count = len(values_of)
         arrays = []
         for field in list(self.schema)[: len(self.metadata_columns)]:
@@ -207,7 +207,7 @@ class TableLayout:
                 arrays.append(values_of.arrow(column.field, column.field_type, field.type))
         return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
 
-    def _check_fields(self, values_of: column_types.FieldValues) -> None:
+    def _check_fields(self, values_of: column_survey.FieldValues) -> None:
         """Refuse documents with a typed field this layout has no column for (not surveyed)."""
         for name in values_of.names - set(self.typed_columns):
             if values_of.typed(name):
@@ -221,7 +221,7 @@ def documents_to_batch(
     layout: TableLayout, metadata_arrays: Mapping[str, pa.Array], documents: list[dict]
 ) -> tuple[TableLayout, pa.RecordBatch]:
     """``documents`` as one record batch, and the layout evolved to hold them (in one process)."""
-    values_of = column_types.FieldValues(documents)
+    values_of = column_survey.FieldValues(documents)
     layout = layout.evolved(layout.survey(values_of))
     return layout, layout.record_batch(metadata_arrays, values_of)
 
@@ -240,8 +240,8 @@ def widened(rows: pa.Table, schema: pa.Schema) -> pa.Table:
 
 def _arrow_field(column: DocumentColumn) -> pa.Field:
     if not column.fallback:
-        return column_types.arrow_field(column.column, column.column_type, column.field, column.field_type)
-    field = column_types.arrow_field(column.column, column_types.FALLBACK)
+        return arrow_columns.arrow_field(column.column, column.column_type, column.field, column.field_type)
+    field = arrow_columns.arrow_field(column.column, column_types.FALLBACK)
     return field.with_metadata({**field.metadata, FALLBACK_OF_METADATA: column.field.encode()})
 
 
