@@ -20,7 +20,7 @@ from mongo_cdc.config import SourceConfigError, load_source
 from mongo_cdc.transform.arrow_columns import arrow_type
 from mongo_cdc.transform.column_survey import type_of
 from mongo_cdc.transform.column_types import BOOL, FALLBACK, INT, LONG, STRING, struct_type
-from mongo_cdc.transform.flatten import change_row, change_rows, encode_document
+from mongo_cdc.transform.flatten import change_row, changes_table_rows, encode_document
 from mongo_cdc.transform.flatten_options import EVENT_FIELDS, FIXED_COLUMNS, FlatteningOptions
 from mongo_cdc.transform.raw_events import ChangeEvent
 from mongo_cdc.transform.table_layout import TableLayout, documents_to_batch
@@ -251,7 +251,7 @@ def test_a_delete_row_has_the_before_images_columns_encoded_per_the_options():
 
 
 def test_change_rows_column_wise_give_the_before_image_decoded_or_not():
-    """The Spark job's path (``change_rows``): a delete's before-image decoded by the caller, or
+    """The Spark job's path (``changes_table_rows``): a delete's before-image decoded by the caller, or
     read from the raw row where the caller decoded none; a delete without one keeps ``_id`` only."""
     raw = rows_to_table(
         [
@@ -274,7 +274,7 @@ def test_change_rows_column_wise_give_the_before_image_decoded_or_not():
     options = FlatteningOptions(delete_tombstone_handling_mode="rewrite-with-tombstone")
     expected = [PRE_IMAGE, {"_id": 1}, {"_id": 2}]
     for given in ([decoded(PRE_IMAGE), None, None], [None, None, None]):
-        indices, metadata, documents = change_rows(raw, given, options)
+        indices, metadata, documents = changes_table_rows(raw, given, options)
         assert indices.to_pylist() == [0, 1, 2] and documents == expected
         assert metadata["__deleted"].to_pylist() == [True, True, True]
         assert metadata["__op"].to_pylist() == ["d", None, "d"]

@@ -40,7 +40,7 @@ from mongo_cdc.transform.document_state import (
     fold_events,
     reconcile_with_snapshots,
 )
-from mongo_cdc.transform.flatten import change_rows, delete_rows_hold_before_images
+from mongo_cdc.transform.flatten import changes_table_rows, delete_rows_hold_before_images
 from mongo_cdc.transform.flatten_options import FlatteningOptions
 from mongo_cdc.transform.folded_keys import KeyRange, key_ranges, ranges_disjoint
 from mongo_cdc.transform.raw_events import (
@@ -458,10 +458,10 @@ def write_changes(
     decoded: RowDocuments,
     state_values: StateValues | None = None,
 ) -> Output | None:
-    """Write the change rows of raw ``events`` (``decoded``: their documents, as ``change_rows``
+    """Write the change rows of raw ``events`` (``decoded``: their documents, as ``changes_table_rows``
     takes them), a file per hour. ``state_values``: the state rows' field values, shared when they
     are of the same documents."""
-    indices, metadata, documents = change_rows(events, decoded, spec.options)
+    indices, metadata, documents = changes_table_rows(events, decoded, spec.options)
     if not documents:
         return None
     if (
