@@ -1,5 +1,5 @@
 """Column types of BSON-decoded documents, schema evolution and record batches
-(mongo_cdc.transform.column_types and table_layout): no Spark involved."""
+(mongo_cdc.transform.column_types, column_survey, arrow_columns and table_layout): no Spark involved."""
 
 from __future__ import annotations
 
