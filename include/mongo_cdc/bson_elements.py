@@ -17,31 +17,46 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterable
 
+# element types
+DOUBLE = 0x01
+STRING = 0x02
 DOCUMENT = 0x03
 ARRAY = 0x04
+BINARY = 0x05
+UNDEFINED = 0x06  # deprecated
+OBJECT_ID = 0x07
+BOOL = 0x08
+DATE = 0x09  # UTC datetime
 NULL = 0x0A
+REGEX = 0x0B  # two C strings
+DB_POINTER = 0x0C  # a string then an ObjectId (deprecated)
+CODE = 0x0D  # JavaScript code
+SYMBOL = 0x0E  # deprecated
+CODE_WITH_SCOPE = 0x0F  # int32 total length, a string, a document
+INT32 = 0x10
+TIMESTAMP = 0x11
+INT64 = 0x12
+DECIMAL = 0x13  # decimal128
+MIN_KEY = 0xFF
+MAX_KEY = 0x7F
 CONTAINERS = (DOCUMENT, ARRAY)
 
 # value lengths of the types whose length is fixed
 FIXED_SIZES = {
-    0x01: 8,  # double
-    0x06: 0,  # undefined (deprecated)
-    0x07: 12,  # ObjectId
-    0x08: 1,  # boolean
-    0x09: 8,  # UTC datetime
+    DOUBLE: 8,
+    UNDEFINED: 0,
+    OBJECT_ID: 12,
+    BOOL: 1,
+    DATE: 8,
     NULL: 0,
-    0x10: 4,  # int32
-    0x11: 8,  # timestamp
-    0x12: 8,  # int64
-    0x13: 16,  # decimal128
-    0xFF: 0,  # MinKey
-    0x7F: 0,  # MaxKey
+    INT32: 4,
+    TIMESTAMP: 8,
+    INT64: 8,
+    DECIMAL: 16,
+    MIN_KEY: 0,
+    MAX_KEY: 0,
 }
-_STRINGS = (0x02, 0x0D, 0x0E)  # string, JavaScript code, symbol (deprecated): int32 length, bytes, NUL
-_BINARY = 0x05
-_REGEX = 0x0B  # two C strings
-_DBPOINTER = 0x0C  # a string then an ObjectId (deprecated)
-_CODE_WITH_SCOPE = 0x0F  # int32 total length, a string, a document
+_STRINGS = (STRING, CODE, SYMBOL)  # int32 length, bytes, NUL
 _int32 = struct.Struct("<i")
 _read_int32 = _int32.unpack_from
 
@@ -186,20 +201,20 @@ def value_end_of(data: bytes, kind: int, value: int, limit: int, element: int) -
         return _string_end(data, value, limit)
     if kind in CONTAINERS:
         return document_end(data, value, limit)
-    if kind == _BINARY:
+    if kind == BINARY:
         size = _read_int32(data, value)[0] if value + 5 <= limit else -1
         if size < 0:
             raise DamagedBson(f"a binary value at byte {value} is cut short or has a negative length")
         return value + 5 + size  # its length, subtype byte and bytes
-    if kind == _REGEX:
+    if kind == REGEX:
         pattern_end = data.find(b"\x00", value, limit)
         options_end = data.find(b"\x00", pattern_end + 1, limit) if pattern_end >= 0 else -1
         if options_end < 0:
             raise DamagedBson(f"a regular expression at byte {value} runs past its document's end")
         return options_end + 1
-    if kind == _DBPOINTER:
+    if kind == DB_POINTER:
         return _string_end(data, value, limit) + 12
-    if kind == _CODE_WITH_SCOPE:
+    if kind == CODE_WITH_SCOPE:
         if value + 4 > limit:
             raise DamagedBson(f"a code with scope at byte {value} is cut short")
         end = value + _read_int32(data, value)[0]

@@ -20,7 +20,7 @@ from mongo_cdc.capture.topology import make_client
 from mongo_cdc.config import SourceConfigError, load_source
 from mongo_cdc.lake.landing import SourceLake
 from mongo_cdc.lake.storage import LakeLocation
-from mongo_cdc.transform import columns as types
+from mongo_cdc.transform import column_types
 from mongo_cdc.transform.table_layout import TableLayout, avro_name, documents_to_batch
 from mongo_cdc_dev.testing import ReplicaSet
 from mongo_cdc_dev.testing.lake import memory_keeper
@@ -219,7 +219,7 @@ def test_avro_names_replace_every_other_character_and_a_leading_digit():
 
 def test_sanitized_columns_keep_valid_names_and_move_colliding_ones_aside():
     document = {"_id": 1, "a-b": 1, "a_b": 2, "__op": 3, "n": {"x.y": 1, "x_y": 2}, "l": [{"k-1": 1}]}
-    empty = TableLayout((("__op", types.STRING),), sanitize_field_names=True)
+    empty = TableLayout((("__op", column_types.STRING),), sanitize_field_names=True)
     layout, batch = documents_to_batch(empty, {"__op": pa.array(["c"])}, [document])
     names = {column.column: column.field for column in layout.document_columns}
     assert names == {"_id": "_id", "___op": "__op", "_a_b": "a-b", "a_b": "a_b", "l": "l", "n": "n"}
@@ -234,7 +234,7 @@ def test_sanitized_columns_keep_valid_names_and_move_colliding_ones_aside():
         2,
         {"_x_y": 1, "x_y": 2},
     )
-    unsanitized = TableLayout((("__op", types.STRING),)).evolved(empty.survey([document]))
+    unsanitized = TableLayout((("__op", column_types.STRING),)).evolved(empty.survey([document]))
     assert "a-b" in {column.column for column in unsanitized.document_columns}
 
 

@@ -20,11 +20,12 @@ from bson.binary import Binary
 from bson_by_hand import CASES, INVALID_UTF8_CASES, documents
 
 from mongo_cdc import extjson
-from mongo_cdc.transform import columns as types
+from mongo_cdc.transform import column_types
+from mongo_cdc.transform.column_survey import FieldValues, type_of
 from mongo_cdc.transform.split_values import split_documents
 from mongo_cdc.transform.table_layout import TableLayout
 
-METADATA = [("__row", types.LONG)]
+METADATA = [("__row", column_types.LONG)]
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 
 
@@ -108,7 +109,7 @@ def _batch(layout: TableLayout, raws: list[bytes], fast: bool) -> tuple[TableLay
     if fast:
         values = split_documents(layout.stored_fields, _rows(raws), decoded, _itself)
     else:
-        values = types.FieldValues(decoded)
+        values = FieldValues(decoded)
     layout = layout.evolved(layout.survey(values))
     rows = pa.array(range(len(raws)), pa.int64())
     return layout, layout.record_batch({"__row": rows}, values), values
@@ -171,7 +172,7 @@ def test_every_typed_column_holds_the_documents_value_or_its_fallback_does():
         for name, value in document.items():
             column = layout.typed_columns.get(name)
             if column is None:  # only null-typed values have no column
-                assert types.without_nulls(types.type_of(value)) == types.NULL, (name, value)
+                assert column_types.without_nulls(type_of(value)) == column_types.NULL, (name, value)
                 continue
             cell = row[column.column]
             fallback = layout.fallback_columns.get(name)
@@ -188,31 +189,31 @@ def test_every_typed_column_holds_the_documents_value_or_its_fallback_does():
                 assert row[column.column] is None
 
 
-def _assert_holds(cell: object, column: types.ColumnType, value: object, where: str) -> None:
+def _assert_holds(cell: object, column: column_types.ColumnType, value: object, where: str) -> None:
     """``cell`` (a column's value, as pyarrow reads it) is exactly ``value`` (decoded from BSON)."""
     if value is None:
         assert cell is None, where
         return
-    if column == types.FALLBACK:
+    if column == column_types.FALLBACK:
         assert cell == extjson.encode_str(value), where
-    elif column == types.LONG:
+    elif column == column_types.LONG:
         assert type(value) in (int, Int64) and cell == value, where
-    elif column == types.DOUBLE:
+    elif column == column_types.DOUBLE:
         assert type(value) is float, where
         assert struct.pack("<d", cell) == struct.pack("<d", value) or math.isnan(cell) and math.isnan(value)
-    elif column == types.BOOL:
+    elif column == column_types.BOOL:
         assert type(value) is bool and cell is value, where
-    elif column == types.STRING:
+    elif column == column_types.STRING:
         assert type(value) is str and cell == value, where
-    elif column == types.OBJECT_ID:
+    elif column == column_types.OBJECT_ID:
         assert type(value) is ObjectId and cell == str(value), where
-    elif column == types.DATE:
+    elif column == column_types.DATE:
         assert cell == EPOCH + dt.timedelta(milliseconds=int(value)), where
-    elif column == types.BINARY:
+    elif column == column_types.BINARY:
         assert isinstance(value, bytes) and cell == bytes(value), where
-    elif column == types.DECIMAL:
+    elif column == column_types.DECIMAL:
         assert cell == str(value), where
-    elif column[0] == types.STRUCT:
+    elif column[0] == column_types.STRUCT:
         assert isinstance(value, dict) and isinstance(cell, dict), where
         for name, field in column[1]:
             _assert_holds(cell[name], field, value.get(name), f"{where}.{name}")
@@ -225,7 +226,7 @@ def _assert_holds(cell: object, column: types.ColumnType, value: object, where: 
 def test_an_int32_at_the_end_of_the_buffer_is_read_as_four_bytes():
     raws = [bson.encode({"a": 1.5, "n": Int64(2**40)}), bson.encode({"n": 7})]  # the int32 ends the buffer
     values = split_documents((), _rows(raws), _decoded(raws), _itself)
-    assert values.arrow("n", types.LONG, pa.int64()).to_pylist() == [2**40, 7]
+    assert values.arrow("n", column_types.LONG, pa.int64()).to_pylist() == [2**40, 7]
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,5 @@
 """Column types of BSON-decoded documents, schema evolution and record batches
-(mongo_cdc.transform.columns and table_layout): no Spark involved."""
+(mongo_cdc.transform.column_types, column_survey, arrow_columns and table_layout): no Spark involved."""
 
 from __future__ import annotations
 
@@ -18,11 +18,30 @@ from bson.datetime_ms import DatetimeMS
 from deltalake import DeltaTable, write_deltalake
 
 from mongo_cdc import extjson
-from mongo_cdc.transform import columns as types
+from mongo_cdc.transform.arrow_columns import arrow_field, fields_from_arrow
+from mongo_cdc.transform.column_survey import BatchTypes, FieldValues, column_type, type_of
+from mongo_cdc.transform.column_types import (
+    ARRAY,
+    BINARY,
+    BOOL,
+    DATE,
+    DECIMAL,
+    DOUBLE,
+    FALLBACK,
+    LONG,
+    NULL,
+    OBJECT_ID,
+    STRING,
+    STRUCT,
+    ColumnType,
+    merge_types,
+    struct_type,
+    without_nulls,
+)
 from mongo_cdc.transform.table_layout import FALLBACK_SUFFIX, TableLayout, documents_to_batch
 
 OID = ObjectId("65a1b2c3d4e5f60718293a4b")
-METADATA = (("__op", types.STRING), ("__cluster_time", types.LONG))
+METADATA = (("__op", STRING), ("__cluster_time", LONG))
 
 
 def decoded(value):
@@ -30,8 +49,8 @@ def decoded(value):
     return bson.decode(bson.encode({"v": value}), extjson.DECODE_OPTIONS)["v"]
 
 
-def struct(**fields) -> types.ColumnType:
-    return types.struct_type(fields.items())
+def struct(**fields) -> ColumnType:
+    return struct_type(fields.items())
 
 
 def batch_of(layout: TableLayout, documents: list[dict]) -> tuple[TableLayout, pa.RecordBatch]:
@@ -39,7 +58,7 @@ def batch_of(layout: TableLayout, documents: list[dict]) -> tuple[TableLayout, p
     return documents_to_batch(layout, metadata, [decoded(document) for document in documents])
 
 
-def columns_of(layout: TableLayout) -> dict[str, types.ColumnType]:
+def columns_of(layout: TableLayout) -> dict[str, ColumnType]:
     return {column.column: column.field_type for column in layout.document_columns}
 
 
@@ -49,79 +68,77 @@ def columns_of(layout: TableLayout) -> dict[str, types.ColumnType]:
 @pytest.mark.parametrize(
     ("value", "expected"),
     [
-        (OID, types.OBJECT_ID),
-        (DatetimeMS(1_700_000_000_000), types.DATE),
-        (Decimal128("1.10"), types.DECIMAL),
-        (Binary(b"x", 4), types.BINARY),
-        (b"x", types.BINARY),
-        (7, types.LONG),  # int32 and int64 are both long
-        (Int64(7), types.LONG),
-        (1.0, types.DOUBLE),
-        (float("-inf"), types.DOUBLE),
-        (True, types.BOOL),
-        ("s", types.STRING),
-        (None, types.NULL),
-        ({"b": 1, "_id": "x"}, (types.STRUCT, (("_id", types.STRING), ("b", types.LONG)))),
-        ([1, Int64(2), None], (types.ARRAY, types.LONG)),
-        ([], (types.ARRAY, types.NULL)),
-        ({}, types.FALLBACK),
-        (Regex("^a", "i"), types.FALLBACK),
-        (Timestamp(1, 2), types.FALLBACK),
-        (MinKey(), types.FALLBACK),
-        (MaxKey(), types.FALLBACK),
-        (Code("f()"), types.FALLBACK),
-        (Code("f()", {"x": 1}), types.FALLBACK),
-        (DBRef("c", 1), types.FALLBACK),
+        (OID, OBJECT_ID),
+        (DatetimeMS(1_700_000_000_000), DATE),
+        (Decimal128("1.10"), DECIMAL),
+        (Binary(b"x", 4), BINARY),
+        (b"x", BINARY),
+        (7, LONG),  # int32 and int64 are both long
+        (Int64(7), LONG),
+        (1.0, DOUBLE),
+        (float("-inf"), DOUBLE),
+        (True, BOOL),
+        ("s", STRING),
+        (None, NULL),
+        ({"b": 1, "_id": "x"}, (STRUCT, (("_id", STRING), ("b", LONG)))),
+        ([1, Int64(2), None], (ARRAY, LONG)),
+        ([], (ARRAY, NULL)),
+        ({}, FALLBACK),
+        (Regex("^a", "i"), FALLBACK),
+        (Timestamp(1, 2), FALLBACK),
+        (MinKey(), FALLBACK),
+        (MaxKey(), FALLBACK),
+        (Code("f()"), FALLBACK),
+        (Code("f()", {"x": 1}), FALLBACK),
+        (DBRef("c", 1), FALLBACK),
         # field names are names: no Extended JSON wrapper is taken for a type
-        ({"$set": 1}, (types.STRUCT, (("$set", types.LONG),))),
-        ({"$numberLong": "5"}, (types.STRUCT, (("$numberLong", types.STRING),))),
-        ({"a": None}, (types.STRUCT, (("a", types.NULL),))),
+        ({"$set": 1}, (STRUCT, (("$set", LONG),))),
+        ({"$numberLong": "5"}, (STRUCT, (("$numberLong", STRING),))),
+        ({"a": None}, (STRUCT, (("a", NULL),))),
     ],
 )
 def test_type_of_every_bson_type(value, expected):
-    assert types.type_of(decoded(value)) == expected
+    assert type_of(decoded(value)) == expected
 
 
 def test_values_that_are_not_decoded_bson_are_refused():
     with pytest.raises(TypeError, match="no column type for datetime values; decode documents with"):
-        types.type_of(dt.datetime(2024, 1, 1))
+        type_of(dt.datetime(2024, 1, 1))
 
 
 def test_dates_outside_years_1_to_9999_fall_back():
-    assert types.type_of(DatetimeMS(253_402_300_799_999)) == types.DATE  # 9999-12-31T23:59:59.999
-    assert types.type_of(DatetimeMS(253_402_300_800_000)) == types.FALLBACK
-    assert types.type_of(DatetimeMS(-62_135_596_800_001)) == types.FALLBACK
-    assert types.column_type([DatetimeMS(0), DatetimeMS(-62_135_596_800_001)]) == types.FALLBACK
+    assert type_of(DatetimeMS(253_402_300_799_999)) == DATE  # 9999-12-31T23:59:59.999
+    assert type_of(DatetimeMS(253_402_300_800_000)) == FALLBACK
+    assert type_of(DatetimeMS(-62_135_596_800_001)) == FALLBACK
+    assert column_type([DatetimeMS(0), DatetimeMS(-62_135_596_800_001)]) == FALLBACK
 
 
 @pytest.mark.parametrize(
     ("left", "right", "merged"),
     [
-        (types.NULL, types.LONG, types.LONG),
-        (types.DATE, types.NULL, types.DATE),
-        (types.LONG, types.STRING, types.FALLBACK),
-        (types.OBJECT_ID, types.STRING, types.FALLBACK),
-        (types.LONG, types.DOUBLE, types.FALLBACK),
-        (types.FALLBACK, types.NULL, types.FALLBACK),
-        ((types.ARRAY, types.NULL), (types.ARRAY, types.LONG), (types.ARRAY, types.LONG)),
-        ((types.ARRAY, types.LONG), (types.ARRAY, types.STRING), (types.ARRAY, types.FALLBACK)),
-        ((types.ARRAY, types.LONG), types.LONG, types.FALLBACK),
-        ((types.STRUCT, (("a", types.LONG),)), types.FALLBACK, types.FALLBACK),
+        (NULL, LONG, LONG),
+        (DATE, NULL, DATE),
+        (LONG, STRING, FALLBACK),
+        (OBJECT_ID, STRING, FALLBACK),
+        (LONG, DOUBLE, FALLBACK),
+        (FALLBACK, NULL, FALLBACK),
+        ((ARRAY, NULL), (ARRAY, LONG), (ARRAY, LONG)),
+        ((ARRAY, LONG), (ARRAY, STRING), (ARRAY, FALLBACK)),
+        ((ARRAY, LONG), LONG, FALLBACK),
+        ((STRUCT, (("a", LONG),)), FALLBACK, FALLBACK),
     ],
 )
 def test_merge_rules(left, right, merged):
-    assert types.merge_types(left, right) == merged
-    assert types.merge_types(right, left) == merged
+    assert merge_types(left, right) == merged
+    assert merge_types(right, left) == merged
 
 
 def test_struct_merge_unions_fields_whatever_the_order():
-    first = types.type_of(decoded({"_id": 1, "z": {"p": 1}, "a": 1}))
-    second = types.type_of(decoded({"_id": 2, "m": "x", "z": {"q": Int64(1)}}))
-    merged = types.merge_types(first, second)
-    assert merged == types.merge_types(second, first)
-    assert merged == struct(
-        _id=types.LONG, a=types.LONG, m=types.STRING, z=struct(p=types.LONG, q=types.LONG)
-    )
+    first = type_of(decoded({"_id": 1, "z": {"p": 1}, "a": 1}))
+    second = type_of(decoded({"_id": 2, "m": "x", "z": {"q": Int64(1)}}))
+    merged = merge_types(first, second)
+    assert merged == merge_types(second, first)
+    assert merged == struct(_id=LONG, a=LONG, m=STRING, z=struct(p=LONG, q=LONG))
 
 
 POOL = [
@@ -154,28 +171,28 @@ def test_column_wise_inference_equals_merging_each_values_type():
     rnd = random.Random(7)
     for _ in range(300):
         values = [decoded(rnd.choice(POOL)) for _ in range(rnd.randint(1, 6))]
-        assert types.column_type(values) == reduce(types.merge_types, map(types.type_of, values), types.NULL)
+        assert column_type(values) == reduce(merge_types, map(type_of, values), NULL)
 
 
 def test_without_nulls_drops_what_only_nulls_typed():
-    column = struct(a=types.NULL, b=(types.ARRAY, types.NULL), c=struct(d=types.NULL), e=types.LONG)
-    assert types.without_nulls(column) == (types.STRUCT, (("e", types.LONG),))
-    assert types.without_nulls(struct(a=types.NULL)) == types.NULL
-    assert types.without_nulls((types.ARRAY, (types.ARRAY, types.NULL))) == types.NULL
+    column = struct(a=NULL, b=(ARRAY, NULL), c=struct(d=NULL), e=LONG)
+    assert without_nulls(column) == (STRUCT, (("e", LONG),))
+    assert without_nulls(struct(a=NULL)) == NULL
+    assert without_nulls((ARRAY, (ARRAY, NULL))) == NULL
 
 
 # -- Arrow metadata ----------------------------------------------------------------------------
 
 
 def test_arrow_fields_carry_each_levels_logical_type():
-    field = types.arrow_field("l", (types.ARRAY, struct(o=types.OBJECT_ID, d=types.DATE)))
+    field = arrow_field("l", (ARRAY, struct(o=OBJECT_ID, d=DATE)))
     assert field.type == pa.list_(
         pa.field("element", pa.struct([("d", pa.timestamp("us", tz="UTC")), ("o", pa.string())]))
     )
     assert field.metadata == {b"mongo_cdc.type": b'["array","struct"]'}
     assert field.type.value_type.field("o").metadata == {b"mongo_cdc.type": b'"objectId"'}
-    [read] = types.fields_from_arrow([field])
-    assert read.field_type == read.column_type == (types.ARRAY, struct(o=types.OBJECT_ID, d=types.DATE))
+    [read] = fields_from_arrow([field])
+    assert read.field_type == read.column_type == (ARRAY, struct(o=OBJECT_ID, d=DATE))
 
 
 def test_tables_not_written_by_mongo_cdc_are_refused():
@@ -231,7 +248,7 @@ def test_record_batch_converts_every_type_losslessly():
 
 def test_two_tables_of_the_same_documents_share_their_survey_and_field_arrays():
     # a snapshot's state and change rows: the same documents in two layouts with other metadata
-    values = types.FieldValues([decoded({"_id": OID, "n": 1}), decoded({"_id": OID, "n": 2})])
+    values = FieldValues([decoded({"_id": OID, "n": 1}), decoded({"_id": OID, "n": 2})])
     state, changes = TableLayout(METADATA), TableLayout(METADATA[1:])
     assert state.survey(values) is changes.survey(values)
     state, changes = state.evolved(state.survey(values)), changes.evolved(changes.survey(values))
@@ -247,7 +264,7 @@ def test_two_tables_of_the_same_documents_share_their_survey_and_field_arrays():
         {"__cluster_time": 2, "_id": str(OID), "n": 2},
     ]
     # a stored column the values conflict with: that table's own typed values, without the misfits
-    stored = TableLayout(METADATA).evolved(types.BatchTypes(struct(n=types.STRING), frozenset()))
+    stored = TableLayout(METADATA).evolved(BatchTypes(struct(n=STRING), frozenset()))
     fallback = stored.evolved(stored.survey(values))
     rows = fallback.record_batch({"__op": pa.array(["r", "r"]), "__cluster_time": pa.array([1, 2])}, values)
     assert rows.column("n").to_pylist() == [None, None]
@@ -279,9 +296,9 @@ def test_first_batch_conflicts_make_fallback_columns_and_null_only_fields_get_no
         ],
     )
     assert columns_of(layout) == {
-        "_id": types.FALLBACK,
-        "n": types.FALLBACK,
-        "s": struct(a=types.FALLBACK, b=types.STRING),
+        "_id": FALLBACK,
+        "n": FALLBACK,
+        "s": struct(a=FALLBACK, b=STRING),
     }
     assert [(row["_id"], row["n"], row["s"]["a"]) for row in batch.to_pylist()] == [
         ("1", "1", "1"),
@@ -295,11 +312,11 @@ def test_new_fields_add_columns_and_nested_fields_and_keep_the_established_order
         first, [{"_id": 2, "a": True, "s": {"a": "x", "b": 2}, "l": [{"y": 1.5}], "e": [1]}]
     )
     assert columns_of(later) == {
-        "_id": types.LONG,
-        "l": (types.ARRAY, (types.STRUCT, (("x", types.LONG), ("y", types.DOUBLE)))),
-        "s": (types.STRUCT, (("b", types.LONG), ("a", types.STRING))),  # a new field is appended
-        "a": types.BOOL,
-        "e": (types.ARRAY, types.LONG),  # an array's element type, once a value shows it
+        "_id": LONG,
+        "l": (ARRAY, (STRUCT, (("x", LONG), ("y", DOUBLE)))),
+        "s": (STRUCT, (("b", LONG), ("a", STRING))),  # a new field is appended
+        "a": BOOL,
+        "e": (ARRAY, LONG),  # an array's element type, once a value shows it
     }
     assert [field.name for field in batch.schema] == ["__op", "__cluster_time", "_id", "l", "s", "a", "e"]
     assert batch.to_pylist()[0]["s"] == {"b": 2, "a": "x"}
@@ -316,11 +333,11 @@ def test_a_conflicting_value_goes_to_a_fallback_sibling_and_fitting_rows_stay_ty
         ],
     )
     assert columns_of(later) == {
-        "_id": types.LONG,
-        "n": types.LONG,  # never retyped
-        "s": (types.STRUCT, (("a", types.LONG), ("new", types.LONG))),
-        "n" + FALLBACK_SUFFIX: types.FALLBACK,
-        "s" + FALLBACK_SUFFIX: types.FALLBACK,
+        "_id": LONG,
+        "n": LONG,  # never retyped
+        "s": (STRUCT, (("a", LONG), ("new", LONG))),
+        "n" + FALLBACK_SUFFIX: FALLBACK,
+        "s" + FALLBACK_SUFFIX: FALLBACK,
     }
     rows = [(row["n"], row["n__fallback"], row["s"], row["s__fallback"]) for row in batch.to_pylist()]
     assert rows == [
@@ -349,13 +366,13 @@ def test_surveys_of_parts_merge_into_the_survey_of_the_whole():
     ]
     whole = stored.survey(documents)
     parts = [stored.survey(documents[:1]), stored.survey(documents[1:3]), stored.survey(documents[3:])]
-    assert reduce(types.BatchTypes.merge, parts) == whole
+    assert reduce(BatchTypes.merge, parts) == whole
     assert whole.conflicts == {"l"}
     layout = stored.evolved(whole)
-    assert columns_of(layout)["new"] == types.FALLBACK  # [] and 5 within the batch: the first-batch rule
+    assert columns_of(layout)["new"] == FALLBACK  # [] and 5 within the batch: the first-batch rule
     assert columns_of(layout)["s"] == (
-        types.STRUCT,
-        (("a", types.LONG), ("b", types.FALLBACK), ("c", (types.STRUCT, (("d", types.LONG),)))),
+        STRUCT,
+        (("a", LONG), ("b", FALLBACK), ("c", (STRUCT, (("d", LONG),)))),
     )
 
 

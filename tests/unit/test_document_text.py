@@ -39,7 +39,7 @@ from bson_by_hand import (
 from mongo_cdc import extjson
 from mongo_cdc.bson_elements import DamagedBson
 from mongo_cdc.lake.debezium_export import debezium_record
-from mongo_cdc.transform import columns
+from mongo_cdc.transform import column_survey
 from mongo_cdc.transform.raw_events import RowDocuments
 from mongo_cdc.transform.slice_tasks import FAST_PATH_MIN_ROWS, document_texts, field_values
 from mongo_cdc.transform.split_values import SplitValues
@@ -133,7 +133,7 @@ def test_doc_is_the_text_of_doc_bson_on_the_lossless_and_the_fast_path(rows):
     raws = [data for _, data in CORPUS] + plain
     document_bson = pa.array(raws, pa.binary())
     values = field_values(TableLayout(()), document_bson, RowDocuments(document_bson))
-    assert isinstance(values, SplitValues if rows >= FAST_PATH_MIN_ROWS else columns.FieldValues)
+    assert isinstance(values, SplitValues if rows >= FAST_PATH_MIN_ROWS else column_survey.FieldValues)
     if isinstance(values, SplitValues):
         assert set(values.fast_rows.tolist()) >= set(range(len(CORPUS), len(raws)))
     texts = document_texts(values, document_bson).to_pylist()

@@ -17,8 +17,10 @@ from cdc_support import spark_job
 from mongo_cdc import extjson, lake
 from mongo_cdc.capture.events import rows_to_table
 from mongo_cdc.config import SourceConfigError, load_source
-from mongo_cdc.transform import columns as types
-from mongo_cdc.transform.flatten import change_row, change_rows, encode_document
+from mongo_cdc.transform.arrow_columns import arrow_type
+from mongo_cdc.transform.column_survey import type_of
+from mongo_cdc.transform.column_types import BOOL, FALLBACK, INT, LONG, STRING, struct_type
+from mongo_cdc.transform.flatten import change_row, changes_table_rows, encode_document
 from mongo_cdc.transform.flatten_options import EVENT_FIELDS, FIXED_COLUMNS, FlatteningOptions
 from mongo_cdc.transform.raw_events import ChangeEvent
 from mongo_cdc.transform.table_layout import TableLayout, documents_to_batch
@@ -76,7 +78,7 @@ def table_rows(events: list[ChangeEvent], options: FlatteningOptions) -> list[di
     """The rows the transform writes for ``events``: each as {column: value}."""
     rows = [row for row in (change_row(e, options) for e in events) if row is not None]
     metadata = {
-        name: pa.array([values[index] for values, _ in rows], type=types.arrow_type(column_type))
+        name: pa.array([values[index] for values, _ in rows], type=arrow_type(column_type))
         for index, (name, column_type) in enumerate(options.metadata_columns)
     }
     layout = TableLayout(options.metadata_columns, reserved_names=["hour", "__raw_file"])
@@ -96,15 +98,15 @@ def test_golden_document_encoding_of_a_heterogeneous_array():
         "a1": {"_0": {"a": 1, "b": "none"}, "_1": {"a": "c", "d": "something"}},
     }
     # Representable without fallback: each element keeps its own types...
-    assert types.type_of(document) == types.struct_type(
+    assert type_of(document) == struct_type(
         [
-            ("_id", types.LONG),
+            ("_id", LONG),
             (
                 "a1",
-                types.struct_type(
+                struct_type(
                     [
-                        ("_0", types.struct_type([("a", types.LONG), ("b", types.STRING)])),
-                        ("_1", types.struct_type([("a", types.STRING), ("d", types.STRING)])),
+                        ("_0", struct_type([("a", LONG), ("b", STRING)])),
+                        ("_1", struct_type([("a", STRING), ("d", STRING)])),
                     ]
                 ),
             ),
@@ -112,8 +114,8 @@ def test_golden_document_encoding_of_a_heterogeneous_array():
     )
     # ...where the default array encoding merges the elements and `a` falls back to EJSON text.
     _, as_array = change_row(event("c", SEED_ARRAY_DOCUMENT), FlatteningOptions())
-    element_type = dict(types.type_of(as_array)[1])["a1"][1]
-    assert dict(element_type[1])["a"] == types.FALLBACK
+    element_type = dict(type_of(as_array)[1])["a1"][1]
+    assert dict(element_type[1])["a"] == FALLBACK
 
 
 def test_golden_nested_structure_flattening():
@@ -135,7 +137,7 @@ def test_golden_unset_without_full_documents_gives_the_removed_field_null():
     inserted = event("c", {"_id": 1, "a": "x"}, position=(1, "81"))
     rows = table_rows([inserted, unset], FlatteningOptions())
     assert {key: rows[1][key] for key in ("_id", "a")} == {"_id": 1, "a": None}
-    # a field only ever null has no column yet (mongo_cdc.transform.columns): it reads as null too
+    # a field only ever null has no column yet (mongo_cdc.transform.column_types): it reads as null too
     [row] = table_rows([unset], FlatteningOptions())
     assert row["_id"] == 1 and row.get("a") is None
 
@@ -249,7 +251,7 @@ def test_a_delete_row_has_the_before_images_columns_encoded_per_the_options():
 
 
 def test_change_rows_column_wise_give_the_before_image_decoded_or_not():
-    """The Spark job's path (``change_rows``): a delete's before-image decoded by the caller, or
+    """The Spark job's path (``changes_table_rows``): a delete's before-image decoded by the caller, or
     read from the raw row where the caller decoded none; a delete without one keeps ``_id`` only."""
     raw = rows_to_table(
         [
@@ -272,7 +274,7 @@ def test_change_rows_column_wise_give_the_before_image_decoded_or_not():
     options = FlatteningOptions(delete_tombstone_handling_mode="rewrite-with-tombstone")
     expected = [PRE_IMAGE, {"_id": 1}, {"_id": 2}]
     for given in ([decoded(PRE_IMAGE), None, None], [None, None, None]):
-        indices, metadata, documents = change_rows(raw, given, options)
+        indices, metadata, documents = changes_table_rows(raw, given, options)
         assert indices.to_pylist() == [0, 1, 2] and documents == expected
         assert metadata["__deleted"].to_pylist() == [True, True, True]
         assert metadata["__op"].to_pylist() == ["d", None, "d"]
@@ -294,8 +296,8 @@ def test_add_fields_resolve_like_debezium_with_renames_and_prefix():
 
 def test_default_add_fields_are_the_tables_historic_op_and_source_ts_columns():
     assert FlatteningOptions().metadata_columns == (
-        ("__op", types.STRING),
-        ("__source_ts_ms", types.LONG),
+        ("__op", STRING),
+        ("__source_ts_ms", LONG),
         *FIXED_COLUMNS,
     )
     assert FlatteningOptions(add_fields=()).metadata_columns == FIXED_COLUMNS
@@ -303,10 +305,10 @@ def test_default_add_fields_are_the_tables_historic_op_and_source_ts_columns():
 
 def test_every_addable_field_is_typed_as_in_the_raw_events():
     arrow_types = {
-        pa.string(): types.STRING,
-        pa.int64(): types.LONG,
-        pa.int32(): types.INT,
-        pa.bool_(): types.BOOL,
+        pa.string(): STRING,
+        pa.int64(): LONG,
+        pa.int32(): INT,
+        pa.bool_(): BOOL,
     }
     raw = {field.name: arrow_types[field.type] for field in lake.RAW_SCHEMA if field.name in ("op", "ts_ms")}
     raw.update({f"source.{f.name}": arrow_types[f.type] for f in lake.RAW_SCHEMA.field("source").type})

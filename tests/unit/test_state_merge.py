@@ -15,7 +15,7 @@ from deltalake import CommitProperties, DeltaTable, write_deltalake
 
 from mongo_cdc.lake.storage import LakeLocation
 from mongo_cdc.transform import shared_tasks
-from mongo_cdc.transform.columns import NO_CHANGES
+from mongo_cdc.transform.column_survey import NO_CHANGES
 from mongo_cdc.transform.data_files import DataFile, write_data_file
 from mongo_cdc.transform.shared_tasks import rewritten_whole
 from mongo_cdc.transform.slice_tasks import (

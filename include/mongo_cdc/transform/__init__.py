@@ -14,7 +14,9 @@ pyspark (the driver takes a SparkContext), so the pure parts unit-test fast.
 * ``document_state``: fold a document's events into its latest version (the ``state`` table).
 * ``flatten``: one ``changes`` row per event (Debezium ExtractNewDocumentState);
   ``flatten_options``: its option set, from the source YAML to the Spark job's arguments.
-* ``columns``: column types of BSON-decoded values, their merge and evolution, their Arrow form.
+* ``column_types``: column types of BSON-decoded values, their merge and evolution;
+  ``column_survey``: what a batch of decoded documents needs from a table's columns;
+  ``arrow_columns``: their Arrow form.
 * ``table_layout``: a table's columns, batch by batch, and a batch's Arrow record batch.
 * ``keys``: one normalised key per document ``_id`` (MongoDB's ``_id`` equality).
 * ``data_files``: Parquet files Spark's executors write for a Delta commit the driver makes.

@@ -4,8 +4,8 @@ The raw zone keeps documents as BSON, end to end in one buffer of an Arrow binar
 ``FastDocuments`` walks that buffer with numpy, one vectorised step per element position across all
 documents at once, and takes an exact census of each field's BSON types (at every depth, array
 elements included). A document takes this fast path only if the census shows every value it holds is
-one the columns of ``mongo_cdc.transform.columns`` hold exactly as the lossless path
-(``bson.decode`` then ``columns.to_arrow``) would:
+one the columns of ``mongo_cdc.transform.column_types`` hold exactly as the lossless path
+(``bson.decode`` then ``arrow_columns.to_arrow``) would:
 
 ===================  ==========================================================================
 fast                 double (NaN, infinities and -0.0 kept bit for bit), string (valid UTF-8),
@@ -33,122 +33,59 @@ from typing import NamedTuple
 import numpy as np
 import pyarrow as pa
 
-from mongo_cdc.transform import columns as types
+from mongo_cdc.bson_elements import (
+    ARRAY,
+    BINARY,
+    BOOL,
+    CODE,
+    CODE_WITH_SCOPE,
+    DATE,
+    DB_POINTER,
+    DOCUMENT,
+    DOUBLE,
+    FIXED_SIZES,
+    INT32,
+    INT64,
+    NULL,
+    OBJECT_ID,
+    REGEX,
+    STRING,
+    SYMBOL,
+)
+from mongo_cdc.transform import arrow_columns, column_survey, column_types
+from mongo_cdc.transform.bson_buffer import BsonBuffer
 
-# BSON element types
-_DOUBLE, _STRING, _DOCUMENT, _ARRAY, _BINARY, _UNDEFINED, _OBJECT_ID, _BOOL, _DATE, _NULL = range(1, 11)
-_REGEX, _DB_POINTER, _CODE, _SYMBOL, _CODE_WITH_SCOPE, _INT32, _TIMESTAMP, _INT64, _DECIMAL = range(11, 20)
-_MIN_KEY, _MAX_KEY = 255, 127
-_MISSING = 0  # no element (a field a document lacks), as a kind
+MISSING = 0  # no element (a field a document lacks), as a kind
 _NAME_BYTES_MAX = 64  # a document with a longer field name takes the lossless path (bounds _keys' memory)
-_SCAN_BYTES = 16  # bytes after a cstring's start searched for its end before a lookup of the rest
-_LOW_BYTES, _HIGH_BITS = np.uint64(0x0101010101010101), np.uint64(0x8080808080808080)
 # a little-endian word's first n bytes, for n of 0 to 8
 _LOW_BYTES_MASKS = np.array([(1 << (8 * count)) - 1 for count in range(9)], np.uint64)
 
 # Column type of each kind the fast path holds exactly.
-_FAST_KINDS: dict[int, types.ColumnType] = {
-    _DOUBLE: types.DOUBLE,
-    _STRING: types.STRING,
-    _BINARY: types.BINARY,
-    _OBJECT_ID: types.OBJECT_ID,
-    _BOOL: types.BOOL,
-    _DATE: types.DATE,
-    _INT32: types.LONG,
-    _INT64: types.LONG,
+_FAST_KINDS: dict[int, column_types.ColumnType] = {
+    DOUBLE: column_types.DOUBLE,
+    STRING: column_types.STRING,
+    BINARY: column_types.BINARY,
+    OBJECT_ID: column_types.OBJECT_ID,
+    BOOL: column_types.BOOL,
+    DATE: column_types.DATE,
+    INT32: column_types.LONG,
+    INT64: column_types.LONG,
 }
 
 # Value size of fixed-size kinds; -1 where the size is read from the value (or not a kind).
-_FIXED_SIZES = np.full(256, -1, np.int64)
-for _kind, _size in {
-    _DOUBLE: 8, _UNDEFINED: 0, _OBJECT_ID: 12, _BOOL: 1, _DATE: 8, _NULL: 0, _INT32: 4,
-    _TIMESTAMP: 8, _INT64: 8, _DECIMAL: 16, _MIN_KEY: 0, _MAX_KEY: 0,
-}.items():  # fmt: skip
-    _FIXED_SIZES[_kind] = _size
+_FIXED_SIZES_BY_KIND = np.full(256, -1, np.int64)
+for _kind, _size in FIXED_SIZES.items():
+    _FIXED_SIZES_BY_KIND[_kind] = _size
 # Kinds whose value starts with its int32 length, and what to add to it.
-_LENGTH_PREFIXED = {_STRING: 4, _CODE: 4, _SYMBOL: 4, _DOCUMENT: 0, _ARRAY: 0, _CODE_WITH_SCOPE: 0,
-                    _BINARY: 5, _DB_POINTER: 16}  # fmt: skip
+_LENGTH_PREFIXED = {STRING: 4, CODE: 4, SYMBOL: 4, DOCUMENT: 0, ARRAY: 0, CODE_WITH_SCOPE: 0,
+                    BINARY: 5, DB_POINTER: 16}  # fmt: skip
 
-_MIN_TIMESTAMP_MS = -62_135_596_800_000
-_MAX_TIMESTAMP_MS = 253_402_300_799_999
-_HEX = np.frombuffer(b"".join(b"%02x" % byte for byte in range(256)), np.uint8).reshape(256, 2)
-
-
-def _unaligned(data: np.ndarray, dtype: str) -> np.ndarray:
-    """``data`` (bytes) read as ``dtype`` from every byte on: element ``i`` starts at byte ``i``."""
-    width = np.dtype(dtype).itemsize
-    return np.ndarray((max(len(data) - width + 1, 0),), dtype, data, 0, (1,))
-
-
-class _Buffer:
-    """The bytes holding the documents, with what every walk over them needs."""
-
-    def __init__(self, data: np.ndarray) -> None:
-        self.data = data
-        # the little-endian number starting at each byte: one gather reads those at many offsets
-        self._int32 = _unaligned(data, "<i4")
-        self._int64 = _unaligned(data, "<i8")
-        self._uint64 = _unaligned(data, "<u8")
-
-    def int32(self, at: np.ndarray) -> np.ndarray:
-        """The little-endian int32 at each offset ``at`` (each checked to be in the buffer)."""
-        return self._int32[at].astype(np.int64)
-
-    def int64(self, at: np.ndarray) -> np.ndarray:
-        """The little-endian int64 at each offset ``at`` (each checked to be in the buffer)."""
-        return self._int64[at]
-
-    def windows(self, at: np.ndarray, width: int) -> np.ndarray:
-        """The ``width`` bytes from each offset ``at``, a row each; bytes past the buffer's end are 0."""
-        size = len(self.data)
-        inside = at <= size - width
-        if size >= width and inside.all():
-            return np.lib.stride_tricks.sliding_window_view(self.data, width)[at]
-        rows = np.zeros((len(at), width), np.uint8)
-        if size >= width:
-            rows[inside] = np.lib.stride_tricks.sliding_window_view(self.data, width)[at[inside]]
-        positions = at[~inside, None] + np.arange(width)
-        rows[~inside] = np.where(positions < size, self.data[np.minimum(positions, size - 1)], 0)
-        return rows
-
-    def words(self, at: np.ndarray, count: int) -> np.ndarray:
-        """The ``count`` little-endian 8-byte words from each offset ``at``, a row each; bytes past the
-        buffer's end are 0."""
-        if (at <= len(self.data) - 8 * count).all():
-            return np.stack([self._uint64[at + 8 * word] for word in range(count)], axis=1)
-        return self.windows(at, 8 * count).view("<u8")
-
-    def next_zero(self, at: np.ndarray) -> np.ndarray:
-        """The offset of the first zero byte at or after each of ``at``; len(data) if none."""
-        size = len(self.data)
-        found = np.full(len(at), -1, np.int64)
-        # names are short: the 8-byte words after each offset hold most of their ends; a zero byte
-        # sets the high bit of its byte in (word - 0x0101...) & ~word & 0x8080..., the lowest set
-        # bit being the first zero's
-        near = at > size - _SCAN_BYTES
-        rows = np.flatnonzero(~near)
-        for step in range(0, _SCAN_BYTES, 8):
-            words = self._uint64[at[rows] + step]
-            marks = (words - _LOW_BYTES) & ~words & _HIGH_BITS
-            hit = marks != 0
-            lowest = marks[hit] & (~marks[hit] + np.uint64(1))
-            found[rows[hit]] = at[rows[hit]] + step + (np.log2(lowest).astype(np.int64) >> 3)
-            rows = rows[~hit]
-        if near.any():  # the buffer's last bytes
-            window = self.windows(at[near], _SCAN_BYTES) == 0
-            found[near] = np.where(window.any(axis=1), at[near] + np.argmax(window, axis=1), -1)
-        beyond = (found < 0) | (found >= size)
-        if beyond.any():  # long names: look the rest up
-            zeros = np.flatnonzero(self.data == 0)
-            following = np.searchsorted(zeros, at[beyond])
-            found[beyond] = np.where(
-                following < len(zeros), zeros[np.minimum(following, len(zeros) - 1)], size
-            )
-        return found
+# each byte's two hex digits, as an ObjectId's text has them
+HEX_DIGITS = np.frombuffer(b"".join(b"%02x" % byte for byte in range(256)), np.uint8).reshape(256, 2)
 
 
 class Values(NamedTuple):
-    """Values at one path (a field, or array elements), one per slot; kind _MISSING where absent."""
+    """Values at one path (a field, or array elements), one per slot; kind MISSING where absent."""
 
     kind: np.ndarray  # uint8 BSON type
     at: np.ndarray  # offset of the value in the buffer
@@ -178,10 +115,10 @@ class FastDocuments:
     the documents that take the fast path; ``types`` their merged type (a struct, or NULL), which
     holds no ``fallback`` anywhere."""
 
-    def __init__(self, data: np.ndarray, starts: np.ndarray, stored: types.StructFields = ()) -> None:
+    def __init__(self, data: np.ndarray, starts: np.ndarray, stored: column_types.StructFields = ()) -> None:
         """``stored``: the table's typed columns (``TableLayout.stored_fields``); a document with a value
         that does not fit its column, or that goes to a ``fallback`` column, takes the lossless path."""
-        self.buffer = _Buffer(data)
+        self.buffer = BsonBuffer(data)
         starts = starts.astype(np.int64)
         stored_types = dict(stored)
         slow = np.zeros(len(starts), bool)
@@ -190,7 +127,7 @@ class FastDocuments:
             chosen = everything[~slow]
             count = len(chosen)
             self.documents = Values(
-                np.full(count, _DOCUMENT, np.uint8), starts[chosen], np.zeros(count, np.int64), chosen
+                np.full(count, DOCUMENT, np.uint8), starts[chosen], np.zeros(count, np.int64), chosen
             )
             marked = np.zeros(len(starts), bool)
             self.levels: dict[tuple[str, ...], Level] = {}  # each path's walk, for columns and texts
@@ -209,9 +146,11 @@ class FastDocuments:
         additions = [
             (name, added)
             for name, column in census.items()
-            if (added := added_type(stored_types.get(name), column)) != types.NULL
+            if (added := column_types.added_type(stored_types.get(name), column)) != column_types.NULL
         ]
-        self.survey = types.BatchTypes(types.struct_type(additions) if additions else types.NULL, frozenset())
+        self.survey = column_survey.BatchTypes(
+            column_types.struct_type(additions) if additions else column_types.NULL, frozenset()
+        )
 
     def __len__(self) -> int:
         return len(self.indices)
@@ -250,12 +189,12 @@ class FastDocuments:
                 misplaced = buffer.data[np.minimum(key_end, size - 1)] != 0
                 key_end[misplaced] = buffer.next_zero(at[misplaced] + 1)
             value = key_end + 1
-            value_size = _FIXED_SIZES[kind]
+            value_size = _FIXED_SIZES_BY_KIND[kind]
             prefixed = np.isin(kind, list(_LENGTH_PREFIXED))
             readable = prefixed & (value + 4 <= end)
             value_size[readable] = buffer.int32(value[readable]) + _add_to_length(kind[readable])
             value_size[readable & (value_size < _add_to_length(kind))] = -1  # a negative length
-            regex = kind == _REGEX
+            regex = kind == REGEX
             if regex.any():
                 pattern_end = buffer.next_zero(value[regex])
                 value_size[regex] = buffer.next_zero(pattern_end + 1) + 1 - value[regex]
@@ -318,7 +257,7 @@ class FastDocuments:
         return keys.reshape(-1), names
 
     def _fields(self, level: Level, count: int, bad: np.ndarray) -> dict[str, Values]:
-        """Each field's values across ``count`` documents (kind _MISSING where one lacks it)."""
+        """Each field's values across ``count`` documents (kind MISSING where one lacks it)."""
         fields = {}
         for key, raw_name in enumerate(level.names):
             selected = np.flatnonzero(level.key == key)
@@ -345,40 +284,42 @@ class FastDocuments:
     # -- census
 
     def _census(
-        self, values: Values, bad: np.ndarray, path: tuple[str, ...], stored: types.ColumnType | None
-    ) -> types.ColumnType:
-        """The merged type of ``values`` (``columns.column_type`` of them decoded), to go into a column
+        self, values: Values, bad: np.ndarray, path: tuple[str, ...], stored: column_types.ColumnType | None
+    ) -> column_types.ColumnType:
+        """The merged type of ``values`` (``column_survey.column_type`` of them decoded), to go into a column
         of type ``stored`` (None: none yet). ``bad`` gets the roots of the values the fast path does
         not hold exactly: of a kind it does not take, that do not fit ``stored`` (their field goes to
         its fallback sibling), that a ``fallback`` column holds as text, or, with no column yet, of
         every value of the path if their types disagree (the field becomes a fallback column)."""
-        present = (values.kind != _MISSING) & (values.kind != _NULL)
-        if stored == types.FALLBACK:
+        present = (values.kind != MISSING) & (values.kind != NULL)
+        if stored == column_types.FALLBACK:
             bad[values.root[present]] = True
-            return types.NULL
+            return column_types.NULL
         stored_kind = stored[0] if isinstance(stored, tuple) else stored
-        merged: list[types.ColumnType] = []
+        merged: list[column_types.ColumnType] = []
         for kind in kinds_in(values.kind[present]):
             where = np.flatnonzero(present & (values.kind == kind))
-            kind_of_column = types.STRUCT if kind == _DOCUMENT else types.ARRAY if kind == _ARRAY else None
+            kind_of_column = (
+                column_types.STRUCT if kind == DOCUMENT else column_types.ARRAY if kind == ARRAY else None
+            )
             if kind in _FAST_KINDS:
                 kind_of_column = _FAST_KINDS[kind]
             if kind_of_column is None or stored is not None and kind_of_column != stored_kind:
                 bad[values.root[where]] = True
-            elif kind == _DOCUMENT:
+            elif kind == DOCUMENT:
                 fields = dict(stored[1]) if stored is not None else None
                 merged.append(self._struct_census(_take(values, where), bad, path, fields))
-            elif kind == _ARRAY:
+            elif kind == ARRAY:
                 level = self.levels[path] = self._level(_take(values, where), bad, documents=False)
                 element = stored[1] if stored is not None else None
-                merged.append((types.ARRAY, self._census(level.values, bad, (*path, "[]"), element)))
+                merged.append((column_types.ARRAY, self._census(level.values, bad, (*path, "[]"), element)))
             else:
                 merged.append(kind_of_column)
                 self._check_scalars(kind, values, where, bad)
-        column = types.NULL
+        column = column_types.NULL
         for kind_type in merged:
-            column = types.merge_types(column, kind_type)
-        if column == types.FALLBACK:
+            column = column_types.merge_types(column, kind_type)
+        if column == column_types.FALLBACK:
             bad[values.root[present]] = True
         return column
 
@@ -387,28 +328,28 @@ class FastDocuments:
         documents: Values,
         bad: np.ndarray,
         path: tuple[str, ...],
-        stored: dict[str, types.ColumnType] | None,
-    ) -> types.ColumnType:
+        stored: dict[str, column_types.ColumnType] | None,
+    ) -> column_types.ColumnType:
         level = self.levels[path] = self._level(documents, bad, documents=True)
         empty = np.ones(len(documents), bool)
         empty[level.container] = False
         bad[documents.root[empty]] = True  # {} is a fallback value: Parquet has no empty groups
         fields = self._fields(level, len(documents), bad)
-        return types.struct_type(
+        return column_types.struct_type(
             (name, self._census(field, bad, (*path, name), stored.get(name) if stored is not None else None))
             for name, field in fields.items()
         )
 
     def _check_scalars(self, kind: int, values: Values, where: np.ndarray, bad: np.ndarray) -> None:
         """Mark the roots of scalars the lossless path reads differently."""
-        if kind == _DATE:
+        if kind == DATE:
             millis = self.int64(values.at[where])
-            outside = (millis < _MIN_TIMESTAMP_MS) | (millis > _MAX_TIMESTAMP_MS)
+            outside = (millis < column_types.MIN_TIMESTAMP_MS) | (millis > column_types.MAX_TIMESTAMP_MS)
             bad[values.root[where[outside]]] = True
-        elif kind == _BINARY:
+        elif kind == BINARY:
             old = self.buffer.data[values.at[where] + 4] == 2  # subtype 2 nests a second length
             bad[values.root[where[old]]] = True
-        elif kind == _STRING:
+        elif kind == STRING:
             at, size = values.at[where], values.size[where]
             unterminated = (size < 5) | (self.buffer.data[at + size - 1] != 0)
             bad[values.root[where[unterminated]]] = True
@@ -421,24 +362,24 @@ class FastDocuments:
 
     # -- columns
 
-    def array(self, name: str, column: types.ColumnType, arrow: pa.DataType | None = None) -> pa.Array:
-        """Field ``name`` of the fast documents (in order) as ``columns.to_arrow`` gives it for a
+    def array(self, name: str, column: column_types.ColumnType, arrow: pa.DataType | None = None) -> pa.Array:
+        """Field ``name`` of the fast documents (in order) as ``arrow_columns.to_arrow`` gives it for a
         column of type ``column`` (which the census's type fits)."""
         values = self.top.get(name)
         if values is None:
-            array = pa.nulls(len(self.documents), types.arrow_type(column))
+            array = pa.nulls(len(self.documents), arrow_columns.arrow_type(column))
         else:
             array = self._build(values, column, (name,))
         return array if arrow is None or arrow == array.type else array.view(arrow)
 
-    def _build(self, values: Values, column: types.ColumnType, path: tuple[str, ...]) -> pa.Array:
-        present = (values.kind != _MISSING) & (values.kind != _NULL)
+    def _build(self, values: Values, column: column_types.ColumnType, path: tuple[str, ...]) -> pa.Array:
+        present = (values.kind != MISSING) & (values.kind != NULL)
         where = np.flatnonzero(present)
         if not where.size:  # (a fallback column too: the fast documents hold no value of it)
-            return pa.nulls(len(values), types.arrow_type(column))
+            return pa.nulls(len(values), arrow_columns.arrow_type(column))
         if isinstance(column, tuple):
             inner = _take(values, where)
-            if column[0] == types.STRUCT:
+            if column[0] == column_types.STRUCT:
                 dense = self._struct(inner, column, path)
             else:
                 dense = self._list(inner, column, path)
@@ -450,53 +391,55 @@ class FastDocuments:
         slots = np.cumsum(present) - 1
         return dense.take(pa.array(slots, pa.int64(), mask=~present))
 
-    def _struct(self, documents: Values, column: types.ColumnType, path: tuple[str, ...]) -> pa.Array:
+    def _struct(self, documents: Values, column: column_types.ColumnType, path: tuple[str, ...]) -> pa.Array:
         scratch = np.zeros(len(self.fast), bool)
         fields = self._fields(self.levels[path], len(documents), scratch)
         children = []
         for name, field_type in column[1]:
             field = fields.get(name)
             if field is None:
-                children.append(pa.nulls(len(documents), types.arrow_type(field_type)))
+                children.append(pa.nulls(len(documents), arrow_columns.arrow_type(field_type)))
             else:
                 children.append(self._build(field, field_type, (*path, name)))
-        arrow = types.arrow_type(column)
+        arrow = arrow_columns.arrow_type(column)
         return (
             pa.StructArray.from_arrays(children, fields=list(arrow), mask=None)
             if children
             else pa.nulls(len(documents), arrow)
         )
 
-    def _list(self, arrays: Values, column: types.ColumnType, path: tuple[str, ...]) -> pa.Array:
+    def _list(self, arrays: Values, column: column_types.ColumnType, path: tuple[str, ...]) -> pa.Array:
         level = self.levels[path]
         offsets = np.zeros(len(arrays) + 1, np.int32)
         np.cumsum(np.bincount(level.container, minlength=len(arrays)), out=offsets[1:])
         elements = self._build(level.values, column[1], (*path, "[]"))
         return pa.ListArray.from_arrays(
-            pa.array(offsets, pa.int32()), elements, type=types.arrow_type(column)
+            pa.array(offsets, pa.int32()), elements, type=arrow_columns.arrow_type(column)
         )
 
-    def _scalars(self, kind: int, values: Values, where: np.ndarray, column: types.ColumnType) -> pa.Array:
+    def _scalars(
+        self, kind: int, values: Values, where: np.ndarray, column: column_types.ColumnType
+    ) -> pa.Array:
         at = values.at[where]
-        if column == types.LONG:
-            short = values.kind[where] == _INT32  # 4 bytes: an int64's 8 may run past the buffer
+        if column == column_types.LONG:
+            short = values.kind[where] == INT32  # 4 bytes: an int64's 8 may run past the buffer
             out = np.empty(len(at), np.int64)
             out[short] = self.int32(at[short])
             out[~short] = self.int64(at[~short])
             return pa.array(out, pa.int64())
-        if column == types.DOUBLE:
+        if column == column_types.DOUBLE:
             return pa.array(self.gather(at, 8).view("<f8").reshape(-1), pa.float64())
-        if column == types.BOOL:
+        if column == column_types.BOOL:
             return pa.array(self.buffer.data[at] != 0, pa.bool_())
-        if column == types.DATE:
+        if column == column_types.DATE:
             return pa.array(self.int64(at) * 1000, pa.timestamp("us", tz="UTC"))
-        if column == types.OBJECT_ID:
-            hex_digits = _HEX[self.gather(at, 12)].reshape(-1)
+        if column == column_types.OBJECT_ID:
+            hex_digits = HEX_DIGITS[self.gather(at, 12)].reshape(-1)
             offsets = np.arange(len(at) + 1, dtype=np.int32) * 24
             return pa.StringArray.from_buffers(len(at), pa.py_buffer(offsets), pa.py_buffer(hex_digits))
-        if column == types.STRING:
+        if column == column_types.STRING:
             return self._strings(values, where)
-        if column == types.BINARY:
+        if column == column_types.BINARY:
             lengths = self.buffer.int32(at)
             return self.ranges(at + 5, lengths, pa.binary())
         raise ValueError(f"no fast column of type {column!r} for BSON kind {kind}")
@@ -558,38 +501,3 @@ def _valid_utf8(text: bytes) -> bool:
     except UnicodeDecodeError:
         return False
     return True
-
-
-def fits_type(stored: types.ColumnType | None, column: types.ColumnType) -> bool:
-    """Whether values of (census) type ``column`` go into a column of type ``stored`` (None: no
-    column yet) as they are: no conflict (``columns.survey_values``), and no part of them lands in a
-    ``fallback`` column, whose values are Extended JSON texts."""
-    if column == types.NULL or stored is None:
-        return True
-    if not isinstance(column, tuple):
-        return column == stored
-    if not isinstance(stored, tuple) or stored[0] != column[0]:
-        return False
-    if column[0] == types.ARRAY:
-        return fits_type(stored[1], column[1])
-    fields = dict(stored[1])
-    return all(fits_type(fields.get(name), field) for name, field in column[1])
-
-
-def added_type(stored: types.ColumnType | None, column: types.ColumnType) -> types.ColumnType:
-    """What values of type ``column`` add to a column of type ``stored`` that they fit
-    (``columns.survey_values``'s additions)."""
-    if stored is None:
-        return column
-    if not isinstance(column, tuple):
-        return types.NULL
-    if column[0] == types.ARRAY:
-        element = added_type(stored[1], column[1])
-        return types.NULL if element == types.NULL else (types.ARRAY, element)
-    fields = dict(stored[1])
-    added = [
-        (name, addition)
-        for name, field in column[1]
-        if (addition := added_type(fields.get(name), field)) != types.NULL
-    ]
-    return types.struct_type(added) if added else types.NULL

@@ -17,23 +17,20 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from mongo_cdc.transform.bson_columns import (
-    _ARRAY,
-    _BINARY,
-    _BOOL,
-    _DATE,
-    _DOCUMENT,
-    _DOUBLE,
-    _HEX,
-    _INT32,
-    _INT64,
-    _NULL,
-    _OBJECT_ID,
-    _STRING,
-    FastDocuments,
-    Values,
-    kinds_in,
+from mongo_cdc.bson_elements import (
+    ARRAY,
+    BINARY,
+    BOOL,
+    DATE,
+    DOCUMENT,
+    DOUBLE,
+    INT32,
+    INT64,
+    NULL,
+    OBJECT_ID,
+    STRING,
 )
+from mongo_cdc.transform.bson_columns import HEX_DIGITS, FastDocuments, Values, kinds_in
 
 
 def document_texts(fast: FastDocuments) -> pa.StringArray:
@@ -64,9 +61,9 @@ def document_texts(fast: FastDocuments) -> pa.StringArray:
             offsets.append(level.offset[where])
             prefix = prefixes.take(pa.array(prefix_index[where]))
             pieces.append(pc.binary_join_element_wise(prefix, *parts, ""))
-        containers = (values.kind == _DOCUMENT) | (values.kind == _ARRAY)
+        containers = (values.kind == DOCUMENT) | (values.kind == ARRAY)
         if containers.any():
-            closing = np.where(values.kind[containers] == _DOCUMENT, "}", "]")
+            closing = np.where(values.kind[containers] == DOCUMENT, "}", "]")
             offsets.append(values.at[containers] + values.size[containers] - 1)
             pieces.append(pa.array(closing, pa.string()))
     at = np.concatenate(offsets)
@@ -85,28 +82,28 @@ def _value_texts(
     """The Extended JSON text of the values at ``where``, all of BSON type ``kind`` (a document's or
     array's opening bracket), as parts to join (texts and, the same for every value, strings)."""
     at = values.at[where]
-    if kind == _DOUBLE:
+    if kind == DOUBLE:
         return (_doubles(fast.gather(at, 8).view("<f8").reshape(-1)),)
-    if kind == _STRING:
+    if kind == STRING:
         return ('"', _escaped(fast.ranges(at + 4, values.size[where] - 5, pa.string())), '"')
-    if kind in (_DOCUMENT, _ARRAY):
-        return ("{" if kind == _DOCUMENT else "[",)
-    if kind == _OBJECT_ID:
-        return (_fixed_width(b'{"$oid":"', _HEX[fast.gather(at, 12)].reshape(len(at), 24), b'"}'),)
-    if kind == _BOOL:
+    if kind in (DOCUMENT, ARRAY):
+        return ("{" if kind == DOCUMENT else "[",)
+    if kind == OBJECT_ID:
+        return (_fixed_width(b'{"$oid":"', HEX_DIGITS[fast.gather(at, 12)].reshape(len(at), 24), b'"}'),)
+    if kind == BOOL:
         flags = pa.array(fast.buffer.data[at] != 0, pa.int8())
         return (pa.array(["false", "true"], pa.string()).take(flags),)
-    if kind == _DATE:
+    if kind == DATE:
         millis = pa.array(fast.int64(at), pa.int64()).cast(pa.string())
         return ('{"$date":{"$numberLong":"', millis, '"}}')
-    if kind == _NULL:
+    if kind == NULL:
         return ("null",)
-    if kind == _INT32:
+    if kind == INT32:
         return (pa.array(fast.int32(at), pa.int64()).cast(pa.string()),)
-    if kind == _INT64:
+    if kind == INT64:
         number = pa.array(fast.int64(at), pa.int64()).cast(pa.string())
         return ('{"$numberLong":"', number, '"}')
-    if kind != _BINARY:
+    if kind != BINARY:
         raise ValueError(f"BSON type 0x{kind:02x} never takes the fast path")
     # length, subtype, bytes (the old subtype 2, which nests a second length, is never fast)
     data = fast.ranges(at + 5, values.size[where] - 5, pa.binary()).to_pylist()

@@ -2,7 +2,7 @@
 
 One row per new event, appended, partitioned by ``hour``; old files are never rewritten. A new field
 adds a column (in a commit of its own, before the append); a value whose type conflicts with its
-column's goes to the column's fallback sibling (``transform.columns``). The flattening options
+column's goes to the column's fallback sibling (``transform.column_types``). The flattening options
 (``--flattening``, keyed like the source YAML) are recorded in the table's schema
 (``FLATTENING_METADATA``): other options rebuild the table, and say so. ``--rebuild-hours``
 rewrites the rows of those hours from the raw rows and backfilled history (``rebuild``, a backfill

@@ -141,7 +141,7 @@ def _event_value(event: ChangeEvent, path: tuple[str, ...]) -> Any:
 _ROW_COLUMNS = ["op", "cluster_time", "event_order"]
 
 
-def change_rows(
+def changes_table_rows(
     events: pa.Table, decoded: Sequence[dict | WholeDocument | None], options: FlatteningOptions
 ) -> tuple[pa.Array, dict[str, pa.Array], RowDocuments]:
     """``change_row`` of each raw row of ``events``, column-wise: (indices of the rows that have a

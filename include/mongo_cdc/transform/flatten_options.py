@@ -19,38 +19,38 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, NamedTuple
 
-from mongo_cdc.transform import columns as types
+from mongo_cdc.transform import column_types
 
 ARRAY_ENCODINGS = ("array", "document")
 DELETE_TOMBSTONE_HANDLING_MODES = ("drop", "tombstone", "rewrite", "rewrite-with-tombstone")
 
 # Event fields add.fields can name, typed as in the raw events (mongo_cdc.lake.RAW_SCHEMA).
-EVENT_FIELDS: dict[str, types.ColumnType] = {
-    "op": types.STRING,
-    "ts_ms": types.LONG,
-    "source.version": types.STRING,
-    "source.connector": types.STRING,
-    "source.name": types.STRING,
-    "source.ts_ms": types.LONG,
-    "source.snapshot": types.BOOL,
-    "source.db": types.STRING,
-    "source.rs": types.STRING,
-    "source.collection": types.STRING,
-    "source.ord": types.INT,
-    "source.lsid": types.STRING,
-    "source.txnNumber": types.LONG,
-    "source.sequence": types.STRING,
-    "source.ts_us": types.LONG,
-    "source.ts_ns": types.LONG,
-    "source.wallTime": types.LONG,
+EVENT_FIELDS: dict[str, column_types.ColumnType] = {
+    "op": column_types.STRING,
+    "ts_ms": column_types.LONG,
+    "source.version": column_types.STRING,
+    "source.connector": column_types.STRING,
+    "source.name": column_types.STRING,
+    "source.ts_ms": column_types.LONG,
+    "source.snapshot": column_types.BOOL,
+    "source.db": column_types.STRING,
+    "source.rs": column_types.STRING,
+    "source.collection": column_types.STRING,
+    "source.ord": column_types.INT,
+    "source.lsid": column_types.STRING,
+    "source.txnNumber": column_types.LONG,
+    "source.sequence": column_types.STRING,
+    "source.ts_us": column_types.LONG,
+    "source.ts_ns": column_types.LONG,
+    "source.wallTime": column_types.LONG,
 }
 _TOP_LEVEL_FIELDS = ("op", "ts_ms")
 
 # Every changes table has these after the added fields, whatever the options.
-FIXED_COLUMNS: tuple[tuple[str, types.ColumnType], ...] = (
-    ("__deleted", types.BOOL),
-    ("__cluster_time", types.LONG),
-    ("__event_order", types.STRING),
+FIXED_COLUMNS: tuple[tuple[str, column_types.ColumnType], ...] = (
+    ("__deleted", column_types.BOOL),
+    ("__cluster_time", column_types.LONG),
+    ("__event_order", column_types.STRING),
 )
 # The Spark job's hour partition and staging columns: an added field may not take them either.
 _RESERVED_NAMES = ("hour", "__raw_file")
@@ -59,7 +59,7 @@ _RESERVED_NAMES = ("hour", "__raw_file")
 class AddedField(NamedTuple):
     path: tuple[str, ...]  # ("op",) or ("source", "rs")
     column: str
-    column_type: types.ColumnType
+    column_type: column_types.ColumnType
 
 
 def added_field(spec: str, prefix: str) -> AddedField:
@@ -115,7 +115,7 @@ class FlatteningOptions:
         return tuple(added_field(spec, self.add_fields_prefix) for spec in self.add_fields)
 
     @property
-    def metadata_columns(self) -> tuple[tuple[str, types.ColumnType], ...]:
+    def metadata_columns(self) -> tuple[tuple[str, column_types.ColumnType], ...]:
         """The changes table's leading columns: the added fields, then ``FIXED_COLUMNS``."""
         return tuple((field.column, field.column_type) for field in self.added_fields) + FIXED_COLUMNS
 

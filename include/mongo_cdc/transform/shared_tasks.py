@@ -18,7 +18,7 @@ from typing import NamedTuple
 import pyarrow as pa
 
 from mongo_cdc.lake.storage import LakeLocation
-from mongo_cdc.transform import columns
+from mongo_cdc.transform import column_survey
 from mongo_cdc.transform.data_files import DataFile, delete_data_files, staged_rows
 from mongo_cdc.transform.folded_keys import folded_in_rows
 from mongo_cdc.transform.raw_events import ChangeEvent
@@ -109,7 +109,7 @@ def rewritten_whole(
     written = [state_output.output for state_output in outputs if state_output.output is not None]
     files = [file for output in written for file in output.files]
     held = [output.rows for output in written if output.rows is not None]
-    if any(output.survey != columns.NO_CHANGES for output in written) or (
+    if any(output.survey != column_survey.NO_CHANGES for output in written) or (
         sum(file.rows for file in files) + sum(rows.num_rows for rows in held) > REWRITE_MAX_ROWS
     ):
         return None, [staged(location, state, state_output) for state_output in outputs]

@@ -32,7 +32,7 @@ from mongo_cdc.lake import SnapshotManifest
 from mongo_cdc.lake.batch_log import BatchWindow
 from mongo_cdc.lake.storage import LakeLocation
 from mongo_cdc.lake.table_reads import plain
-from mongo_cdc.transform import columns
+from mongo_cdc.transform import column_survey
 from mongo_cdc.transform.data_files import DataFile, write_data_file
 from mongo_cdc.transform.document_state import (
     DocumentVersion,
@@ -40,7 +40,7 @@ from mongo_cdc.transform.document_state import (
     fold_events,
     reconcile_with_snapshots,
 )
-from mongo_cdc.transform.flatten import change_rows, delete_rows_hold_before_images
+from mongo_cdc.transform.flatten import changes_table_rows, delete_rows_hold_before_images
 from mongo_cdc.transform.flatten_options import FlatteningOptions
 from mongo_cdc.transform.folded_keys import KeyRange, key_ranges, ranges_disjoint
 from mongo_cdc.transform.raw_events import (
@@ -65,7 +65,7 @@ from mongo_cdc.transform.versions import single_event_versions, versions_table
 try:  # the fast path needs numpy; executors without it take the lossless path
     from mongo_cdc.transform.split_values import SplitValues, split_documents
 except ImportError:
-    SplitValues, split_documents = columns.FieldValues, None
+    SplitValues, split_documents = column_survey.FieldValues, None
 
 # The deletion markers' columns (lake.deletions_uri): a deleted document's last position.
 DELETION_COLUMNS = ("__key", "__cluster_time", "__event_order", "__rs")
@@ -96,7 +96,7 @@ class Output(NamedTuple):
     or its rows themselves, unwritten, for the task's own rewrite of the table (``StateSpec.held``)."""
 
     files: tuple[DataFile, ...]
-    survey: columns.BatchTypes
+    survey: column_survey.BatchTypes
     rows: pa.Table | None = None
 
 
@@ -118,7 +118,7 @@ class SliceOutput(NamedTuple):
 class StateValues(NamedTuple):
     """The state rows' field values (``field_values``) and the documents they are of."""
 
-    values: columns.FieldValues | SplitValues
+    values: column_survey.FieldValues | SplitValues
     documents: RowDocuments
 
 
@@ -402,7 +402,7 @@ def write_state(
     versions = versions.combine_chunks()
     document_bson = versions.column("document").chunk(0)
     values = field_values(spec.layout, document_bson, documents)
-    survey = columns.NO_CHANGES if spec.forced else spec.layout.survey(values)
+    survey = column_survey.NO_CHANGES if spec.forced else spec.layout.survey(values)
     layout = spec.layout if spec.forced else spec.layout.evolved(survey)
     metadata = {
         "__key": versions.column("key").chunk(0),
@@ -419,7 +419,7 @@ def write_state(
         rows = rows.append_column(DELETED_FLAG, pc.is_null(document_bson))
     # sorted by key, so that the files of a table hold narrow key ranges a MERGE can skip
     rows = in_order(rows, ["__key"])
-    if spec.held and survey == columns.NO_CHANGES:
+    if spec.held and survey == column_survey.NO_CHANGES:
         output = Output((), survey, rows)
     else:
         output = Output((write_state_file(location, spec.directory, rows, layout),), survey)
@@ -458,10 +458,10 @@ def write_changes(
     decoded: RowDocuments,
     state_values: StateValues | None = None,
 ) -> Output | None:
-    """Write the change rows of raw ``events`` (``decoded``: their documents, as ``change_rows``
+    """Write the change rows of raw ``events`` (``decoded``: their documents, as ``changes_table_rows``
     takes them), a file per hour. ``state_values``: the state rows' field values, shared when they
     are of the same documents."""
-    indices, metadata, documents = change_rows(events, decoded, spec.options)
+    indices, metadata, documents = changes_table_rows(events, decoded, spec.options)
     if not documents:
         return None
     if (
@@ -472,7 +472,7 @@ def write_changes(
         values = state_values.values  # a snapshot's: each field's values are extracted once
     else:
         values = field_values(spec.layout, documents.bson, documents)
-    survey = columns.NO_CHANGES if spec.forced else spec.layout.survey(values)
+    survey = column_survey.NO_CHANGES if spec.forced else spec.layout.survey(values)
     layout = spec.layout if spec.forced else spec.layout.evolved(survey)
     rows = pa.Table.from_batches([layout.record_batch(metadata, values)])
     hours = hour_partitions(metadata["__cluster_time"])
@@ -499,24 +499,26 @@ def _id_column(layout: TableLayout) -> tuple[str, ...]:
 
 def field_values(
     layout: TableLayout, document_bson: pa.BinaryArray, documents: RowDocuments
-) -> columns.FieldValues | SplitValues:
+) -> column_survey.FieldValues | SplitValues:
     """The field values of rows for ``layout``: ``documents`` (None reads as ``{}``) and each one's
     BSON (null where it is not those bytes), split between the fast and the lossless path where
     numpy is installed (``transform.bson_columns``) and there are FAST_PATH_MIN_ROWS rows or more,
     else all lossless."""
     if split_documents is None or len(documents) < FAST_PATH_MIN_ROWS:
-        return columns.FieldValues([as_dict(document) or {} for document in documents])
+        return column_survey.FieldValues([as_dict(document) or {} for document in documents])
     return split_documents(layout.stored_fields, document_bson, documents, as_dict)
 
 
-def document_texts(values: columns.FieldValues | SplitValues, document_bson: pa.BinaryArray) -> pa.Array:
+def document_texts(
+    values: column_survey.FieldValues | SplitValues, document_bson: pa.BinaryArray
+) -> pa.Array:
     """``__doc``: each document's Extended JSON text (null for none), rendered from its bytes
     (``__doc_bson``) on both paths: the fast path's in bulk, the others' by ``extjson.from_bson``."""
 
     def render(data: bytes | None) -> str | None:
         return extjson.from_bson(data) if data is not None else None
 
-    if isinstance(values, columns.FieldValues):
+    if isinstance(values, column_survey.FieldValues):
         return pa.array([render(data) for data in document_bson.to_pylist()], pa.string())
     return values.ejson(lambda row: render(document_bson[row].as_py()))
 

@@ -1,5 +1,5 @@
 """One table's rows split between the fast path (``transform.bson_columns``) and the lossless path
-(``columns.FieldValues`` of the documents decoded), given to ``TableLayout`` as its documents: the
+(``column_survey.FieldValues`` of the documents decoded), given to ``TableLayout`` as its documents: the
 survey, the record batch and ``__doc`` are those of the lossless path for every row."""
 
 from __future__ import annotations
@@ -10,22 +10,23 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from mongo_cdc.transform import columns as types
-from mongo_cdc.transform.bson_columns import _MISSING, _NULL, FastDocuments, fits_type
+from mongo_cdc.bson_elements import NULL
+from mongo_cdc.transform import column_survey, column_types
+from mongo_cdc.transform.bson_columns import MISSING, FastDocuments
 from mongo_cdc.transform.bson_json import document_texts
 
 
 class SplitValues:
     """One table's rows' documents, split between the fast path (``FastDocuments``) and the lossless
-    path (``columns.FieldValues``): what ``TableLayout`` takes for its survey and its record batch,
-    which are those of the same documents decoded (``columns.FieldValues`` of them all)."""
+    path (``column_survey.FieldValues``): what ``TableLayout`` takes for its survey and its record batch,
+    which are those of the same documents decoded (``column_survey.FieldValues`` of them all)."""
 
     def __init__(
         self,
-        stored: types.StructFields,
+        stored: column_types.StructFields,
         fast: FastDocuments,
         fast_rows: np.ndarray,
-        slow: types.FieldValues,
+        slow: column_survey.FieldValues,
         slow_rows: np.ndarray,
         documents: Sequence[Any],
     ) -> None:
@@ -37,7 +38,7 @@ class SplitValues:
         order = np.argsort(np.concatenate([fast_rows, slow_rows]), kind="stable")
         self._positions = pa.array(order)
         self._in_order = bool((order == np.arange(len(order))).all())  # no row to move (all fast, say)
-        self._arrays: dict[tuple[str, types.ColumnType, pa.DataType], pa.Array] = {}
+        self._arrays: dict[tuple[str, column_types.ColumnType, pa.DataType], pa.Array] = {}
 
     def __len__(self) -> int:
         return len(self._positions)
@@ -47,15 +48,17 @@ class SplitValues:
         return set(self.fast.census) | self.slow.names
 
     def typed(self, name: str) -> bool:
-        in_fast = types.without_nulls(self.fast.census.get(name, types.NULL)) != types.NULL
+        in_fast = (
+            column_types.without_nulls(self.fast.census.get(name, column_types.NULL)) != column_types.NULL
+        )
         return in_fast or (name in self.slow.names and self.slow.typed(name))
 
-    def survey(self, stored: types.StructFields) -> types.BatchTypes:
+    def survey(self, stored: column_types.StructFields) -> column_survey.BatchTypes:
         if stored != self.stored:
             raise ValueError("these documents were split against other stored fields")
         return self.fast.survey.merge(self.slow.survey(stored))
 
-    def arrow(self, name: str, column: types.ColumnType, arrow: pa.DataType) -> pa.Array:
+    def arrow(self, name: str, column: column_types.ColumnType, arrow: pa.DataType) -> pa.Array:
         key = (name, column, arrow)
         if key not in self._arrays:
             self._arrays[key] = self._rows(
@@ -63,7 +66,9 @@ class SplitValues:
             )
         return self._arrays[key]
 
-    def split(self, name: str, column: types.ColumnType, arrow: pa.DataType) -> tuple[pa.Array, pa.Array]:
+    def split(
+        self, name: str, column: column_types.ColumnType, arrow: pa.DataType
+    ) -> tuple[pa.Array, pa.Array]:
         typed, texts = self.slow.split(name, column, arrow)
         fast = self.fast.array(name, column, arrow)  # they fit: no text
         return self._rows(fast, typed), self._rows(pa.nulls(len(fast), pa.string()), texts)
@@ -82,7 +87,7 @@ class SplitValues:
 
 
 def split_documents(
-    stored: types.StructFields,
+    stored: column_types.StructFields,
     raw: pa.BinaryArray | pa.ChunkedArray,
     documents: Sequence[Any],
     read: Callable[[Any], dict],
@@ -105,15 +110,17 @@ def split_documents(
         lossless = np.ones(len(raw), bool)
         lossless[fast_rows] = False
         slow_rows = np.flatnonzero(lossless)
-        slow = types.FieldValues([read(documents[row]) or {} for row in slow_rows.tolist()])
+        slow = column_survey.FieldValues([read(documents[row]) or {} for row in slow_rows.tolist()])
         merged = fast.survey.merge(slow.survey(stored))
-        added = dict(merged.additions[1]) if merged.additions != types.NULL else {}
+        added = dict(merged.additions[1]) if merged.additions != column_types.NULL else {}
         unfit = np.zeros(len(raw), bool)
         for name, column in fast.census.items():
-            final = types.merge_types(stored_types.get(name, types.NULL), added.get(name, types.NULL))
-            if not fits_type(final, column):
+            final = column_types.merge_types(
+                stored_types.get(name, column_types.NULL), added.get(name, column_types.NULL)
+            )
+            if not column_types.fits_type(final, column):
                 field = fast.top[name]
-                unfit[candidates[field.root[(field.kind != _MISSING) & (field.kind != _NULL)]]] = True
+                unfit[candidates[field.root[(field.kind != MISSING) & (field.kind != NULL)]]] = True
         if not unfit.any():
             return SplitValues(stored, fast, fast_rows, slow, slow_rows, documents)
         candidates = candidates[~unfit[candidates]]

@@ -38,7 +38,7 @@ from pyspark import RDD, StorageLevel
 from mongo_cdc.lake.batch_log import BatchWindow
 from mongo_cdc.lake.file_statistics import indexed_columns, indexed_columns_property, table_indexed_columns
 from mongo_cdc.lake.storage import file_actions, file_stats, row_count, table_if_exists
-from mongo_cdc.transform import columns
+from mongo_cdc.transform import column_types
 from mongo_cdc.transform.data_files import DataFile, add_actions, delete_data_files, staged_rows
 from mongo_cdc.transform.folded_keys import folded_keys, slice_key_buckets
 from mongo_cdc.transform.slice_tasks import (
@@ -75,14 +75,14 @@ if TYPE_CHECKING:
     from mongo_cdc.transform.driver import CollectionTransform
 
 # The state table's leading columns (a DocumentVersion's, with the document rendered two ways).
-STATE_METADATA_COLUMNS: tuple[tuple[str, columns.ColumnType], ...] = (
-    ("__key", columns.STRING),
-    ("__id", columns.STRING),
-    ("__doc", columns.STRING),
-    ("__doc_bson", columns.BINARY),
-    ("__cluster_time", columns.LONG),
-    ("__event_order", columns.STRING),
-    ("__rs", columns.STRING),
+STATE_METADATA_COLUMNS: tuple[tuple[str, column_types.ColumnType], ...] = (
+    ("__key", column_types.STRING),
+    ("__id", column_types.STRING),
+    ("__doc", column_types.STRING),
+    ("__doc_bson", column_types.BINARY),
+    ("__cluster_time", column_types.LONG),
+    ("__event_order", column_types.STRING),
+    ("__rs", column_types.STRING),
 )
 # A deletion markers' MERGE source of at most this many rows is handed to delta-rs whole, which lets
 # it read and rewrite only the files whose key range may hold a source key; a larger one is streamed.

@@ -17,7 +17,7 @@ from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError, DeltaError
 
 from mongo_cdc.lake.storage import table_if_exists
-from mongo_cdc.transform import columns
+from mongo_cdc.transform import column_survey, column_types
 from mongo_cdc.transform.slice_tasks import Output
 from mongo_cdc.transform.table_layout import TableLayout
 
@@ -30,7 +30,7 @@ class LostCommitRace(RuntimeError):
 
 def stored_layout(
     table: DeltaTable | None,
-    metadata_columns: tuple[tuple[str, columns.ColumnType], ...],
+    metadata_columns: tuple[tuple[str, column_types.ColumnType], ...],
     sanitize_field_names: bool,
     reserved_names: tuple[str, ...] = (),
 ) -> TableLayout:
@@ -43,7 +43,9 @@ def stored_layout(
 
 def settled_layout(stored: TableLayout, outputs: list[Output]) -> TableLayout:
     """The table's layout after this run: ``stored`` with what every task's rows needed."""
-    return stored.evolved(reduce(lambda a, b: a.merge(b), (o.survey for o in outputs), columns.NO_CHANGES))
+    return stored.evolved(
+        reduce(lambda a, b: a.merge(b), (o.survey for o in outputs), column_survey.NO_CHANGES)
+    )
 
 
 @contextlib.contextmanager

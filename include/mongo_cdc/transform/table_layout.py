@@ -1,7 +1,7 @@
 """A derived table's columns (metadata columns first, then the documents' fields), how they evolve
 batch by batch, and a batch's Arrow record batch.
 
-**Evolution.** A table's columns keep their name and type forever (``mongo_cdc.transform.columns``
+**Evolution.** A table's columns keep their name and type forever (``mongo_cdc.transform.column_types``
 has the type rules). Each batch is surveyed against them: new top-level fields become new columns
 (appended, as Delta's schema merge appends them), new nested fields are added to their struct.
 A top-level value that does not fit its established column (a string in a long column, a
@@ -35,7 +35,7 @@ from typing import NamedTuple
 
 import pyarrow as pa
 
-from mongo_cdc.transform import columns as types
+from mongo_cdc.transform import arrow_columns, column_survey, column_types
 
 FALLBACK_SUFFIX = "__fallback"
 FALLBACK_OF_METADATA = b"mongo_cdc.fallback_of"
@@ -44,15 +44,15 @@ FALLBACK_OF_METADATA = b"mongo_cdc.fallback_of"
 class DocumentColumn(NamedTuple):
     column: str  # the column's name in the table
     field: str  # the document's top-level field it holds
-    field_type: types.ColumnType  # its type, nested fields under the document's names
-    column_type: types.ColumnType  # the same type, nested fields under their column names
+    field_type: column_types.ColumnType  # its type, nested fields under the document's names
+    column_type: column_types.ColumnType  # the same type, nested fields under their column names
     fallback: bool = False  # the sibling holding the field's values that do not fit its column
 
 
 class TableLayout:
     def __init__(
         self,
-        metadata_columns: Sequence[tuple[str, types.ColumnType]],
+        metadata_columns: Sequence[tuple[str, column_types.ColumnType]],
         reserved_names: Iterable[str] = (),
         sanitize_field_names: bool = False,
         document_columns: Iterable[DocumentColumn] = (),
@@ -68,7 +68,7 @@ class TableLayout:
         if orphans:
             raise ValueError(f"fallback columns without their typed column: {sorted(orphans)}")
         self.schema = pa.schema(
-            [types.arrow_field(name, column_type) for name, column_type in self.metadata_columns]
+            [arrow_columns.arrow_field(name, column_type) for name, column_type in self.metadata_columns]
             + [_arrow_field(column) for column in self.document_columns]
         )
 
@@ -76,7 +76,7 @@ class TableLayout:
     def from_arrow(
         cls,
         schema: pa.Schema,
-        metadata_columns: Sequence[tuple[str, types.ColumnType]],
+        metadata_columns: Sequence[tuple[str, column_types.ColumnType]],
         reserved_names: Iterable[str] = (),
         sanitize_field_names: bool = False,
     ) -> TableLayout:
@@ -86,7 +86,7 @@ class TableLayout:
         caller adds them); every other column must carry mongo-cdc's type metadata.
         """
         skipped = {name for name, _ in metadata_columns} | set(reserved_names)
-        read = types.fields_from_arrow(field for field in schema if field.name not in skipped)
+        read = arrow_columns.fields_from_arrow(field for field in schema if field.name not in skipped)
         document_columns = [
             DocumentColumn(
                 c.column, c.metadata[FALLBACK_OF_METADATA].decode(), c.field_type, c.column_type, True
@@ -98,24 +98,24 @@ class TableLayout:
         return cls(metadata_columns, reserved_names, sanitize_field_names, document_columns)
 
     @property
-    def stored_fields(self) -> types.StructFields:
+    def stored_fields(self) -> column_types.StructFields:
         """The typed columns' fields, under the document's names."""
         return tuple((c.field, c.field_type) for c in self.typed_columns.values())
 
-    def survey(self, documents: list[dict] | types.FieldValues) -> types.BatchTypes:
-        """What ``documents`` need from this layout (``columns.survey``)."""
-        return types.survey(self.stored_fields, documents)
+    def survey(self, documents: list[dict] | column_survey.FieldValues) -> column_survey.BatchTypes:
+        """What ``documents`` need from this layout (``column_survey.survey``)."""
+        return column_survey.survey(self.stored_fields, documents)
 
-    def evolved(self, batch: types.BatchTypes) -> TableLayout:
+    def evolved(self, batch: column_survey.BatchTypes) -> TableLayout:
         """This layout with ``batch``'s additions and the fallback siblings its conflicts need."""
-        if batch == types.NO_CHANGES:
+        if batch == column_survey.NO_CHANGES:
             return self
-        added = dict(batch.additions[1]) if batch.additions != types.NULL else {}
+        added = dict(batch.additions[1]) if batch.additions != column_types.NULL else {}
         name_nested = partial(_free_names, sanitize=self.sanitize_field_names)
         document_columns = []
         for column in self.document_columns:
             if not column.fallback and column.field in added:
-                field_type, column_type = types.widen(
+                field_type, column_type = column_types.widen(
                     column.field_type, column.column_type, added.pop(column.field), name_nested
                 )
                 column = column._replace(field_type=field_type, column_type=column_type)
@@ -127,12 +127,12 @@ class TableLayout:
         )
         new = [
             (name, t)
-            for name, t in types.struct_type(added.items())[1]
-            if types.without_nulls(t) != types.NULL
+            for name, t in column_types.struct_type(added.items())[1]
+            if column_types.without_nulls(t) != column_types.NULL
         ]
         names = _free_names([name for name, _ in new], taken, self.sanitize_field_names)
         for (name, added_type), column_name in zip(new, names, strict=True):
-            field_type, column_type = types.widen(None, None, added_type, name_nested)
+            field_type, column_type = column_types.widen(None, None, added_type, name_nested)
             document_columns.append(DocumentColumn(column_name, name, field_type, column_type))
             taken.add(column_name)
         typed = {column.field: column for column in document_columns if not column.fallback}
@@ -143,38 +143,42 @@ class TableLayout:
                     "the batch was surveyed against another layout"
                 )
             [sibling] = _free_names([typed[name].column + FALLBACK_SUFFIX], taken, self.sanitize_field_names)
-            document_columns.append(DocumentColumn(sibling, name, types.FALLBACK, types.FALLBACK, True))
+            document_columns.append(
+                DocumentColumn(sibling, name, column_types.FALLBACK, column_types.FALLBACK, True)
+            )
             taken.add(sibling)
         return TableLayout(
             self.metadata_columns, self.reserved_names, self.sanitize_field_names, document_columns
         )
 
-    def reads_as(self, batch: types.BatchTypes, target: TableLayout) -> bool:
+    def reads_as(self, batch: column_survey.BatchTypes, target: TableLayout) -> bool:
         """Whether documents surveyed as ``batch`` and written in ``evolved(batch)`` read as they
         would written in ``target`` (this layout evolved with ``batch`` and others'): ``fits_in``,
-        and no value left null for want of a column ``target`` has (``columns.lost_in``)."""
-        targeted = (types.STRUCT, target.stored_fields)
-        return self.evolved(batch).fits_in(target) and not types.lost_in(batch.additions, targeted)
+        and no value left null for want of a column ``target`` has (``column_types.lost_in``)."""
+        targeted = (column_types.STRUCT, target.stored_fields)
+        return self.evolved(batch).fits_in(target) and not column_types.lost_in(batch.additions, targeted)
 
     def fits_in(self, target: TableLayout) -> bool:
         """Whether rows written in this layout read as rows of ``target``, a layout evolved from the
         same one (``widened``): each column is ``target``'s column of the same field, under the same
-        name, with the same type or without some nested struct fields (``columns.embeds``)."""
+        name, with the same type or without some nested struct fields (``column_types.embeds``)."""
         columns = {(c.field, c.fallback): c for c in target.document_columns}
         for column in self.document_columns:
             other = columns.get((column.field, column.fallback))
             if other is None or other.column != column.column:
                 return False
-            if not types.embeds(column.field_type, column.column_type, other.field_type, other.column_type):
+            if not column_types.embeds(
+                column.field_type, column.column_type, other.field_type, other.column_type
+            ):
                 return False
         return self.metadata_columns == target.metadata_columns
 
     def record_batch(
-        self, metadata_arrays: Mapping[str, pa.Array], documents: list[dict] | types.FieldValues
+        self, metadata_arrays: Mapping[str, pa.Array], documents: list[dict] | column_survey.FieldValues
     ) -> pa.RecordBatch:
         """The rows of ``documents`` (each with its metadata values, ``metadata_arrays`` keyed by
         metadata column) in this layout, which must hold them: ``evolved(survey(documents))``."""
-        values_of = types.FieldValues(documents) if isinstance(documents, list) else documents
+        values_of = column_survey.FieldValues(documents) if isinstance(documents, list) else documents
         count = len(values_of)
         arrays = []
         for field in list(self.schema)[: len(self.metadata_columns)]:
@@ -203,7 +207,7 @@ class TableLayout:
                 arrays.append(values_of.arrow(column.field, column.field_type, field.type))
         return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
 
-    def _check_fields(self, values_of: types.FieldValues) -> None:
+    def _check_fields(self, values_of: column_survey.FieldValues) -> None:
         """Refuse documents with a typed field this layout has no column for (not surveyed)."""
         for name in values_of.names - set(self.typed_columns):
             if values_of.typed(name):
@@ -217,7 +221,7 @@ def documents_to_batch(
     layout: TableLayout, metadata_arrays: Mapping[str, pa.Array], documents: list[dict]
 ) -> tuple[TableLayout, pa.RecordBatch]:
     """``documents`` as one record batch, and the layout evolved to hold them (in one process)."""
-    values_of = types.FieldValues(documents)
+    values_of = column_survey.FieldValues(documents)
     layout = layout.evolved(layout.survey(values_of))
     return layout, layout.record_batch(metadata_arrays, values_of)
 
@@ -236,8 +240,8 @@ def widened(rows: pa.Table, schema: pa.Schema) -> pa.Table:
 
 def _arrow_field(column: DocumentColumn) -> pa.Field:
     if not column.fallback:
-        return types.arrow_field(column.column, column.column_type, column.field, column.field_type)
-    field = types.arrow_field(column.column, types.FALLBACK)
+        return arrow_columns.arrow_field(column.column, column.column_type, column.field, column.field_type)
+    field = arrow_columns.arrow_field(column.column, column_types.FALLBACK)
     return field.with_metadata({**field.metadata, FALLBACK_OF_METADATA: column.field.encode()})
 
 
