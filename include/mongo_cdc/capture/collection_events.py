@@ -45,6 +45,7 @@ from mongo_cdc.capture.events import (
     raw_documents,
     raw_row,
 )
+from mongo_cdc.capture.field_filters import collection_field_rules
 from mongo_cdc.capture.offsets import Offset, OffsetKeeper
 from mongo_cdc.capture.snapshot_columns import SnapshotColumns
 from mongo_cdc.config import SourceConfig
@@ -96,7 +97,7 @@ def land_renamed_copy(
     if progress is not None and progress["rename"] == rename:
         reached = bytes.fromhex(progress["after"])  # a pull before this one copied up to here
     block = source.block(db, name, cluster_time, source_ts_ms, snapshot=True)
-    fields = config.field_filters.for_collection(db, name)
+    fields = collection_field_rules(config, db, name)
     chunk = Chunk(f"{db}.{name}", 0, 1, ID_INDEX if ordered else None, reached)
     kept: list[pa.RecordBatch] = []
     landed = 0

@@ -43,6 +43,7 @@ from mongo_cdc.capture.capture_modes import captured_collection_options, require
 from mongo_cdc.capture.chunk_reads import ChunkReads
 from mongo_cdc.capture.chunking import plan_chunks
 from mongo_cdc.capture.events import SourceInfo, token_cluster_time
+from mongo_cdc.capture.field_filters import collection_field_rules
 from mongo_cdc.capture.offsets import Offset, OffsetKeeper
 from mongo_cdc.capture.replica_set import ReplicaSetCapture
 from mongo_cdc.capture.snapshot_columns import SnapshotColumns
@@ -200,7 +201,7 @@ def _copy_chunk(
     db, _, collection = chunk.namespace.partition(".")
     cluster_time = plan.cluster_time
     block = source.block(db, collection, cluster_time, (cluster_time >> 32) * 1000, snapshot=True)
-    fields = config.field_filters.for_collection(db, collection)
+    fields = collection_field_rules(config, db, collection)
     columns = SnapshotColumns(block, cluster_time, plan.seq, fields, max_rows=ROW_GROUP_ROWS)
     copied = 0
 

@@ -40,6 +40,7 @@ from mongo_cdc import lake
 from mongo_cdc.capture.chunk_reads import ChunkReads
 from mongo_cdc.capture.chunking import plan_chunks
 from mongo_cdc.capture.events import document_id, document_keys, keys_and_documents, raw_documents
+from mongo_cdc.capture.field_filters import collection_field_rules
 from mongo_cdc.capture.replica_set import ReplicaSetCapture
 from mongo_cdc.capture.topology import OwnedRanges, owned_ranges
 from mongo_cdc.lake.batch_log import Batch, BatchWindow
@@ -110,7 +111,7 @@ class CollectionCheck:
         self.namespace = namespace
         db, _, name = namespace.partition(".")
         self.collection = capture.client[db][name]
-        self.fields = capture.config.field_filters.for_collection(db, name)
+        self.fields = collection_field_rules(capture.config, db, name)
         source_lake = capture.lake
         self.state_uri = lake.table_uri(source_lake.location, "state", source_lake.prefix, db, name)
         self.state = table_if_exists(self.state_uri, source_lake.options)

@@ -50,6 +50,7 @@ from mongo_cdc.capture.events import (
     token_cluster_time,
     tombstone_of,
 )
+from mongo_cdc.capture.field_filters import collection_field_rules
 from mongo_cdc.capture.offsets import Offset
 from mongo_cdc.capture.replica_set import ReplicaSetCapture
 from mongo_cdc.capture.snapshot import current_position
@@ -281,7 +282,7 @@ def land_repairs(
     for namespace, drifted in sorted(repairs.items()):
         db, _, name = namespace.partition(".")
         block = source.values(db, name, cluster_time, (cluster_time >> 32) * 1000, snapshot=True)
-        fields = config.field_filters.for_collection(db, name)
+        fields = collection_field_rules(config, db, name)
         rows: list[RawRow] = []
         ids = list(drifted.items())
         found: set[str] = set()
