@@ -67,6 +67,7 @@ from mongo_cdc.lake.maintenance import (
     remove_uncommitted_leftovers,
 )
 from mongo_cdc.lake.storage import row_count, table_if_exists
+from mongo_cdc.namespace import Namespace
 from mongo_cdc.transform.applied_mark import AppliedMark, withdraw_figures, write_mark
 from mongo_cdc.transform.backlog import behind_text, collection_backlog
 from mongo_cdc.transform.changes_commit import ChangesRun
@@ -120,7 +121,7 @@ class CollectionTransform:
         self.location = source_lake.location
         self.options = source_lake.options
         self.namespace = namespace
-        db, _, collection = namespace.partition(".")
+        db, collection = Namespace.parse(namespace)
         self.batches = batches
         self.committed: dict[str, int] = {}
         for batch in batches:

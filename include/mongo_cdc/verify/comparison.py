@@ -49,6 +49,7 @@ from mongo_cdc.lake.snapshot_log import Chunk
 from mongo_cdc.lake.storage import LakeLocation, table_if_exists
 from mongo_cdc.lake.table_reads import read_rows, scan_rows
 from mongo_cdc.lake.verification_log import RangeReport
+from mongo_cdc.namespace import Namespace
 from mongo_cdc.transform.raw_events import applied_batches, event_keys
 from mongo_cdc.verify.digest import Digests, cells_per_range, document_hashes, id_cells
 from mongo_cdc.verify.key_order import RangeFinder
@@ -83,8 +84,7 @@ class ShardScope:
     shard_id: str
 
     def owned(self, namespace: str) -> OwnedRanges | None:
-        db, _, name = namespace.partition(".")
-        return owned_ranges(self.cluster, self.shard_id, db, name)
+        return owned_ranges(self.cluster, self.shard_id, *Namespace.parse(namespace))
 
     def holds_unsharded(self, db: str) -> bool:
         """Whether this shard is the primary shard of ``db`` (without a ``config.databases`` entry:
@@ -109,7 +109,7 @@ class CollectionCheck:
     ):
         self.capture = capture
         self.namespace = namespace
-        db, _, name = namespace.partition(".")
+        db, name = Namespace.parse(namespace)
         self.collection = capture.client[db][name]
         self.fields = collection_field_rules(capture.config, db, name)
         source_lake = capture.lake
