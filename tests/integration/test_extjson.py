@@ -23,8 +23,9 @@ from deltalake import DeltaTable
 
 from mongo_cdc import extjson
 from mongo_cdc.capture import chunk_reads, snapshot
-from mongo_cdc.capture.events import SourceInfo, rows_to_table
 from mongo_cdc.capture.field_filters import FieldFilters
+from mongo_cdc.capture.raw_rows import SourceInfo
+from mongo_cdc.capture.raw_tables import rows_to_table
 from mongo_cdc.capture.replica_set import ReplicaSetCapture
 from mongo_cdc.capture.snapshot_columns import SnapshotColumns
 from mongo_cdc.config import SourceConfig

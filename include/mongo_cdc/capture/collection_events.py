@@ -34,19 +34,13 @@ from bson.codec_options import CodecOptions
 from pymongo import MongoClient
 
 from mongo_cdc.capture import chunk_reads
+from mongo_cdc.capture.change_cursor import bson_bytes
 from mongo_cdc.capture.chunk_reads import _elements, _int32
 from mongo_cdc.capture.chunking import ID_INDEX, _id_index_ordered
-from mongo_cdc.capture.events import (
-    RawRow,
-    SourceInfo,
-    bson_bytes,
-    event_position,
-    now_ms,
-    raw_documents,
-    raw_row,
-)
 from mongo_cdc.capture.field_filters import collection_field_rules
 from mongo_cdc.capture.offsets import Offset, OffsetKeeper
+from mongo_cdc.capture.raw_rows import RawRow, SourceInfo, event_position, now_ms, raw_row
+from mongo_cdc.capture.raw_tables import raw_documents
 from mongo_cdc.capture.snapshot_columns import SnapshotColumns
 from mongo_cdc.config import SourceConfig
 from mongo_cdc.lake import COLLECTION_KEY, RAW_SCHEMA, RENAMED_COPY_ORDER

@@ -40,11 +40,12 @@ from pymongo import MongoClient
 from pymongo.errors import OperationFailure
 
 from mongo_cdc.capture.capture_modes import captured_collection_options, require_images
+from mongo_cdc.capture.change_cursor import token_cluster_time
 from mongo_cdc.capture.chunk_reads import ChunkReads
 from mongo_cdc.capture.chunking import plan_chunks
-from mongo_cdc.capture.events import SourceInfo, token_cluster_time
 from mongo_cdc.capture.field_filters import collection_field_rules
 from mongo_cdc.capture.offsets import Offset, OffsetKeeper
+from mongo_cdc.capture.raw_rows import SourceInfo
 from mongo_cdc.capture.replica_set import ReplicaSetCapture
 from mongo_cdc.capture.snapshot_columns import SnapshotColumns
 from mongo_cdc.capture.streaming import CHANGE_STREAM_HISTORY_LOST

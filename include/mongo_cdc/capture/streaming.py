@@ -34,15 +34,8 @@ from pymongo import MongoClient
 from pymongo.errors import ConnectionFailure, CursorNotFound, OperationFailure, PyMongoError
 
 from mongo_cdc.capture.capture_modes import require_images, watch_options
+from mongo_cdc.capture.change_cursor import open_change_stream, token_cluster_time
 from mongo_cdc.capture.collection_events import collection_row, land_renamed_copy, rename_namespaces
-from mongo_cdc.capture.events import (
-    DATA_OPERATIONS,
-    SourceInfo,
-    change_rows,
-    open_change_stream,
-    raw_rows_table,
-    token_cluster_time,
-)
 from mongo_cdc.capture.field_filters import collection_field_rules
 from mongo_cdc.capture.garbage_collection import CyclicCollection
 from mongo_cdc.capture.heartbeats import Heartbeats
@@ -62,6 +55,8 @@ from mongo_cdc.capture.oversized_events import (
 )
 from mongo_cdc.capture.oversized_events import pipeline as oversize_pipeline
 from mongo_cdc.capture.pull_progress import PullProgress
+from mongo_cdc.capture.raw_rows import DATA_OPERATIONS, SourceInfo, raw_rows_of_change
+from mongo_cdc.capture.raw_tables import raw_rows_table
 from mongo_cdc.capture.read_ahead import ReadAhead
 from mongo_cdc.capture.replica_set import ReplicaSetCapture
 from mongo_cdc.capture.stream_filter import namespace_filter
@@ -486,7 +481,7 @@ def collect_change(
         return
     fields = collection_field_rules(config, db, collection)
     transaction = transactions.annotate(change)
-    rows = change_rows(change, source, config.tombstones_on_delete, fields, transaction)
+    rows = raw_rows_of_change(change, source, config.tombstones_on_delete, fields, transaction)
     batch.add(f"{db}.{collection}", op, rows)
 
 

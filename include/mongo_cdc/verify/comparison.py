@@ -39,8 +39,9 @@ from pymongo import MongoClient
 from mongo_cdc import lake
 from mongo_cdc.capture.chunk_reads import ChunkReads
 from mongo_cdc.capture.chunking import plan_chunks
-from mongo_cdc.capture.events import document_id, document_keys, keys_and_documents, raw_documents
+from mongo_cdc.capture.document_ids import document_id, document_keys
 from mongo_cdc.capture.field_filters import collection_field_rules
+from mongo_cdc.capture.raw_tables import keys_and_documents, raw_documents
 from mongo_cdc.capture.replica_set import ReplicaSetCapture
 from mongo_cdc.capture.topology import OwnedRanges, owned_ranges
 from mongo_cdc.lake.batch_log import Batch, BatchWindow

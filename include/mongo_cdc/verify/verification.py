@@ -40,18 +40,11 @@ from dataclasses import dataclass, field
 
 from mongo_cdc import extjson
 from mongo_cdc.capture.capture_modes import captured_collection_options
-from mongo_cdc.capture.events import (
-    RawRow,
-    SourceInfo,
-    keys_and_documents,
-    now_ms,
-    raw_documents,
-    raw_rows_table,
-    token_cluster_time,
-    tombstone_of,
-)
+from mongo_cdc.capture.change_cursor import token_cluster_time
 from mongo_cdc.capture.field_filters import collection_field_rules
 from mongo_cdc.capture.offsets import Offset
+from mongo_cdc.capture.raw_rows import RawRow, SourceInfo, now_ms, tombstone_of
+from mongo_cdc.capture.raw_tables import keys_and_documents, raw_documents, raw_rows_table
 from mongo_cdc.capture.replica_set import ReplicaSetCapture
 from mongo_cdc.capture.snapshot import current_position
 from mongo_cdc.capture.stream_filter import namespace_filter
