@@ -23,6 +23,7 @@ from airflow.sdk import Asset, AssetAlias
 
 from mongo_cdc import lake
 from mongo_cdc.config import SourceConfig
+from mongo_cdc.config.dag_ids import cdc_dag_id
 from mongo_cdc.lake.batch_log import Batch, last_batches
 from mongo_cdc.lake.landing import SourceLake
 from mongo_cdc.lake.storage import LakeLocation, row_count
@@ -57,7 +58,7 @@ class TableEvent(NamedTuple):
 
 def source_alias(config: SourceConfig) -> AssetAlias:
     """The alias the source's table events go through (a DAG may schedule on it: any of its tables)."""
-    return AssetAlias(f"mongo_cdc__{config.name}")
+    return AssetAlias(cdc_dag_id(config.name))
 
 
 def table_asset_uri(location: LakeLocation, zone: str, prefix: str, namespace: str) -> str:
