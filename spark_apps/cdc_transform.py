@@ -28,6 +28,7 @@ from pyspark import SparkConf, SparkContext
 
 from mongo_cdc.lake.errors import refuse_legacy_layout
 from mongo_cdc.lake.landing import SourceLake
+from mongo_cdc.lake.maintenance import MaintenanceSettings
 from mongo_cdc.lake.storage import LakeLocation
 from mongo_cdc.transform.driver import JobSummary, transform_collections
 from mongo_cdc.transform.flatten_options import FlatteningOptions
@@ -59,26 +60,11 @@ def _hours(text: str) -> tuple[str, ...]:
     return tuple(hours)
 
 
-def _maintenance(text: str) -> dict[str, int]:
+def _maintenance(text: str) -> MaintenanceSettings:
     try:
-        settings = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise argparse.ArgumentTypeError(f"not JSON ({error})") from None
-    keys = {"optimize_interval_hours", "retention_hours"}
-    if (
-        not isinstance(settings, dict)
-        or set(settings) - {"slot"} != keys
-        or not all(
-            isinstance(value, int) and not isinstance(value, bool) and value >= 0
-            for value in settings.values()
-        )
-        or settings.get("slot", 0) >= max(settings["optimize_interval_hours"], 1)
-    ):
-        raise argparse.ArgumentTypeError(
-            'expected {"optimize_interval_hours": <hours>, "retention_hours": <hours>} and optionally '
-            '"slot": <the share of the collections this run maintains, below optimize_interval_hours>'
-        )
-    return settings
+        return MaintenanceSettings.from_text(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

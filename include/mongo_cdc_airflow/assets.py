@@ -23,9 +23,11 @@ from airflow.sdk import Asset, AssetAlias
 
 from mongo_cdc import lake
 from mongo_cdc.config import SourceConfig
+from mongo_cdc.config.dag_ids import cdc_dag_id
 from mongo_cdc.lake.batch_log import Batch, last_batches
 from mongo_cdc.lake.landing import SourceLake
 from mongo_cdc.lake.storage import LakeLocation, row_count
+from mongo_cdc.namespace import Namespace
 from mongo_cdc.transform.applied_mark import TableFigures
 from mongo_cdc.transform.backlog import Backlog, collections_behind
 
@@ -56,7 +58,7 @@ class TableEvent(NamedTuple):
 
 def source_alias(config: SourceConfig) -> AssetAlias:
     """The alias the source's table events go through (a DAG may schedule on it: any of its tables)."""
-    return AssetAlias(f"mongo_cdc__{config.name}")
+    return AssetAlias(cdc_dag_id(config.name))
 
 
 def table_asset_uri(location: LakeLocation, zone: str, prefix: str, namespace: str) -> str:
@@ -67,8 +69,7 @@ def table_asset_uri(location: LakeLocation, zone: str, prefix: str, namespace: s
     escaped already, their ``!`` legal in a URI path), so the URI is already in the form Airflow
     normalises Asset URIs to.
     """
-    db, _, collection = namespace.partition(".")
-    uri = lake.table_uri(location, zone, prefix, db, collection)
+    uri = lake.table_uri(location, zone, prefix, *Namespace.parse(namespace))
     if location.is_local:
         return f"file://{quote(uri, safe=_URI_PATH_SAFE)}"
     scheme, _, rest = uri.partition("://")
@@ -160,7 +161,7 @@ def emit_table_events(
         new_events = sum(run_summary["events"].get(namespace, {}).values())
         backlog = backlogs.get(namespace, Backlog())
         for zone in zones:
-            uri = lake.table_uri(source_lake.location, zone, source_lake.prefix, *namespace.split(".", 1))
+            uri = lake.table_uri(source_lake.location, zone, source_lake.prefix, *Namespace.parse(namespace))
             table = tables.get((namespace, zone))
             version, rows = figures.get(namespace, {}).get(zone) or (
                 (None, 0) if table is None else (table.version(), row_count(table))

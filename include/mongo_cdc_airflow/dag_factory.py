@@ -26,12 +26,13 @@ from airflow.sdk import (
 from airflow.task.trigger_rule import TriggerRule
 
 from mongo_cdc.config import SourceConfig, SourceConfigError, load_sources
+from mongo_cdc.config.dag_ids import cdc_dag_id, topology_dag_id
 from mongo_cdc.config.dag_settings import DagSettings, resolve_callable
 from mongo_cdc_airflow import chunk_copy, settings, source_tasks, task_ids
 from mongo_cdc_airflow.assets import source_alias
 from mongo_cdc_airflow.params import resnapshot_params
 from mongo_cdc_airflow.runbook import cdc_doc, topology_doc
-from mongo_cdc_airflow.sensors import ShardsChangedSensor, cdc_dag_id
+from mongo_cdc_airflow.sensors import ShardsChangedSensor
 from mongo_cdc_airflow.shard_sync import ShardSync, sole_writer
 from mongo_cdc_airflow.spark_submit import transform_task
 
@@ -178,8 +179,8 @@ def build_topology_dag(config: SourceConfig, poke_interval_s: float = 180.0) -> 
     """A small DAG whose sensor triggers the CDC DAG when the cluster's shard list changes."""
 
     @dag(
-        dag_id=f"mongo_cdc_topology__{config.name}",
-        description=f"Triggers mongo_cdc__{config.name} when shards are added or removed",
+        dag_id=topology_dag_id(config.name),
+        description=f"Triggers {cdc_dag_id(config.name)} when shards are added or removed",
         schedule=CronTriggerTimetable("*/15 * * * *", timezone="UTC"),
         start_date=START_DATE,
         catchup=False,

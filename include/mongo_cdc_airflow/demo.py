@@ -21,10 +21,11 @@ import sys
 from collections import Counter
 from collections.abc import Iterator
 
+from mongo_cdc.config.dag_ids import cdc_dag_id
 from mongo_cdc_airflow import local_env
 
 DEMO_DIR = os.path.join(local_env.REPO_ROOT, ".local", "demo")
-DAG_ID = "mongo_cdc__inventory"
+DAG_ID = cdc_dag_id("inventory")
 LOG_TAIL_LINES = 60
 
 

@@ -30,12 +30,13 @@ from airflow.sdk.lineage import get_hook_lineage_collector
 from mongo_cdc import lake as layout
 from mongo_cdc.lake.landing import SourceLake
 from mongo_cdc.lake.storage import table_if_exists
+from mongo_cdc.namespace import Namespace
 from mongo_cdc_airflow.assets import table_asset_uri
 
 
 def collection_uri(host: str, namespace: str) -> str:
     """The Asset URI of a MongoDB collection (the mongo provider's form, port always given)."""
-    db, _, collection = namespace.partition(".")
+    db, collection = Namespace.parse(namespace)
     address = host if ":" in host.rsplit("]", 1)[-1] else f"{host}:27017"
     return f"mongodb://{address}/{quote(db, safe='')}/{quote(collection, safe='')}"
 
@@ -80,8 +81,8 @@ def transform_lineage(lake: SourceLake, namespaces: Iterable[str]) -> Any:
         translated = translate_airflow_asset(Asset(table_asset_uri(location, zone, prefix, namespace)), None)
         if zone != "state":
             return translated
-        db, _, collection = namespace.partition(".")
-        table = table_if_exists(layout.table_uri(location, zone, prefix, db, collection), lake.options)
+        table_uri = layout.table_uri(location, zone, prefix, *Namespace.parse(namespace))
+        table = table_if_exists(table_uri, lake.options)
         if table is None:
             return translated
         columns = pa.schema(table.schema().to_arrow())

@@ -16,6 +16,7 @@ from typing import Any
 from airflow.sdk import Param
 
 from mongo_cdc.capture.shard_lifecycle import ResnapshotRequest
+from mongo_cdc.namespace import Namespace
 from mongo_cdc_airflow.failures import fail_at_once
 
 
@@ -134,8 +135,8 @@ def _or_default(params: Mapping[str, Any], name: str, default: Any) -> Any:
 
 
 def _is_namespace(name: str) -> bool:
-    db, dot, collection = name.partition(".")
-    return bool(db and dot and collection)
+    namespace = Namespace.parse(name)
+    return bool(namespace.db and namespace.collection)
 
 
 def _fail(problems: list[str]) -> None:

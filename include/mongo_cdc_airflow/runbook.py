@@ -11,8 +11,8 @@ import json
 
 from mongo_cdc.capture.offsets import offset_key
 from mongo_cdc.config import SourceConfig
+from mongo_cdc.config.dag_ids import cdc_dag_id, topology_dag_id
 from mongo_cdc_airflow import task_ids
-from mongo_cdc_airflow.sensors import cdc_dag_id
 
 # (the start of a failure message, what to do), in the order an on-call meets them
 FAILURES = (
@@ -93,7 +93,7 @@ def cdc_doc(config: SourceConfig) -> str:
 
 Source file `{config.path}`; lake `{config.lake_root}` (topic prefix `{config.topic_prefix}`).
 Runs on `{config.dag.schedule}` (UTC, the source file's `dag.schedule`); one run at a time. This
-DAG's pause switch is the source's: its shard watch `mongo_cdc_topology__{config.name}` follows it
+DAG's pause switch is the source's: its shard watch `{topology_dag_id(config.name)}` follows it
 (skipped while this DAG is paused).
 
 ## Tasks
@@ -169,7 +169,7 @@ oplog window), docs/reading.md (tables, Assets), docs/deploying.md.
 
 
 def topology_doc(config: SourceConfig) -> str:
-    cdc = f"mongo_cdc__{config.name}"
+    cdc = cdc_dag_id(config.name)
     return f"""\
 # Shard watch of `{config.name}`
 

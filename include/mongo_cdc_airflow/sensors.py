@@ -22,14 +22,11 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from mongo_cdc.capture.topology import Shard, discover_shards, topology_changed
 from mongo_cdc.config import SourceConfig
+from mongo_cdc.config.dag_ids import cdc_dag_id
 from mongo_cdc_airflow.hooks import MongoCdcHook
 from mongo_cdc_airflow.variables import stored_topology, topology_variable
 
 log = logging.getLogger(__name__)
-
-
-def cdc_dag_id(source: str) -> str:
-    return f"mongo_cdc__{source}"
 
 
 def reason_not_to_watch(source: str, cdc_paused: bool, stored: list[Shard]) -> str | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+from dataclasses import replace
 
 import pendulum
 from airflow.sdk import get_current_context
@@ -16,6 +17,7 @@ from mongo_cdc.capture.shard_lifecycle import still_draining
 from mongo_cdc.capture.topology import Shard, discover_shards, reconcile
 from mongo_cdc.config import SourceConfig
 from mongo_cdc.lake.errors import LegacyLakeError, refuse_legacy_layout
+from mongo_cdc.lake.maintenance import MaintenanceSettings
 from mongo_cdc.transform.applied_mark import read_mark
 from mongo_cdc.transform.backlog import Backlog, behind_text, collections_behind, source_backlogs
 from mongo_cdc.transform.work import plan_work
@@ -144,7 +146,7 @@ def plan_transform(config: SourceConfig) -> list[str]:
 
 def maintenance_settings(
     config: SourceConfig, interval_start: dt.datetime | None, interval_end: dt.datetime | None
-) -> dict[str, int] | None:
+) -> MaintenanceSettings | None:
     """The ``--maintain`` settings of every scheduled run, for one share of the collections: the run
     whose interval starts at UTC hour H since the epoch maintains ``slot`` H mod
     ``lake.optimize.interval.hours`` (``lake.maintenance.maintained``), so each table is compacted and
@@ -155,15 +157,15 @@ def maintenance_settings(
     every = config.lake_optimize_interval_hours
     if not every or interval_start is None or interval_end is None:
         return None
-    settings = {"optimize_interval_hours": every, "retention_hours": config.lake_retention_hours}
+    settings = MaintenanceSettings(every, config.lake_retention_hours)
     if interval_end - interval_start > dt.timedelta(hours=1):
         return settings
-    return {**settings, "slot": int(interval_start.timestamp() // 3600) % every}
+    return replace(settings, slot=int(interval_start.timestamp() // 3600) % every)
 
 
-def maintenance_arguments(settings: dict[str, int] | None) -> list[str]:
+def maintenance_arguments(settings: MaintenanceSettings | None) -> list[str]:
     """The job's ``--maintain`` argument for ``maintenance_settings``' answer, if any."""
-    return [] if settings is None else ["--maintain", json.dumps(settings, sort_keys=True)]
+    return [] if settings is None else ["--maintain", settings.to_text()]
 
 
 def summary(config: SourceConfig) -> dict:

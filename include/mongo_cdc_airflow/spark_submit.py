@@ -31,6 +31,7 @@ from airflow.sdk import Connection
 
 import mongo_cdc
 from mongo_cdc.config import SourceConfig
+from mongo_cdc.config.dag_ids import cdc_dag_id
 from mongo_cdc.lake.storage import STORAGE_OPTIONS_ENV
 from mongo_cdc_airflow import task_ids
 from mongo_cdc_airflow.lake_storage import lake_location, source_lake
@@ -221,6 +222,6 @@ def transform_task(config: SourceConfig, application: str, application_args: Any
         application=application,
         conn_id=config.spark_conn_id,
         application_args=application_args,
-        name=f"mongo_cdc__{config.name}",
+        name=cdc_dag_id(config.name),
         config=config,
     )

@@ -12,7 +12,7 @@ import pytest
 from bson_by_hand import CASES, INVALID_UTF8_CASES, RAW, bson_of_extjson, document, documents, embedded, raw
 
 from mongo_cdc import extjson
-from mongo_cdc.capture.events import document_id
+from mongo_cdc.capture.document_ids import document_id
 from mongo_cdc.lake import table_uri
 from mongo_cdc.lake.storage import table_if_exists
 from mongo_cdc.transform.state_commit import STATE_METADATA_COLUMNS

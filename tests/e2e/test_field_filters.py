@@ -12,12 +12,13 @@ import yaml
 from bson import json_util
 from bson_by_hand import DBPOINTER, SYMBOL, UNDEFINED, array, document, embedded
 
-from mongo_cdc.capture.field_filters import FieldFilters, FieldRenameConflict, parse_rules
+from mongo_cdc.capture.field_filters import FieldFilters, FieldRenameConflict, collection_field_rules
 from mongo_cdc.capture.replica_set import ReplicaSetCapture
 from mongo_cdc.capture.snapshot import run_snapshot
 from mongo_cdc.capture.streaming import pull_changes
 from mongo_cdc.capture.topology import make_client
 from mongo_cdc.config import SourceConfigError, load_source
+from mongo_cdc.config.field_rules import parse_rules
 from mongo_cdc.lake.landing import SourceLake
 from mongo_cdc.lake.storage import LakeLocation
 from mongo_cdc.transform import column_types
@@ -195,9 +196,7 @@ def test_malformed_entries_are_refused_naming_key_entry_and_format(tmp_path, con
 
 def test_nested_id_fields_are_ordinary_fields(tmp_path):
     config = load_source(write(tmp_path, {"field.renames": "shop.orders.ref._id:refId"}))
-    assert rewritten(
-        config.field_filters.for_collection("shop", "orders"), {"_id": 1, "ref": {"_id": 2}}
-    ) == {
+    assert rewritten(collection_field_rules(config, "shop", "orders"), {"_id": 1, "ref": {"_id": 2}}) == {
         "_id": 1,
         "ref": {"refId": 2},
     }

@@ -17,7 +17,7 @@ import pytest
 from airflow.models import Variable
 from conftest import make_source
 
-from mongo_cdc.capture.events import token_cluster_time
+from mongo_cdc.capture.change_cursor import token_cluster_time
 from mongo_cdc.capture.offsets import offset_key
 from mongo_cdc.capture.oplog_window import OplogHeadroomError, OplogWindow, measure
 from mongo_cdc.capture.replica_set import ReplicaSetCapture

@@ -17,7 +17,7 @@ from conftest import make_source
 from datagen import FALLBACK_FIELDS, load
 
 from mongo_cdc import extjson
-from mongo_cdc.capture.events import token_cluster_time
+from mongo_cdc.capture.change_cursor import token_cluster_time
 from mongo_cdc.capture.offsets import Offset, offset_key, parse_offset
 from mongo_cdc.capture.snapshot import current_position
 from mongo_cdc.lake.batch_log import Batch

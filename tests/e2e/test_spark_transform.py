@@ -31,7 +31,7 @@ from cdc_support import SPARK_APP
 from deltalake import DeltaTable
 
 from mongo_cdc import extjson, lake
-from mongo_cdc.capture.events import rows_to_table
+from mongo_cdc.capture.raw_tables import rows_to_table
 from mongo_cdc.lake.batch_log import Batch
 from mongo_cdc.lake.landing import SourceLake
 from mongo_cdc.lake.storage import LakeLocation

@@ -23,11 +23,13 @@ from deltalake import DeltaTable
 
 from mongo_cdc import extjson
 from mongo_cdc.capture import chunk_reads, snapshot
-from mongo_cdc.capture.events import SourceInfo, rows_to_table
-from mongo_cdc.capture.field_filters import FieldFilters, parse_rules
+from mongo_cdc.capture.field_filters import FieldFilters
+from mongo_cdc.capture.raw_rows import SourceInfo
+from mongo_cdc.capture.raw_tables import rows_to_table
 from mongo_cdc.capture.replica_set import ReplicaSetCapture
 from mongo_cdc.capture.snapshot_columns import SnapshotColumns
 from mongo_cdc.config import SourceConfig
+from mongo_cdc.config.field_rules import parse_rules
 from mongo_cdc.lake import RAW_SCHEMA
 from mongo_cdc.lake.landing import SourceLake
 from mongo_cdc.lake.storage import table_if_exists

@@ -32,7 +32,7 @@ from pymongo import MongoClient
 from pymongo.client_session import ClientSession
 
 from mongo_cdc import extjson
-from mongo_cdc.capture.events import token_cluster_time
+from mongo_cdc.capture.change_cursor import token_cluster_time
 from mongo_cdc.capture.replica_set import ReplicaSetCapture
 from mongo_cdc.capture.snapshot import run_snapshot
 from mongo_cdc.capture.streaming import pull_changes

@@ -4,6 +4,7 @@ a mark that says more than the tables do is how a test tells a read table from o
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import logging
 import zlib
@@ -176,7 +177,7 @@ def test_the_mark_is_not_trusted_where_it_may_be_wrong(tmp_path, caplog):
     assert sorted(source_work(source_lake, batches, DEFAULTS, ("2024-05-01T13",))) == [ORDERS, USERS]
     assert sorted(source_work(source_lake, batches, DEFAULTS, maintenance=EVERY_TABLE)) == [ORDERS, USERS]
     # a scheduled run maintains one share of the collections: only those are read besides the mark's
-    share = {**EVERY_TABLE, "slot": zlib.crc32(USERS.encode()) % 24}
+    share = dataclasses.replace(EVERY_TABLE, slot=zlib.crc32(USERS.encode()) % 24)
     assert not maintained(share, ORDERS)  # the test's two collections fall in different shares
     assert {
         ns: w.reasons for ns, w in source_work(source_lake, batches, DEFAULTS, maintenance=share).items()

@@ -10,6 +10,7 @@ from deltalake import CommitProperties, Transaction, write_deltalake
 from mongo_cdc import lake
 from mongo_cdc.lake.batch_log import Batch
 from mongo_cdc.lake.landing import SourceLake
+from mongo_cdc.lake.maintenance import MaintenanceSettings
 from mongo_cdc.lake.storage import LakeLocation
 from mongo_cdc.transform.backlog import (
     Backlog,
@@ -23,7 +24,8 @@ from mongo_cdc.transform.raw_events import applied_app_id
 from mongo_cdc.transform.work import source_work
 
 ORDERS, USERS, EMPTY = "shop.orders", "shop.users", "shop.empty"
-EVERY_TABLE = {"optimize_interval_hours": 24, "retention_hours": 168}  # --maintain without a slot
+# --maintain without a slot
+EVERY_TABLE = MaintenanceSettings(optimize_interval_hours=24, retention_hours=168)
 
 
 def commit(source_lake: SourceLake, rs: str, seq: int, namespaces: tuple[str, ...], **manifest) -> None:

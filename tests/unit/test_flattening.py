@@ -15,7 +15,7 @@ from bson.datetime_ms import DatetimeMS
 from cdc_support import spark_job
 
 from mongo_cdc import extjson, lake
-from mongo_cdc.capture.events import rows_to_table
+from mongo_cdc.capture.raw_tables import rows_to_table
 from mongo_cdc.config import SourceConfigError, load_source
 from mongo_cdc.transform.arrow_columns import arrow_type
 from mongo_cdc.transform.column_survey import type_of

@@ -11,7 +11,7 @@ import pytest
 
 from mongo_cdc import extjson, lake
 from mongo_cdc.capture.collection_events import COLLECTION_KEY
-from mongo_cdc.capture.events import rows_to_table
+from mongo_cdc.capture.raw_tables import rows_to_table
 from mongo_cdc.lake.batch_log import BatchWindow
 from mongo_cdc.lake.storage import LakeLocation
 from mongo_cdc.transform import keys

@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 
-from mongo_cdc.capture.events import rows_to_table
+from mongo_cdc.capture.raw_tables import rows_to_table
 from mongo_cdc.lake import RAW_SCHEMA
 from mongo_cdc.lake.landing import SourceLake
 from mongo_cdc.lake.storage import LakeLocation

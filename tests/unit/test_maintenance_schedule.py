@@ -11,7 +11,7 @@ import pytest
 from cdc_support import spark_job
 
 from mongo_cdc.config import SourceConfig
-from mongo_cdc.lake.maintenance import maintained, maintains_source
+from mongo_cdc.lake.maintenance import MaintenanceSettings, maintained, maintains_source
 from mongo_cdc_airflow.source_tasks import maintenance_arguments, maintenance_settings
 
 CONFIG = SourceConfig(name="s", path="s.yaml", topic_prefix="s", lake_root="/lake")
@@ -19,7 +19,7 @@ MIDNIGHT = dt.datetime(2026, 1, 2, tzinfo=dt.timezone.utc)
 HOUR = dt.timedelta(hours=1)
 
 
-def hourly_run(config: SourceConfig, start: dt.datetime | None) -> dict | None:
+def hourly_run(config: SourceConfig, start: dt.datetime | None) -> MaintenanceSettings | None:
     """The maintenance settings of an hourly run whose data interval starts at ``start``."""
     return maintenance_settings(config, start, None if start is None else start + HOUR)
 
@@ -32,7 +32,7 @@ def test_each_scheduled_run_maintains_its_share_and_each_collection_is_maintaine
     namespaces = [f"db.c{index:04d}" for index in range(1_000)]
     maintained_by = {namespace: [] for namespace in namespaces}
     for hour in range(24):
-        settings = json.loads(
+        settings = MaintenanceSettings.from_text(
             maintenance_arguments(hourly_run(CONFIG, MIDNIGHT + dt.timedelta(hours=hour)))[1]
         )
         assert maintains_source(settings) == (hour == 0)  # the leftovers' listing once a day
@@ -50,7 +50,7 @@ def test_each_scheduled_run_maintains_its_share_and_each_collection_is_maintaine
 
 
 def test_settings_without_a_slot_maintain_every_collection_and_the_source():
-    settings = {"optimize_interval_hours": 24, "retention_hours": 168}
+    settings = MaintenanceSettings(optimize_interval_hours=24, retention_hours=168)
     assert all(maintained(settings, f"db.c{index}") for index in range(100)) and maintains_source(settings)
 
 
@@ -66,8 +66,8 @@ def test_manual_runs_without_an_interval_and_a_zero_interval_never_maintain():
 
 def test_the_job_reads_back_the_settings_and_refuses_a_slot_outside_the_interval(tmp_path, capsys):
     base = ["--lake-root", str(tmp_path), "--topic-prefix", "s"]
-    arguments = maintenance_arguments(hourly_run(CONFIG, MIDNIGHT + dt.timedelta(hours=5)))
-    assert spark_job().parse_args([*base, *arguments]).maintain == json.loads(arguments[1])
+    settings = hourly_run(CONFIG, MIDNIGHT + dt.timedelta(hours=5))
+    assert spark_job().parse_args([*base, *maintenance_arguments(settings)]).maintain == settings
     for bad in ({"optimize_interval_hours": 24, "retention_hours": 1, "slot": 24}, {"slot": 1}):
         with pytest.raises(SystemExit):
             spark_job().parse_args([*base, "--maintain", json.dumps(bad)])
@@ -77,5 +77,5 @@ def test_the_job_reads_back_the_settings_and_refuses_a_slot_outside_the_interval
 def test_a_run_of_a_schedule_slower_than_hourly_maintains_every_collection_that_is_due():
     """A daily run's interval holds every hour's share: it has no slot, so no share is left out."""
     settings = maintenance_settings(CONFIG, MIDNIGHT, MIDNIGHT + dt.timedelta(days=1))
-    assert settings == {"optimize_interval_hours": 24, "retention_hours": 168}
+    assert settings == MaintenanceSettings(optimize_interval_hours=24, retention_hours=168)
     assert all(maintained(settings, f"db.c{index}") for index in range(100)) and maintains_source(settings)

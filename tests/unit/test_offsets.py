@@ -11,7 +11,6 @@ import pytest
 from airflow_ui import JS_SAFE_INTEGER, as_the_rest_api_shows, as_the_ui_saves
 from deltalake import DeltaTable
 
-from mongo_cdc.capture.events import rows_to_table
 from mongo_cdc.capture.offsets import (
     MemoryOffsetStore,
     Offset,
@@ -20,6 +19,7 @@ from mongo_cdc.capture.offsets import (
     WriterConflict,
     parse_offset,
 )
+from mongo_cdc.capture.raw_tables import rows_to_table
 from mongo_cdc.lake.batch_log import Batch
 from mongo_cdc.lake.landing import SourceLake
 from mongo_cdc.lake.snapshot_log import SnapshotPlan

@@ -1,4 +1,4 @@
-"""``events.raw_documents``: a raw batch cut into its documents exactly, in bulk where every document
+"""``raw_tables.raw_documents``: a raw batch cut into its documents exactly, in bulk where every document
 starts with its ``_id`` and holds no other ``_id`` field, one by one otherwise."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from bson.errors import InvalidBSON
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mongo_cdc.capture.events import _leading_id_starts, raw_documents
+from mongo_cdc.capture.raw_tables import _leading_id_starts, raw_documents
 
 ids = st.one_of(st.integers(-(2**31), 2**31 - 1), st.text(max_size=5), st.builds(ObjectId))
 values = st.one_of(st.integers(0, 9), st.sampled_from(["_id", "x"]), st.builds(dict, _id=ids))

@@ -18,7 +18,7 @@ from deltalake import write_deltalake
 
 from mongo_cdc import extjson, lake
 from mongo_cdc.bson_elements import DamagedBson
-from mongo_cdc.capture.events import rows_to_table
+from mongo_cdc.capture.raw_tables import rows_to_table
 from mongo_cdc.lake import SnapshotManifest
 from mongo_cdc.lake.batch_log import BATCH_LOG_SCHEMA, Batch, BatchWindow
 from mongo_cdc.lake.landing import SourceLake

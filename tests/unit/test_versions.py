@@ -9,7 +9,7 @@ import pyarrow.compute as pc
 from bson import Int64, ObjectId
 
 from mongo_cdc import extjson, lake
-from mongo_cdc.capture.events import rows_to_table
+from mongo_cdc.capture.raw_tables import rows_to_table
 from mongo_cdc.lake import SnapshotManifest
 from mongo_cdc.transform.document_state import DocumentVersion
 from mongo_cdc.transform.keys import document_key

@@ -9,8 +9,10 @@
   stream returns), ``oplog_window`` (a resume position the oplog no longer holds),
   ``heartbeats``, ``collection_events`` (drops and renames), ``transactions`` (BEGIN/END
   records), ``oversized_events`` (events over 16 MB), ``backfill`` (history from the oplog).
-* Events: ``events`` (a change-stream event or a snapshot read as a raw row),
-  ``capture_modes`` (what a stream is asked for), ``field_filters`` (fields excluded or renamed).
+* Events: ``change_cursor`` (a change stream read raw), ``raw_rows`` (a change-stream event or a
+  snapshot read as a raw row), ``raw_tables`` (raw rows and documents as Arrow), ``document_ids``
+  (a document's ``_id`` read from its own element), ``capture_modes`` (what a stream is asked
+  for), ``field_filters`` (fields excluded or renamed).
 * ``offsets``: per-replica-set resume positions and committed batch numbers.
 
 Capture imports the lake and the config; the lake never imports capture.

@@ -26,16 +26,11 @@ from typing import Any
 from bson.timestamp import Timestamp
 from pymongo import MongoClient
 
-from mongo_cdc.capture.events import (
-    SourceInfo,
-    event_fields,
-    open_change_stream,
-    plain_token,
-    raw_rows_table,
-    token_cluster_time,
-)
+from mongo_cdc.capture.change_cursor import event_fields, open_change_stream, plain_token, token_cluster_time
 from mongo_cdc.capture.micro_batch import MicroBatch
 from mongo_cdc.capture.offsets import Offset
+from mongo_cdc.capture.raw_rows import SourceInfo
+from mongo_cdc.capture.raw_tables import raw_rows_table
 from mongo_cdc.capture.replica_set import ReplicaSetCapture
 from mongo_cdc.capture.streaming import collect_change, stream_options
 from mongo_cdc.capture.transactions import TransactionTracker

@@ -25,6 +25,7 @@ from pymongo.cursor import RawBatchCursor
 from mongo_cdc.capture.chunking import max_key_filter
 from mongo_cdc.config import SourceConfig
 from mongo_cdc.lake.snapshot_log import Chunk
+from mongo_cdc.namespace import Namespace
 
 # Without ``snapshot.fetch.size``, a range chunk is read in about this many batches (of at least
 # MIN_CHUNK_FETCH_SIZE documents): ``_fetch_size``.
@@ -177,7 +178,7 @@ class ChunkReads:
         self._reading: _Read | None = None
 
     def _start(self, chunk: Chunk) -> _Read:
-        db, _, name = chunk.namespace.partition(".")
+        db, name = Namespace.parse(chunk.namespace)
         batches = _raw_batches(self.client[db].get_collection(name), _fetch_size(self.config, chunk), chunk)
         return _Read(chunk, batches, self._fetcher.submit(next, batches, None))
 

@@ -34,18 +34,13 @@ from bson.codec_options import CodecOptions
 from pymongo import MongoClient
 
 from mongo_cdc.capture import chunk_reads
+from mongo_cdc.capture.change_cursor import bson_bytes
 from mongo_cdc.capture.chunk_reads import _elements, _int32
 from mongo_cdc.capture.chunking import ID_INDEX, _id_index_ordered
-from mongo_cdc.capture.events import (
-    RawRow,
-    SourceInfo,
-    bson_bytes,
-    event_position,
-    now_ms,
-    raw_documents,
-    raw_row,
-)
+from mongo_cdc.capture.field_filters import collection_field_rules
 from mongo_cdc.capture.offsets import Offset, OffsetKeeper
+from mongo_cdc.capture.raw_rows import RawRow, SourceInfo, event_position, now_ms, raw_row
+from mongo_cdc.capture.raw_tables import raw_documents
 from mongo_cdc.capture.snapshot_columns import SnapshotColumns
 from mongo_cdc.config import SourceConfig
 from mongo_cdc.lake import COLLECTION_KEY, RAW_SCHEMA, RENAMED_COPY_ORDER
@@ -96,7 +91,7 @@ def land_renamed_copy(
     if progress is not None and progress["rename"] == rename:
         reached = bytes.fromhex(progress["after"])  # a pull before this one copied up to here
     block = source.block(db, name, cluster_time, source_ts_ms, snapshot=True)
-    fields = config.field_filters.for_collection(db, name)
+    fields = collection_field_rules(config, db, name)
     chunk = Chunk(f"{db}.{name}", 0, 1, ID_INDEX if ordered else None, reached)
     kept: list[pa.RecordBatch] = []
     landed = 0

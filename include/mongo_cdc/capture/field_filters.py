@@ -1,8 +1,7 @@
 """Debezium's ``field.exclude.list`` and ``field.renames``: rewriting documents before they land.
 
-An entry names ``<db>.<collection>.<field>[.<nested>...]``; ``*`` in the database or collection
-part matches any characters (so a collection whose name holds a dot is reachable only through a
-wildcard, as in Debezium). A field path reaches into embedded documents and into every
+An entry names ``<db>.<collection>.<field>[.<nested>...]`` (``config.field_rules`` parses the
+entries; this module applies them). A field path reaches into embedded documents and into every
 sub-document of an array on its way (``orders.items.sku`` is each item's ``sku``). Excluded fields
 go first, then the renames apply one after the other, each to the result of the previous one.
 
@@ -21,73 +20,19 @@ snapshot's hot path keeps its per-document cost when nothing applies.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
-from dataclasses import dataclass
-from functools import cached_property
-from typing import Any
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any
 
 from mongo_cdc.bson_elements import DOCUMENT, Container
+from mongo_cdc.config.field_rules import RENAMES_KEY, FieldRule
 
-EXCLUDE_KEY = "field.exclude.list"
-RENAMES_KEY = "field.renames"
-_EXCLUDE_FORMAT = "<database>.<collection>.<field>[.<nested field>...]"
-_RENAME_FORMAT = f"{_EXCLUDE_FORMAT}:<new name>"
+if TYPE_CHECKING:
+    from mongo_cdc.config import SourceConfig
 
 
 class FieldRenameConflict(ValueError):
     """A rename would overwrite a field the document already has; Debezium refuses it too."""
-
-
-@dataclass(frozen=True)
-class FieldRule:
-    """One entry: ``new_name`` None excludes the field at ``path``, otherwise renames its last part."""
-
-    entry: str
-    namespace: re.Pattern
-    path: tuple[str, ...]
-    new_name: str | None = None
-
-    @cached_property
-    def names(self) -> tuple[bytes, ...]:
-        """``path`` as BSON holds field names (UTF-8)."""
-        return tuple(part.encode() for part in self.path)
-
-    @cached_property
-    def encoded_new_name(self) -> bytes | None:
-        return self.new_name.encode() if self.new_name is not None else None
-
-
-def parse_rules(key: str, value: Any) -> tuple[FieldRule, ...]:
-    """The entries of ``field.exclude.list`` or ``field.renames`` (a list or a comma-separated string).
-
-    ValueError naming the key, the entry and the expected format for a malformed entry.
-    """
-    renames = key == RENAMES_KEY
-    expected = _RENAME_FORMAT if renames else _EXCLUDE_FORMAT
-    if isinstance(value, str):
-        entries = [item.strip() for item in value.split(",") if item.strip()]
-    elif isinstance(value, list) and all(isinstance(item, str) for item in value):
-        entries = [item.strip() for item in value]
-    else:
-        raise ValueError(f"key '{key}' must be a list or a comma-separated string of {expected}")
-    rules = []
-    for entry in entries:
-        name, separator, new_name = entry.partition(":") if renames else (entry, "", "")
-        parts = name.split(".")
-        if (
-            len(parts) < 3
-            or not all(parts)
-            or (renames and (not separator or not new_name or "." in new_name or ":" in new_name))
-        ):
-            raise ValueError(f"key '{key}' has {entry!r}; expected {expected}")
-        if parts[2] == "_id":
-            raise ValueError(
-                f"key '{key}' has {entry!r}: the document key '_id' cannot be excluded or renamed"
-            )
-        namespace = re.compile(".*".join(re.escape(piece) for piece in f"{parts[0]}.{parts[1]}".split("*")))
-        rules.append(FieldRule(entry, namespace, tuple(parts[2:]), new_name if renames else None))
-    return tuple(rules)
 
 
 class FieldFilters:
@@ -107,6 +52,17 @@ class FieldFilters:
             found = CollectionFieldRules(namespace, rules) if rules else None
             self._by_namespace[namespace] = found
             return found
+
+
+def collection_field_rules(config: SourceConfig, db: str, collection: str) -> CollectionFieldRules | None:
+    """The source's rules (``field.exclude.list``, then ``field.renames``) that apply to the collection."""
+    return _field_filters(config.field_exclude + config.field_renames).for_collection(db, collection)
+
+
+@lru_cache(maxsize=64)
+def _field_filters(rules: tuple[FieldRule, ...]) -> FieldFilters:
+    """One ``FieldFilters`` per rule set, so its per-collection lookups are kept across calls."""
+    return FieldFilters(rules)
 
 
 class CollectionFieldRules:

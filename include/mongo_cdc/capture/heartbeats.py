@@ -22,8 +22,8 @@ import pyarrow.compute as pc
 from deltalake import write_deltalake
 
 from mongo_cdc import extjson
-from mongo_cdc.capture.events import now_ms
 from mongo_cdc.capture.offsets import Offset
+from mongo_cdc.capture.raw_rows import now_ms
 from mongo_cdc.config import SourceConfig
 from mongo_cdc.lake import HEARTBEAT_DIR, hour_partition, pack_cluster_time
 from mongo_cdc.lake.landing import SourceLake

@@ -7,7 +7,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from mongo_cdc.capture.events import RawRow
+from mongo_cdc.capture.raw_rows import RawRow
 
 
 @dataclass

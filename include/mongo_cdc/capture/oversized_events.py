@@ -21,7 +21,8 @@ from typing import Any
 
 from pymongo import MongoClient
 
-OVERSIZE_MODES = ("fail", "skip", "split")
+from mongo_cdc.config.oversize_mode_table import OVERSIZE_MODES
+
 BSON_OBJECT_TOO_LARGE = 10334
 MAX_EVENT_BYTES = 16 * 1024 * 1024
 # room for what an event holds besides its documents: token, namespace, key, times, lsid...
@@ -43,9 +44,10 @@ def skip_limit(threshold: int) -> int:
 
 def pipeline(mode: str, threshold: int) -> list[dict[str, Any]]:
     """Change-stream pipeline stages for a mode (the resume token ``_id`` is never touched)."""
-    if mode == "split":
+    handling = OVERSIZE_MODES[mode]
+    if handling.splits:
         return [{"$changeStreamSplitLargeEvent": {}}]
-    if mode != "skip":
+    if not handling.skips:
         return []
     size = {"$add": [{"$ifNull": [{"$bsonSize": part}, 0]} for part in _LARGE_PARTS]}
     marker = {name: f"${name}" for name in _KEPT_FIELDS}

@@ -14,7 +14,7 @@ import time
 from collections import Counter
 from typing import TYPE_CHECKING
 
-from mongo_cdc.capture.events import token_cluster_time
+from mongo_cdc.capture.change_cursor import token_cluster_time
 
 if TYPE_CHECKING:
     from mongo_cdc.capture.micro_batch import PullResult

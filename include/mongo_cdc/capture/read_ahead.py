@@ -6,13 +6,13 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from mongo_cdc.capture.events import event_fields, plain_token, token_cluster_time
+from mongo_cdc.capture.change_cursor import event_fields, plain_token, token_cluster_time
 
 
 def read_events(stream: Any, limit: int) -> tuple[list[dict], dict | None]:
-    """The next events of ``stream`` (read raw: ``events.open_change_stream``) as
-    ``events.event_fields``, up to ``limit`` (a getMore's worth: the stream's batch size), and, when
-    the stream ran out of events, its resume token then (its post-batch token).
+    """The next events of ``stream`` (read raw: ``change_cursor.open_change_stream``) as
+    ``change_cursor.event_fields``, up to ``limit`` (a getMore's worth: the stream's batch size),
+    and, when the stream ran out of events, its resume token then (its post-batch token).
 
     The pull's per-read work (progress, the primary check) is done once per call, not per event.
     """

@@ -27,11 +27,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from mongo_cdc.capture.offsets import Offset
-
-# snapshot.mode values that copy a shard without a completed snapshot; ``always`` copies every run
-SNAPSHOT_WHEN_MISSING = ("initial", "when_needed", "initial_only")
-# ...and those that copy the collections the filters newly capture, while streaming the others
-SNAPSHOT_NEW_COLLECTIONS = ("initial", "when_needed")
+from mongo_cdc.config.snapshot_mode_table import SNAPSHOT_MODES
 
 
 @dataclass(frozen=True)
@@ -88,7 +84,8 @@ def plan_shard(
     position has left the oplog; it is called only when the answer matters (``when_needed``).
     ``newly_captured`` lists the collections a streaming offset's capture filter did not match
     (``snapshot.newly_captured``); it is called only for such an offset."""
-    stream = snapshot_mode != "initial_only"
+    mode = SNAPSHOT_MODES[snapshot_mode]
+    stream = mode.streams
     if retiring:
         # nothing to copy from a shard that left: its documents moved to the others
         why = "it left the cluster: draining its stream, then retiring its offset"
@@ -100,9 +97,9 @@ def plan_shard(
     def copy(collections: tuple[str, ...], reason: str) -> ShardPlan:
         return ShardPlan(collections, False, stream, False, fresh, reason)
 
-    if snapshot_mode == "always":
-        return copy((), "snapshot.mode is always")
-    if (offset is None or not offset.snapshot_complete) and snapshot_mode in SNAPSHOT_WHEN_MISSING:
+    if mode.every_run:
+        return copy((), f"snapshot.mode is {snapshot_mode}")
+    if (offset is None or not offset.snapshot_complete) and mode.when_missing:
         unfinished = offset is not None and offset.snapshot.get("status") == "running"
         if unfinished and offset.snapshot.get("collections"):
             collections = tuple(offset.snapshot["collections"])
@@ -111,18 +108,19 @@ def plan_shard(
             return copy((), "its snapshot is unfinished: resuming it where it stopped")
         return copy((), "back after being retired: starting afresh" if fresh else "no completed snapshot")
     streaming = offset is not None and offset.resume_token is not None
-    new = newly_captured(offset) if streaming and stream and snapshot_mode in SNAPSHOT_NEW_COLLECTIONS else ()
+    new = newly_captured(offset) if streaming and stream and mode.new_collections else ()
     if resnapshot is not None and resnapshot.covers(shard_id):
         # collections newly captured are copied with the requested ones
         collections = tuple(sorted(set(resnapshot.collections) | set(new))) if resnapshot.collections else ()
         return copy(collections, "re-snapshot requested by the trigger")
     if (
-        snapshot_mode == "when_needed"
+        mode.when_position_lost
         and offset is not None
         and offset.resume_token is not None
         and position_lost(offset)
     ):
-        return copy((), "its stored resume position is no longer in the oplog (snapshot.mode when_needed)")
+        lost = f"its stored resume position is no longer in the oplog (snapshot.mode {snapshot_mode})"
+        return copy((), lost)
     if new:
         return copy(
             new, f"the capture filters newly match {', '.join(new)}: copying them, streaming the rest"

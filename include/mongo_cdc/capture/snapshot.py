@@ -40,10 +40,12 @@ from pymongo import MongoClient
 from pymongo.errors import OperationFailure
 
 from mongo_cdc.capture.capture_modes import captured_collection_options, require_images
+from mongo_cdc.capture.change_cursor import token_cluster_time
 from mongo_cdc.capture.chunk_reads import ChunkReads
 from mongo_cdc.capture.chunking import plan_chunks
-from mongo_cdc.capture.events import SourceInfo, token_cluster_time
+from mongo_cdc.capture.field_filters import collection_field_rules
 from mongo_cdc.capture.offsets import Offset, OffsetKeeper
+from mongo_cdc.capture.raw_rows import SourceInfo
 from mongo_cdc.capture.replica_set import ReplicaSetCapture
 from mongo_cdc.capture.snapshot_columns import SnapshotColumns
 from mongo_cdc.capture.streaming import CHANGE_STREAM_HISTORY_LOST
@@ -53,6 +55,7 @@ from mongo_cdc.lake import RAW_SCHEMA
 from mongo_cdc.lake.batch_log import Batch
 from mongo_cdc.lake.landing import SourceLake
 from mongo_cdc.lake.snapshot_log import Chunk, SnapshotPlan
+from mongo_cdc.namespace import Namespace
 
 log = logging.getLogger(__name__)
 
@@ -197,10 +200,10 @@ def _copy_chunk(
     Batches arrive as raw BSON (no per-document cursor objects) and become Arrow batches of at most
     ``ROW_GROUP_ROWS`` rows without decoding a document (``snapshot_columns.SnapshotColumns``).
     """
-    db, _, collection = chunk.namespace.partition(".")
+    db, collection = Namespace.parse(chunk.namespace)
     cluster_time = plan.cluster_time
     block = source.block(db, collection, cluster_time, (cluster_time >> 32) * 1000, snapshot=True)
-    fields = config.field_filters.for_collection(db, collection)
+    fields = collection_field_rules(config, db, collection)
     columns = SnapshotColumns(block, cluster_time, plan.seq, fields, max_rows=ROW_GROUP_ROWS)
     copied = 0
 
@@ -318,9 +321,9 @@ def start_snapshot(
     cluster_time = token_cluster_time(token)
     options = {f"{db}.{coll}": opts for db, coll, opts in captured_collection_options(client, config)}
     if requested:
-        collections = [tuple(name.partition(".")[::2]) for name in requested]
+        collections = [tuple(Namespace.parse(name)) for name in requested]
     else:
-        collections = [(db, coll) for db, coll in sorted(n.partition(".")[::2] for n in options)]
+        collections = [(db, coll) for db, coll in sorted(tuple(Namespace.parse(n)) for n in options)]
         collections = [(db, coll) for db, coll in collections if config.snapshots_collection(db, coll)]
     # Never a number an earlier, abandoned snapshot planned: its chunks' rows must not count.
     seq = max(offset.batch_seq, keeper.lake.last_planned_seq(rs)) + 1

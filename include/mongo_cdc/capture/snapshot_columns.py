@@ -7,8 +7,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from mongo_cdc.capture.events import keys_and_documents, now_ms, raw_documents
 from mongo_cdc.capture.field_filters import CollectionFieldRules
+from mongo_cdc.capture.raw_rows import now_ms
+from mongo_cdc.capture.raw_tables import keys_and_documents, raw_documents
 from mongo_cdc.lake import RAW_SCHEMA, hour_partition
 
 

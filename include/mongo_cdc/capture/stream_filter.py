@@ -34,7 +34,7 @@ from typing import Any
 
 from bson.regex import Regex
 
-from mongo_cdc.capture.events import DATA_OPERATIONS
+from mongo_cdc.capture.raw_rows import DATA_OPERATIONS
 from mongo_cdc.config import SYSTEM_DATABASES, SourceConfig
 from mongo_cdc.lake import DROP, RENAME
 

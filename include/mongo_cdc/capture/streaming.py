@@ -34,15 +34,9 @@ from pymongo import MongoClient
 from pymongo.errors import ConnectionFailure, CursorNotFound, OperationFailure, PyMongoError
 
 from mongo_cdc.capture.capture_modes import require_images, watch_options
+from mongo_cdc.capture.change_cursor import open_change_stream, token_cluster_time
 from mongo_cdc.capture.collection_events import collection_row, land_renamed_copy, rename_namespaces
-from mongo_cdc.capture.events import (
-    DATA_OPERATIONS,
-    SourceInfo,
-    change_rows,
-    open_change_stream,
-    raw_rows_table,
-    token_cluster_time,
-)
+from mongo_cdc.capture.field_filters import collection_field_rules
 from mongo_cdc.capture.garbage_collection import CyclicCollection
 from mongo_cdc.capture.heartbeats import Heartbeats
 from mongo_cdc.capture.landing_thread import LandingThread
@@ -61,11 +55,14 @@ from mongo_cdc.capture.oversized_events import (
 )
 from mongo_cdc.capture.oversized_events import pipeline as oversize_pipeline
 from mongo_cdc.capture.pull_progress import PullProgress
+from mongo_cdc.capture.raw_rows import DATA_OPERATIONS, SourceInfo, raw_rows_of_change
+from mongo_cdc.capture.raw_tables import raw_rows_table
 from mongo_cdc.capture.read_ahead import ReadAhead
 from mongo_cdc.capture.replica_set import ReplicaSetCapture
 from mongo_cdc.capture.stream_filter import namespace_filter
 from mongo_cdc.capture.transactions import TRANSACTION_SCHEMA, TransactionTracker
 from mongo_cdc.config import SourceConfig
+from mongo_cdc.config.oversize_mode_table import OVERSIZE_MODES
 from mongo_cdc.lake import DROP, RENAME, RENAMED_COPY_ORDER, TRANSACTION_DIR, pack_cluster_time
 from mongo_cdc.lake.batch_log import Batch
 
@@ -416,7 +413,7 @@ def pull_changes(
             f"offset '{keeper.key}' has no resume position yet; the snapshot step must run first "
             "(check snapshot.mode)"
         )
-    if config.cursor_oversize_handling_mode == "split":
+    if OVERSIZE_MODES[config.cursor_oversize_handling_mode].splits:
         check_split_supported(client, rs)
     require_images(client, config, rs)
     window = oplog_guard(client, config, rs, token_cluster_time(offset.resume_token), interval_s, keeper.key)
@@ -482,9 +479,9 @@ def collect_change(
     db, collection = change["ns"]["db"], change["ns"]["coll"]
     if op in config.skipped_operations or not config.captures_collection(db, collection):
         return
-    fields = config.field_filters.for_collection(db, collection)
+    fields = collection_field_rules(config, db, collection)
     transaction = transactions.annotate(change)
-    rows = change_rows(change, source, config.tombstones_on_delete, fields, transaction)
+    rows = raw_rows_of_change(change, source, config.tombstones_on_delete, fields, transaction)
     batch.add(f"{db}.{collection}", op, rows)
 
 

@@ -27,7 +27,7 @@ from typing import Any
 import pyarrow as pa
 from bson.binary import Binary
 
-from mongo_cdc.capture.events import event_position
+from mongo_cdc.capture.raw_rows import event_position
 from mongo_cdc.lake import hour_partition
 
 TRANSACTION_SCHEMA = pa.schema(

@@ -13,10 +13,10 @@ from mongo_cdc.config.loading import (
     load_source,
     load_sources,
 )
+from mongo_cdc.config.snapshot_mode_table import SNAPSHOT_MODES
 from mongo_cdc.config.source import (
     SETTINGS,
     SKIPPABLE_OPERATIONS,
-    SNAPSHOT_MODES,
     SYSTEM_DATABASES,
     SourceConfig,
 )

@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from mongo_cdc.config.dag_ids import cdc_dag_id
 from mongo_cdc.config.dag_settings import DAG_ATTRIBUTES, DagSettings
 from mongo_cdc.config.source import SETTINGS, SourceConfig
 from mongo_cdc.config.values import SourceConfigError
@@ -193,7 +194,7 @@ def load_sources(
         lambda config: config.name,
         lambda config, others: (
             f"{config.path}: the source name {config.name!r} (the file name without its extension, "
-            f"the DAG id mongo_cdc__{config.name}) is also that of {', '.join(others)}; rename one of "
+            f"the DAG id {cdc_dag_id(config.name)}) is also that of {', '.join(others)}; rename one of "
             "the files"
         ),
     )

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, fields, replace
-from functools import cached_property, lru_cache
+from functools import cached_property
 
-from mongo_cdc.capture.field_filters import FieldFilters, FieldRule
-from mongo_cdc.capture.oversized_events import OVERSIZE_MODES
 from mongo_cdc.config.capture_mode_table import CAPTURE_MODES, FULL_UPDATE_TYPES, check_full_update_type
 from mongo_cdc.config.dag_settings import DAG_SETTINGS, DagSettings
+from mongo_cdc.config.field_rules import FieldRule
+from mongo_cdc.config.oversize_mode_table import OVERSIZE_MODES
 from mongo_cdc.config.setting import Setting, declared_settings, required_setting, setting
+from mongo_cdc.config.snapshot_mode_table import SNAPSHOT_MODES
 from mongo_cdc.config.values import (
     AddedFields,
     Boolean,
@@ -33,8 +34,6 @@ from mongo_cdc.transform.flatten_options import (
     FlatteningOptions,
 )
 
-# Debezium's snapshot.mode values (see shard_lifecycle.plan_shard); no_data and never mean the same.
-SNAPSHOT_MODES = ("initial", "when_needed", "always", "initial_only", "no_data", "never")
 SKIPPABLE_OPERATIONS = ("c", "u", "d", "none")
 # What a verification does about drift it finds (``mongo_cdc.verify``): heal and warn, heal and fail
 # the task, or only report.
@@ -198,7 +197,7 @@ class SourceConfig:
     snapshot_mode: str = setting(
         "snapshot.mode",
         "initial",
-        Choice(SNAPSHOT_MODES),
+        Choice(tuple(SNAPSHOT_MODES)),
         "`initial`: snapshot when the replica set has no completed snapshot, then stream. If its "
         "stored position has left the oplog, the pull fails and says how to "
         "[re-snapshot](semantics.md#re-snapshots). `when_needed`: like `initial`, but a position that"
@@ -314,7 +313,7 @@ class SourceConfig:
     cursor_oversize_handling_mode: str = setting(
         "cursor.oversize.handling.mode",
         "fail",
-        Choice(OVERSIZE_MODES),
+        Choice(tuple(OVERSIZE_MODES)),
         "What a pull does with a change event over MongoDB's 16 MB limit (an update with its "
         "looked-up document, say), which the server cannot send (BSONObjectTooLarge). `fail`: the "
         "pull stops with a message saying so and how to go on; the offset stays at the last landed "
@@ -434,10 +433,6 @@ class SourceConfig:
             **{option.name: getattr(self, option.name) for option in fields(FlatteningOptions)}
         )
 
-    @property
-    def field_filters(self) -> FieldFilters:
-        return _field_filters(self.field_exclude + self.field_renames)
-
     def captures_database(self, db: str) -> bool:
         if db in SYSTEM_DATABASES:
             return False
@@ -497,9 +492,3 @@ _CAPTURE_FILTER = {
     if declared.attribute
     in ("database_include", "database_exclude", "collection_include", "collection_exclude")
 }
-
-
-@lru_cache(maxsize=64)
-def _field_filters(rules: tuple[FieldRule, ...]) -> FieldFilters:
-    """One ``FieldFilters`` per rule set, so its per-collection lookups are kept across calls."""
-    return FieldFilters(rules)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any, Protocol
 
-from mongo_cdc.capture.field_filters import FieldRule, parse_rules
+from mongo_cdc.config.field_rules import FieldRule, parse_rules
 from mongo_cdc.transform.flatten_options import added_field
 
 # Upper bound of an integer setting without a tighter one of its own: the largest 32-bit integer,
@@ -181,7 +181,7 @@ class RegexList:
 
 
 class FieldRules:
-    """Field paths (``mongo_cdc.capture.field_filters.parse_rules``, which knows each key's entry form)."""
+    """Field paths (``mongo_cdc.config.field_rules.parse_rules``, which knows each key's entry form)."""
 
     def __init__(self, entry: str) -> None:
         self.entry = entry

@@ -33,6 +33,7 @@ from mongo_cdc.lake import COLLECTION_OPERATIONS, TRANSACTION_DIR
 from mongo_cdc.lake.landing import SourceLake
 from mongo_cdc.lake.storage import LakeLocation, LakeRootError, resolve_root, table_if_exists
 from mongo_cdc.lake.table_reads import Where, read_rows
+from mongo_cdc.namespace import Namespace
 
 
 def debezium_record(row: dict[str, Any]) -> dict[str, Any]:
@@ -138,8 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.transactions:
         lines: Iterable[dict[str, Any]] = transaction_records(source_lake)
     else:
-        db, dot, collection = args.collection.partition(".")
-        if not dot or not collection:
+        if not Namespace.parse(args.collection).collection:
             parser.error(f"--collection must be db.collection, got {args.collection!r}")
         problem = unknown_collection(source_lake, args.collection)
         if problem is not None:

@@ -55,6 +55,7 @@ from mongo_cdc.lake.snapshot_log import CHUNK, COPIED, SNAPSHOT, SNAPSHOT_LOG_SC
 from mongo_cdc.lake.storage import LakeLocation, table_if_exists
 from mongo_cdc.lake.table_reads import Where, read_rows
 from mongo_cdc.lake.verification_log import VERIFICATION_LOG_SCHEMA
+from mongo_cdc.namespace import Namespace
 
 log = logging.getLogger(__name__)
 
@@ -84,8 +85,7 @@ class SourceLake:
         return f"mongo-cdc/{self.prefix}/{rs}"
 
     def raw_uri(self, namespace: str) -> str:
-        db, _, collection = namespace.partition(".")
-        return lake.table_uri(self.location, "raw", self.prefix, db, collection)
+        return lake.table_uri(self.location, "raw", self.prefix, *Namespace.parse(namespace))
 
     def source_uri(self, name: str) -> str:
         return lake.source_table_uri(self.location, self.prefix, name)
@@ -97,7 +97,7 @@ class SourceLake:
         (namespace, zone), TABLE_READ_THREADS at a time: a source of many collections has as many
         table logs to read."""
         uris = {
-            (namespace, zone): lake.table_uri(self.location, zone, self.prefix, *namespace.split(".", 1))
+            (namespace, zone): lake.table_uri(self.location, zone, self.prefix, *Namespace.parse(namespace))
             for namespace in namespaces
             for zone in zones
         }

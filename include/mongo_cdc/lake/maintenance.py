@@ -29,8 +29,10 @@ Settings without a slot (a run by hand) maintain everything.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import zlib
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from pyarrow.fs import FileInfo, FileSelector, FileSystem, FileType
@@ -47,17 +49,63 @@ _DEFAULT_LOG_RETENTION_HOURS = 30 * 24
 UNCOMMITTED_MIN_AGE_HOURS = 24
 
 
-def maintained(settings: Mapping[str, int], namespace: str) -> bool:
+_SETTINGS_FORM = (
+    '{"optimize_interval_hours": <hours>, "retention_hours": <hours>} and optionally '
+    '"slot": <the share of the collections this run maintains, below optimize_interval_hours>'
+)
+
+
+@dataclass(frozen=True)
+class MaintenanceSettings:
+    """What a transform run maintains (the job's ``--maintain`` argument): ``lake.optimize.interval.hours``,
+    ``lake.retention.hours``, and the ``slot`` of a scheduled run's share (None: every collection)."""
+
+    optimize_interval_hours: int
+    retention_hours: int
+    slot: int | None = None
+
+    def to_text(self) -> str:
+        """The ``--maintain`` argument: a JSON object, ``slot`` left out when there is none."""
+        settings = {
+            "optimize_interval_hours": self.optimize_interval_hours,
+            "retention_hours": self.retention_hours,
+        }
+        if self.slot is not None:
+            settings["slot"] = self.slot
+        return json.dumps(settings, sort_keys=True)
+
+    @classmethod
+    def from_text(cls, text: str) -> MaintenanceSettings:
+        """The settings a ``to_text`` wrote; ValueError saying what is expected for anything else."""
+        try:
+            settings = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"not JSON ({error})") from None
+        keys = {"optimize_interval_hours", "retention_hours"}
+        if (
+            not isinstance(settings, dict)
+            or set(settings) - {"slot"} != keys
+            or not all(
+                isinstance(value, int) and not isinstance(value, bool) and value >= 0
+                for value in settings.values()
+            )
+            or settings.get("slot", 0) >= max(settings["optimize_interval_hours"], 1)
+        ):
+            raise ValueError(f"expected {_SETTINGS_FORM}")
+        return cls(**settings)
+
+
+def maintained(settings: MaintenanceSettings, namespace: str) -> bool:
     """Whether a run with these ``--maintain`` settings maintains the collection's tables: every
     collection without a ``slot``; with one, those whose namespace's CRC-32 falls in it (stable across
     processes and runs, where Python's ``hash`` is not)."""
-    shares, slot = settings["optimize_interval_hours"], settings.get("slot")
+    shares, slot = settings.optimize_interval_hours, settings.slot
     return slot is None or not shares or zlib.crc32(namespace.encode()) % shares == slot
 
 
-def maintains_source(settings: Mapping[str, int]) -> bool:
+def maintains_source(settings: MaintenanceSettings) -> bool:
     """Whether the run does the source-wide maintenance too (``remove_uncommitted_leftovers``)."""
-    return settings.get("slot") in (None, 0)
+    return settings.slot in (None, 0)
 
 
 def maintain_table(

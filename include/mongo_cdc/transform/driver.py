@@ -61,12 +61,14 @@ from mongo_cdc.lake.batch_log import Batch, BatchWindow
 from mongo_cdc.lake.errors import LakeFileError, damage_in
 from mongo_cdc.lake.landing import COMMIT_RETRIES, SourceLake
 from mongo_cdc.lake.maintenance import (
+    MaintenanceSettings,
     maintain_table,
     maintained,
     maintains_source,
     remove_uncommitted_leftovers,
 )
 from mongo_cdc.lake.storage import row_count, table_if_exists
+from mongo_cdc.namespace import Namespace
 from mongo_cdc.transform.applied_mark import AppliedMark, withdraw_figures, write_mark
 from mongo_cdc.transform.backlog import behind_text, collection_backlog
 from mongo_cdc.transform.changes_commit import ChangesRun
@@ -120,7 +122,7 @@ class CollectionTransform:
         self.location = source_lake.location
         self.options = source_lake.options
         self.namespace = namespace
-        db, _, collection = namespace.partition(".")
+        db, collection = Namespace.parse(namespace)
         self.batches = batches
         self.committed: dict[str, int] = {}
         for batch in batches:
@@ -154,7 +156,7 @@ class CollectionTransform:
         return self._files
 
     def run(
-        self, maintenance: dict[str, int] | None, shared: tuple[PreparedRun, SharedOutput] | None = None
+        self, maintenance: MaintenanceSettings | None, shared: tuple[PreparedRun, SharedOutput] | None = None
     ) -> dict[str, Any]:
         """The run (``shared``: its task of a shared job ran it), then the tables' maintenance."""
         summary = self.converged() if shared is None else self.converged_shared(*shared)
@@ -222,10 +224,10 @@ class CollectionTransform:
             self.rebuild_hours,
         )
 
-    def maintain(self, settings: dict[str, int]) -> dict[str, Any]:
+    def maintain(self, settings: MaintenanceSettings) -> dict[str, Any]:
         """Compact small files and vacuum versions past the retention, table by table."""
         now = dt.datetime.now(dt.timezone.utc)
-        interval, retention = settings["optimize_interval_hours"], settings["retention_hours"]
+        interval, retention = settings.optimize_interval_hours, settings.retention_hours
         done = {}
         for name, uri, cluster_by in (
             ("raw", self.raw_uri, None),
@@ -475,7 +477,7 @@ def transform_collections(
     work: Mapping[str, CollectionWork],
     flattening: FlatteningOptions,
     rebuild_hours: tuple[str, ...],
-    maintenance: dict[str, int] | None,
+    maintenance: MaintenanceSettings | None,
     run_id: str = "",
 ) -> JobSummary:
     """The collections of ``work`` (every one with work, ``work.source_work``'s answer) brought up to
@@ -533,7 +535,7 @@ def transform_collections(
         removed = remove_uncommitted_leftovers(
             source_lake.location,
             source_lake.prefix,
-            maintenance["retention_hours"],
+            maintenance.retention_hours,
             dt.datetime.now(dt.timezone.utc),
         )
         log.info(
@@ -543,8 +545,8 @@ def transform_collections(
         maintain_table(
             source_lake.source_uri(lake.APPLIED_MARK),
             source_lake.location,
-            maintenance["optimize_interval_hours"],
-            maintenance["retention_hours"],
+            maintenance.optimize_interval_hours,
+            maintenance.retention_hours,
             dt.datetime.now(dt.timezone.utc),
         )
     return summary

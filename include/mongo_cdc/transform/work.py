@@ -22,7 +22,7 @@ from deltalake import DeltaTable
 
 from mongo_cdc.lake.batch_log import Batch, BatchWindow
 from mongo_cdc.lake.landing import TABLE_READ_THREADS, SourceLake
-from mongo_cdc.lake.maintenance import maintained
+from mongo_cdc.lake.maintenance import MaintenanceSettings, maintained
 from mongo_cdc.transform.applied_mark import read_mark
 from mongo_cdc.transform.changes_commit import recorded_flattening
 from mongo_cdc.transform.flatten_options import FlatteningOptions
@@ -140,7 +140,7 @@ def source_work(
     batches: Sequence[Batch],
     flattening: FlatteningOptions,
     rebuild_hours: tuple[str, ...] = (),
-    maintenance: Mapping[str, int] | None = None,
+    maintenance: MaintenanceSettings | None = None,
 ) -> dict[str, CollectionWork]:
     """The work of every collection of the committed ``batches`` that has some, by namespace (an
     empty dict: the run has nothing to do). Reads the state and changes tables' logs of each collection
@@ -167,7 +167,7 @@ def plan_work(
     batches: Sequence[Batch],
     flattening: FlatteningOptions,
     rebuild_hours: tuple[str, ...] = (),
-    maintenance: Mapping[str, int] | None = None,
+    maintenance: MaintenanceSettings | None = None,
 ) -> WorkPlan:
     """``source_work``'s question asked only as far as its yes or no: with a trusted applied mark,
     the collections it does not cover are the pending ones and their tables are read a few at a time
@@ -209,7 +209,7 @@ class _Candidates:
         batches: Sequence[Batch],
         flattening: FlatteningOptions,
         rebuild_hours: tuple[str, ...],
-        maintenance: Mapping[str, int] | None,
+        maintenance: MaintenanceSettings | None,
     ) -> _Candidates:
         namespaces = sorted(
             {ns for batch in batches for ns in (*batch.namespaces, *(batch.collections or ()))}

@@ -39,7 +39,9 @@ from pymongo import MongoClient
 from mongo_cdc import lake
 from mongo_cdc.capture.chunk_reads import ChunkReads
 from mongo_cdc.capture.chunking import plan_chunks
-from mongo_cdc.capture.events import document_id, document_keys, keys_and_documents, raw_documents
+from mongo_cdc.capture.document_ids import document_id, document_keys
+from mongo_cdc.capture.field_filters import collection_field_rules
+from mongo_cdc.capture.raw_tables import keys_and_documents, raw_documents
 from mongo_cdc.capture.replica_set import ReplicaSetCapture
 from mongo_cdc.capture.topology import OwnedRanges, owned_ranges
 from mongo_cdc.lake.batch_log import Batch, BatchWindow
@@ -48,6 +50,7 @@ from mongo_cdc.lake.snapshot_log import Chunk
 from mongo_cdc.lake.storage import LakeLocation, table_if_exists
 from mongo_cdc.lake.table_reads import read_rows, scan_rows
 from mongo_cdc.lake.verification_log import RangeReport
+from mongo_cdc.namespace import Namespace
 from mongo_cdc.transform.raw_events import applied_batches, event_keys
 from mongo_cdc.verify.digest import Digests, cells_per_range, document_hashes, id_cells
 from mongo_cdc.verify.key_order import RangeFinder
@@ -82,8 +85,7 @@ class ShardScope:
     shard_id: str
 
     def owned(self, namespace: str) -> OwnedRanges | None:
-        db, _, name = namespace.partition(".")
-        return owned_ranges(self.cluster, self.shard_id, db, name)
+        return owned_ranges(self.cluster, self.shard_id, *Namespace.parse(namespace))
 
     def holds_unsharded(self, db: str) -> bool:
         """Whether this shard is the primary shard of ``db`` (without a ``config.databases`` entry:
@@ -108,9 +110,9 @@ class CollectionCheck:
     ):
         self.capture = capture
         self.namespace = namespace
-        db, _, name = namespace.partition(".")
+        db, name = Namespace.parse(namespace)
         self.collection = capture.client[db][name]
-        self.fields = capture.config.field_filters.for_collection(db, name)
+        self.fields = collection_field_rules(capture.config, db, name)
         source_lake = capture.lake
         self.state_uri = lake.table_uri(source_lake.location, "state", source_lake.prefix, db, name)
         self.state = table_if_exists(self.state_uri, source_lake.options)

@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from mongo_cdc.capture.events import id_elements
+from mongo_cdc.capture.document_ids import id_elements
 
 _LONG_DOCUMENT = 512
 # documents hashed at once: a block's columns of words and lanes stay in the CPU's caches (a batch of

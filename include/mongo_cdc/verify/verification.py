@@ -40,22 +40,17 @@ from dataclasses import dataclass, field
 
 from mongo_cdc import extjson
 from mongo_cdc.capture.capture_modes import captured_collection_options
-from mongo_cdc.capture.events import (
-    RawRow,
-    SourceInfo,
-    keys_and_documents,
-    now_ms,
-    raw_documents,
-    raw_rows_table,
-    token_cluster_time,
-    tombstone_of,
-)
+from mongo_cdc.capture.change_cursor import token_cluster_time
+from mongo_cdc.capture.field_filters import collection_field_rules
 from mongo_cdc.capture.offsets import Offset
+from mongo_cdc.capture.raw_rows import RawRow, SourceInfo, now_ms, tombstone_of
+from mongo_cdc.capture.raw_tables import keys_and_documents, raw_documents, raw_rows_table
 from mongo_cdc.capture.replica_set import ReplicaSetCapture
 from mongo_cdc.capture.snapshot import current_position
 from mongo_cdc.capture.stream_filter import namespace_filter
 from mongo_cdc.lake.batch_log import Batch
 from mongo_cdc.lake.verification_log import REPAIRED, REPORTED, SKIPPED, RangeReport
+from mongo_cdc.namespace import Namespace
 from mongo_cdc.transform.keys import document_key
 from mongo_cdc.transform.raw_events import event_keys
 from mongo_cdc.verify.comparison import CollectionCheck, ShardScope
@@ -152,7 +147,7 @@ def verified_namespaces(
     known = set(options)
     for batch in batches:
         for namespace in batch.namespaces:
-            db, _, name = namespace.partition(".")
+            db, name = Namespace.parse(namespace)
             if (
                 batch.rs == capture.rs
                 and config.captures_database(db)
@@ -189,7 +184,7 @@ def verify_replica_set(
     for namespace in verified_namespaces(capture, options, batches):
         try:
             if shard is not None and shard.owned(namespace) is None:
-                if not shard.holds_unsharded(namespace.partition(".")[0]):
+                if not shard.holds_unsharded(Namespace.parse(namespace).db):
                     continue  # another shard's: its database's primary shard verifies it
             check = CollectionCheck(
                 capture, namespace, options.get(namespace), batches, shard, heal=on_drift != REPORT
@@ -208,7 +203,7 @@ def verify_replica_set(
     action = REPORTED if on_drift == REPORT else REPAIRED
     repairs: dict[str, dict[str, object]] = {}
     for check in checks:
-        db = check.namespace.partition(".")[0]
+        db = Namespace.parse(check.namespace).db
         note = None
         if check.namespace in gone or f"{db}.*" in gone:
             note = "dropped or renamed while it was verified"
@@ -279,9 +274,9 @@ def land_repairs(
     source = SourceInfo(config.topic_prefix, capture.rs)
     seq = offset.batch_seq + 1
     for namespace, drifted in sorted(repairs.items()):
-        db, _, name = namespace.partition(".")
+        db, name = Namespace.parse(namespace)
         block = source.values(db, name, cluster_time, (cluster_time >> 32) * 1000, snapshot=True)
-        fields = config.field_filters.for_collection(db, name)
+        fields = collection_field_rules(config, db, name)
         rows: list[RawRow] = []
         ids = list(drifted.items())
         found: set[str] = set()

@@ -24,7 +24,7 @@ from bson import CodecOptions
 from bson.raw_bson import RawBSONDocument
 from pymongo import MongoClient
 
-from mongo_cdc.capture.events import token_cluster_time
+from mongo_cdc.capture.change_cursor import token_cluster_time
 from mongo_cdc.capture.offsets import MemoryOffsetStore, Offset
 from mongo_cdc.capture.replica_set import ReplicaSetCapture
 from mongo_cdc.capture.snapshot import run_snapshot

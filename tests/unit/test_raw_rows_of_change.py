@@ -12,8 +12,10 @@ from bson import ObjectId, Timestamp
 from bson.datetime_ms import DatetimeMS
 
 from mongo_cdc import extjson
+from mongo_cdc.capture.change_cursor import RAW_EVENT_OPTIONS, event_fields
 from mongo_cdc.capture.collection_events import collection_row
-from mongo_cdc.capture.events import RAW_EVENT_OPTIONS, SourceInfo, change_rows, event_fields, raw_rows_table
+from mongo_cdc.capture.raw_rows import SourceInfo, raw_rows_of_change
+from mongo_cdc.capture.raw_tables import raw_rows_table
 from mongo_cdc.lake import COLLECTION_KEY
 
 SOURCE = SourceInfo("prefix", "rs0")
@@ -52,8 +54,8 @@ def test_rows_of_a_batch_are_keyed_in_bulk_as_one_by_one() -> None:
     deleted = _event({"_data": "8202"}, 5, "delete")
     dropped = _event({"_data": "8203"}, 6, "drop")
     rows = [
-        *change_rows(inserted, SOURCE, tombstones=False),
-        *change_rows(deleted, SOURCE, tombstones=True),
+        *raw_rows_of_change(inserted, SOURCE, tombstones=False),
+        *raw_rows_of_change(deleted, SOURCE, tombstones=True),
         collection_row(dropped, SOURCE),
     ]
     ids = (object_id, 5, 5)
@@ -78,7 +80,7 @@ def test_documents_of_4_kb_and_more_land_as_bytes_and_free_their_memory_after() 
         event["fullDocument"] = bson.decode(
             bson.encode({"event": {"_id": 1, "body": body}}), RAW_EVENT_OPTIONS
         )["event"]
-        return change_rows(event, SOURCE, tombstones=False)
+        return raw_rows_of_change(event, SOURCE, tombstones=False)
 
     assert isinstance(large_rows()[0].after, bytes)
     raw_rows_table(large_rows(), 1)  # the first table's one-off allocations (pyarrow's, the types')
