@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-EXCLUDE_KEY = "field.exclude.list"
 RENAMES_KEY = "field.renames"
 _EXCLUDE_FORMAT = "<database>.<collection>.<field>[.<nested field>...]"
 _RENAME_FORMAT = f"{_EXCLUDE_FORMAT}:<new name>"
