@@ -7,7 +7,7 @@ pyspark (the driver takes a SparkContext), so the pure parts unit-test fast.
   lost commit race, and the job's summary; ``state_commit`` and ``changes_commit``: its commits to
   the ``state`` table (MERGE, deletion markers) and the ``changes`` table (append, rebuild);
   ``table_commits``: what those share. These import deltalake.
-* ``slices`` and ``slice_tasks``: what each Spark task reads (a raw slice) and does with it (plan,
+* ``raw_slices`` and ``slice_tasks``: what each Spark task reads (a raw slice) and does with it (plan,
   transform, fold inputs). They run on executors that have only pyarrow, orjson and bson: no
   deltalake or pyspark import.
 * ``raw_events``: raw rows as events; the batches a table applied (``applied_batches``).

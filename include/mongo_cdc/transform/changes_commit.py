@@ -25,8 +25,8 @@ from mongo_cdc.lake.file_statistics import indexed_columns, indexed_columns_prop
 from mongo_cdc.lake.storage import row_count
 from mongo_cdc.transform.data_files import DataFile, add_actions, delete_data_files, staged_rows
 from mongo_cdc.transform.flatten_options import FlatteningOptions
+from mongo_cdc.transform.raw_slices import RawSlice
 from mongo_cdc.transform.slice_tasks import ChangesSpec, Output, transform_slice
-from mongo_cdc.transform.slices import RawSlice
 from mongo_cdc.transform.state_merge import sql_literal
 from mongo_cdc.transform.table_commits import creating, log, settled_layout, stored_layout
 from mongo_cdc.transform.table_layout import TableLayout

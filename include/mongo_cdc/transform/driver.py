@@ -8,9 +8,9 @@ tables (two transforms at once) is made again from a fresh read (``CollectionTra
 Spark parallelises the Python work; delta-rs commits, so no Spark jar is needed. How a run goes,
 per collection (``CollectionTransform.update``):
 
-1. the raw files that may hold new rows are cut into slices of about ``slices.SLICE_ROWS`` rows
-   (``slices.raw_slices``), read as Arrow tables (``slices.read_slice``) one at a time by a few Spark
-   tasks per core (``CollectionTransform.slice_tasks``);
+1. the raw files that may hold new rows are cut into slices of about ``raw_slices.SLICE_ROWS`` rows
+   (``raw_slices.raw_slices``), read as Arrow tables (``raw_slices.read_slice``) one at a time by a few Spark
+   tasks per core (``CollectionTransform.slice_task_count``);
 2. plan (``slice_tasks.plan_slice``, ``folded_keys``, column-wise, without reading the documents):
    each piece's range of document keys; where they overlap, each state event's document key summed
    per slice and then per bucket of keys; documents with more than one new event, or an update
@@ -30,7 +30,7 @@ per collection (``CollectionTransform.update``):
    files appended in one commit (new columns first, in a commit of their own; ``changes_commit``).
 
 Small collections share a job (``transform_collections``): a collection whose new raw rows are one
-slice is run whole by one task (``shared_tasks.whole_collection``: steps 2 to 4 in one task, every
+slice is run whole by one task (``whole_collection.whole_collection``: steps 2 to 4 in one task, every
 event of a document being in that slice), one Spark job for all of them; the driver then settles and
 commits each one's tables as in step 5, side by side. A shared run that loses a commit race, or whose
 rows must be written again in a settled layout, runs again with jobs of its own.
@@ -73,11 +73,11 @@ from mongo_cdc.transform.changes_commit import ChangesRun
 from mongo_cdc.transform.data_files import delete_directory
 from mongo_cdc.transform.flatten_options import FlatteningOptions
 from mongo_cdc.transform.raw_events import applied_app_id, applied_batches
-from mongo_cdc.transform.shared_tasks import SharedOutput, whole_collection
+from mongo_cdc.transform.raw_slices import RawFile, RawSlice, raw_files, raw_slices
 from mongo_cdc.transform.slice_tasks import SliceOutput, transform_slice
-from mongo_cdc.transform.slices import RawFile, RawSlice, raw_files, raw_slices
 from mongo_cdc.transform.state_commit import SharedRunMisfit, StateRun
 from mongo_cdc.transform.table_commits import LostCommitRace, committed_version, log, version_of
+from mongo_cdc.transform.whole_collection import WholeCollectionOutput, whole_collection
 from mongo_cdc.transform.work import CollectionWork
 
 if TYPE_CHECKING:
@@ -91,7 +91,7 @@ COMMIT_RACE_ATTEMPTS = 4
 # reads and commits hold the GIL for much of their time: 4 threads took 7% less CPU and wall than 8
 # for 300 small collections on 2 cores (farm-bench, 5 pairs), and still overlap delta-rs' waits.
 COLLECTION_THREADS = 4
-# How many Spark tasks per core run a collection's slices (``CollectionTransform.slice_tasks``): more
+# How many Spark tasks per core run a collection's slices (``CollectionTransform.slice_task_count``): more
 # than one, so that a core whose tasks finish early takes another.
 SLICE_TASKS_PER_CORE = 2
 # How many Spark tasks per core the job shared by small collections has (``_shared_job``): each takes
@@ -154,7 +154,9 @@ class CollectionTransform:
         return self._files
 
     def run(
-        self, maintenance: dict[str, int] | None, shared: tuple[PreparedRun, SharedOutput] | None = None
+        self,
+        maintenance: dict[str, int] | None,
+        shared: tuple[PreparedRun, WholeCollectionOutput] | None = None,
     ) -> dict[str, Any]:
         """The run (``shared``: its task of a shared job ran it), then the tables' maintenance."""
         summary = self.converged() if shared is None else self.converged_shared(*shared)
@@ -195,7 +197,7 @@ class CollectionTransform:
             f"tables (is more than one transform of this source running?); the last: {lost}"
         ) from lost
 
-    def converged_shared(self, run: PreparedRun, output: SharedOutput) -> dict[str, Any]:
+    def converged_shared(self, run: PreparedRun, output: WholeCollectionOutput) -> dict[str, Any]:
         """``finished_shared``; made again with jobs of its own (``converged``, from a fresh read) when
         it lost a commit race, or its rows must be written again in a settled layout."""
         try:
@@ -276,16 +278,16 @@ class CollectionTransform:
         ]
         return raw_slices(self.location, chosen, self.context.defaultParallelism)
 
-    def slice_tasks(self, slices: list[Any]) -> int:
+    def slice_task_count(self, slices: list[Any]) -> int:
         """How many Spark tasks run ``slices``, each taking its share in turn: a task's round trip
         costs a tenth of a second or more, as much as planning a slice."""
         return max(1, min(len(slices), self.context.defaultParallelism * SLICE_TASKS_PER_CORE))
 
     def run_slices(self, slices: list[RawSlice], task: Callable[[RawSlice], Any]) -> list[Any]:
-        """``task`` of each slice (``slice_tasks`` Spark tasks); the results in slice order."""
+        """``task`` of each slice (``slice_task_count`` Spark tasks); the results in slice order."""
         if not slices:
             return []
-        return self.context.parallelize(slices, self.slice_tasks(slices)).map(task).collect()
+        return self.context.parallelize(slices, self.slice_task_count(slices)).map(task).collect()
 
     # -- both tables ---------------------------------------------------------------------
 
@@ -332,8 +334,8 @@ class CollectionTransform:
         raw rows are one slice, and no hours of change rows are rewritten (a job of their own)."""
         return len(run.slices) == 1 and not self.rebuild_hours
 
-    def shared_task(self, run: PreparedRun) -> Callable[[], SharedOutput]:
-        """The run as one Spark task (``shared_tasks.whole_collection``) of a shared job."""
+    def shared_task(self, run: PreparedRun) -> Callable[[], WholeCollectionOutput]:
+        """The run as one Spark task (``whole_collection.whole_collection``) of a shared job."""
         location, (raw_slice,) = self.location, run.slices
         state_spec = run.state.spec() if run.state is not None else None
         changes_spec = run.changes.spec() if run.changes is not None else None
@@ -362,7 +364,7 @@ class CollectionTransform:
         )
         return self.finished(run, outputs)
 
-    def finished_shared(self, run: PreparedRun, output: SharedOutput) -> dict[str, Any]:
+    def finished_shared(self, run: PreparedRun, output: WholeCollectionOutput) -> dict[str, Any]:
         """The run whose one slice a task of a shared job transformed (``output``), committed."""
         if output.error is not None:
             # first the exception the task raised (the summary's error line), then its traceback
@@ -373,7 +375,9 @@ class CollectionTransform:
         assert output.transformed is not None
         if run.state is not None:
             assert output.plan is not None
-            run.state.shared(output.plan, output.folded_documents, output.folded, output.rewritten)
+            run.state.take_whole_collection_output(
+                output.plan, output.folded_documents, output.folded, output.rewritten
+            )
         return self.finished(run, [output.transformed])
 
     def finished(self, run: PreparedRun, outputs: list[SliceOutput]) -> dict[str, Any]:
@@ -494,7 +498,7 @@ def transform_collections(
     failures: dict[str, Future] = {}
     # A small collection's run is mostly waiting (Spark's job round trips, delta-rs reading and
     # committing logs): the collections whose new rows are one slice each share one Spark job, a task
-    # each (``shared_tasks.whole_collection``); the others run their own jobs. Reads and commits run
+    # each (``whole_collection.whole_collection``); the others run their own jobs. Reads and commits run
     # side by side, each collection the only writer of its own tables, so a source of many small
     # collections costs about what their data does.
     with ThreadPoolExecutor(COLLECTION_THREADS, thread_name_prefix="collection") as pool:
@@ -551,8 +555,8 @@ def transform_collections(
 
 
 def _shared_job(
-    context: SparkContext, tasks: dict[str, Callable[[], SharedOutput]]
-) -> dict[str, SharedOutput]:
+    context: SparkContext, tasks: dict[str, Callable[[], WholeCollectionOutput]]
+) -> dict[str, WholeCollectionOutput]:
     """Each collection's task (``CollectionTransform.shared_task``) in one Spark job, by namespace. A
     task returns its collection's failure rather than fail the job; should the job fail anyway (an
     executor lost, say), no collection has an output and each runs with jobs of its own."""

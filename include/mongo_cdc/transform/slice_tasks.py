@@ -10,7 +10,7 @@
 * ``keyed_rows``: the rows of given document keys in a keyed table's files (``KeyedFile``: the state
   table, for stored versions, and the deletion markers), read by the task that needs them.
 
-``transform.shared_tasks`` runs them all in one task for a small collection.
+``transform.whole_collection`` runs them all in one task for a small collection.
 
 Runs on the executors, which have only pyarrow, orjson and bson (numpy too where it is installed:
 the fast path, ``transform.split_values``): no pyspark or deltalake import here. The driver's side is
@@ -51,7 +51,7 @@ from mongo_cdc.transform.raw_events import (
     event_from_row,
     event_keys,
 )
-from mongo_cdc.transform.slices import (
+from mongo_cdc.transform.raw_slices import (
     RawSlice,
     collection_operations,
     concat_pieces,
@@ -159,7 +159,7 @@ class StateSpec(TableSpec):
     deletions: tuple[KeyedFile, ...] = ()  # the deletion markers' files, read for the task's keys
     markers_directory: str = ""  # where the task's deletion marker rows are staged
     # rows that fit the stored layout are kept in memory, not staged (``Output.rows``): the task then
-    # writes the table again whole with them (``shared_tasks.rewritten_whole``)
+    # writes the table again whole with them (``whole_collection.rewritten_whole``)
     held: bool = False
 
 

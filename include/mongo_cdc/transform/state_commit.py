@@ -41,6 +41,7 @@ from mongo_cdc.lake.storage import file_actions, file_stats, row_count, table_if
 from mongo_cdc.transform import columns
 from mongo_cdc.transform.data_files import DataFile, add_actions, delete_data_files, staged_rows
 from mongo_cdc.transform.folded_keys import folded_keys, slice_key_buckets
+from mongo_cdc.transform.raw_slices import SLICE_ROWS, RawSlice
 from mongo_cdc.transform.slice_tasks import (
     DELETED_FLAG,
     DELETION_COLUMNS,
@@ -58,7 +59,6 @@ from mongo_cdc.transform.slice_tasks import (
     plan_slice,
     transform_slice,
 )
-from mongo_cdc.transform.slices import SLICE_ROWS, RawSlice
 from mongo_cdc.transform.state_merge import (
     REWRITE_MAX_BYTES,
     REWRITE_MAX_ROWS,
@@ -121,7 +121,8 @@ class StateRun:
         # run's folded documents, found by Spark, stay out of the driver (``plan``)
         self.folded_by_slice: RDD | None = None
         self.folded: RDD | None = None
-        # the fold's outputs when the run's task of a job shared by small collections made them (``shared``)
+        # the fold's outputs when the run's task of a job shared by small collections made them
+        # (``take_whole_collection_output``)
         self.shared_folds: tuple[StateOutput, ...] | None = None
         # the table's rows after the run, written whole by that task (``state_merge.rewrite``)
         self.shared_rewrite: DataFile | None = None
@@ -184,14 +185,14 @@ class StateRun:
             self.transform.namespace, self.new_events, self.folded_documents, time.monotonic() - started,
         )  # fmt: skip
 
-    def shared(
+    def take_whole_collection_output(
         self,
         plan: SlicePlan,
         folded_documents: int,
         folded: tuple[StateOutput, ...],
         rewritten: DataFile | None,
     ) -> None:
-        """What the run's task of a shared job (``shared_tasks.whole_collection``) planned and folded, in
+        """What the run's task of a shared job (``whole_collection.whole_collection``) planned and folded, in
         place of ``plan``'s and ``fold``'s Spark jobs, and the table it wrote again whole (None: the
         driver merges its rows)."""
         self.new_events = plan.rows
@@ -218,10 +219,10 @@ class StateRun:
 
     def slice_inputs(self, slices: list[RawSlice]) -> RDD:
         """Each slice with its index and its keys of documents folded apart: without any, the slices
-        of a partition in turn (``CollectionTransform.slice_tasks``), else one partition per slice."""
+        of a partition in turn (``CollectionTransform.slice_task_count``), else one partition per slice."""
         context, indexed = self.transform.context, list(enumerate(slices))
         if self.folded_by_slice is None:
-            return context.parallelize(indexed, self.transform.slice_tasks(slices)).map(
+            return context.parallelize(indexed, self.transform.slice_task_count(slices)).map(
                 lambda item: (item[0], item[1], frozenset())
             )
         return (
