@@ -17,16 +17,12 @@ from mongo_cdc.lake.storage import LakeLocation
 from mongo_cdc.transform import whole_collection
 from mongo_cdc.transform.columns import NO_CHANGES
 from mongo_cdc.transform.data_files import DataFile, write_data_file
-from mongo_cdc.transform.slice_tasks import (
-    DELETED_FLAG,
-    KeyedFile,
-    Output,
-    StateOutput,
-    StateSpec,
-    write_state_file,
-)
+from mongo_cdc.transform.slice_tasks import write_state_file
 from mongo_cdc.transform.state_merge import Gone, Rewrite, merge_files, merge_into, merged_rows, rewrite
+from mongo_cdc.transform.stored_rows import KeyedFile
+from mongo_cdc.transform.table_formats import DELETED_FLAG
 from mongo_cdc.transform.table_layout import TableLayout
+from mongo_cdc.transform.task_contract import Output, StateOutput, StateSpec
 from mongo_cdc.transform.whole_collection import rewritten_whole
 
 SCHEMA = pa.schema(

@@ -26,10 +26,11 @@ from mongo_cdc.lake.storage import row_count
 from mongo_cdc.transform.data_files import DataFile, add_actions, delete_data_files, staged_rows
 from mongo_cdc.transform.flatten_options import FlatteningOptions
 from mongo_cdc.transform.raw_slices import RawSlice
-from mongo_cdc.transform.slice_tasks import ChangesSpec, Output, transform_slice
+from mongo_cdc.transform.slice_tasks import transform_slice
 from mongo_cdc.transform.state_merge import sql_literal
 from mongo_cdc.transform.table_commits import creating, log, settled_layout, stored_layout
 from mongo_cdc.transform.table_layout import TableLayout
+from mongo_cdc.transform.task_contract import ChangesSpec, Output
 
 if TYPE_CHECKING:
     from mongo_cdc.transform.driver import CollectionTransform

@@ -74,10 +74,11 @@ from mongo_cdc.transform.data_files import delete_directory
 from mongo_cdc.transform.flatten_options import FlatteningOptions
 from mongo_cdc.transform.raw_events import applied_app_id, applied_batches
 from mongo_cdc.transform.raw_slices import RawFile, RawSlice, raw_files, raw_slices
-from mongo_cdc.transform.slice_tasks import SliceOutput, transform_slice
+from mongo_cdc.transform.slice_tasks import transform_slice
 from mongo_cdc.transform.state_commit import SharedRunMisfit, StateRun
 from mongo_cdc.transform.table_commits import LostCommitRace, committed_version, log, version_of
-from mongo_cdc.transform.whole_collection import WholeCollectionOutput, whole_collection
+from mongo_cdc.transform.task_contract import SliceOutput, WholeCollectionOutput
+from mongo_cdc.transform.whole_collection import whole_collection
 from mongo_cdc.transform.work import CollectionWork
 
 if TYPE_CHECKING:

@@ -18,7 +18,7 @@ deletion markers, commit). Driver only: imports deltalake and runs Spark jobs.
 The driver holds no per-document data of the run, so its memory does not grow with the run: the
 documents folded apart are found by a Spark aggregation of the slices' keys (the driver gets their
 count) and reach each task as its slice's share (``slice_inputs``); each task reads the deletion
-markers and stored versions of its own documents from the tables' files (``slice_tasks.keyed_rows``,
+markers and stored versions of its own documents from the tables' files (``stored_rows.keyed_rows``,
 files skipped by their key range) and stages its deletion marker rows as a file, which the driver's
 MERGE streams like the state rows. The driver handles files, batches and counts only.
 """
@@ -37,22 +37,11 @@ from pyspark import RDD, StorageLevel
 
 from mongo_cdc.lake.batch_log import BatchWindow
 from mongo_cdc.lake.file_statistics import indexed_columns, indexed_columns_property, table_indexed_columns
-from mongo_cdc.lake.storage import file_actions, file_stats, row_count, table_if_exists
-from mongo_cdc.transform import columns
+from mongo_cdc.lake.storage import file_actions, row_count, table_if_exists
 from mongo_cdc.transform.data_files import DataFile, add_actions, delete_data_files, staged_rows
 from mongo_cdc.transform.folded_keys import folded_keys, slice_key_buckets
 from mongo_cdc.transform.raw_slices import SLICE_ROWS, RawSlice
 from mongo_cdc.transform.slice_tasks import (
-    DELETED_FLAG,
-    DELETION_COLUMNS,
-    DELETION_SCHEMA,
-    ChangesSpec,
-    KeyedFile,
-    Output,
-    SliceOutput,
-    SlicePlan,
-    StateOutput,
-    StateSpec,
     fold_documents,
     fold_inputs,
     none_folded_apart,
@@ -68,22 +57,28 @@ from mongo_cdc.transform.state_merge import (
     position_after,
     rewrite,
 )
+from mongo_cdc.transform.stored_rows import keyed_files
 from mongo_cdc.transform.table_commits import creating, log, settled_layout, stored_layout
+from mongo_cdc.transform.table_formats import (
+    DELETED_FLAG,
+    DELETION_COLUMNS,
+    DELETION_SCHEMA,
+    STATE_METADATA_COLUMNS,
+    staged_schema,
+)
 from mongo_cdc.transform.table_layout import TableLayout
+from mongo_cdc.transform.task_contract import (
+    ChangesSpec,
+    Output,
+    SliceOutput,
+    SlicePlan,
+    StateOutput,
+    StateSpec,
+)
 
 if TYPE_CHECKING:
     from mongo_cdc.transform.driver import CollectionTransform
 
-# The state table's leading columns (a DocumentVersion's, with the document rendered two ways).
-STATE_METADATA_COLUMNS: tuple[tuple[str, columns.ColumnType], ...] = (
-    ("__key", columns.STRING),
-    ("__id", columns.STRING),
-    ("__doc", columns.STRING),
-    ("__doc_bson", columns.BINARY),
-    ("__cluster_time", columns.LONG),
-    ("__event_order", columns.STRING),
-    ("__rs", columns.STRING),
-)
 # A deletion markers' MERGE source of at most this many rows is handed to delta-rs whole, which lets
 # it read and rewrite only the files whose key range may hold a source key; a larger one is streamed.
 MERGE_IN_MEMORY_ROWS = 200_000
@@ -327,7 +322,7 @@ class StateRun:
         of documents that live again."""
         if not files:
             return
-        schema = DELETION_SCHEMA.append(pa.field(DELETED_FLAG, pa.bool_()))
+        schema = staged_schema(DELETION_SCHEMA)
         source = staged_rows(self.transform.location, self.spec().markers_directory, files, schema)
         # the markers' app ids make a concurrent run's MERGE of the same markers fail, not insert twice
         properties = self.transform.commit_properties("deletions")
@@ -370,7 +365,7 @@ class StateRun:
         if self.shared_rewrite is not None:
             return self.commit_rewrite(self.shared_rewrite, self.layout)
         gone = gone_positions(self.manifests, self.drops)
-        schema = layout.schema.append(pa.field(DELETED_FLAG, pa.bool_()))
+        schema = staged_schema(layout.schema)
         source = staged_rows(self.transform.location, self.directory, files, schema).read_all()
         target = self.rewrite_target(layout)
         if target is not None and source.num_rows <= REWRITE_MAX_ROWS:
@@ -445,20 +440,3 @@ class StateRun:
 
 def _file_actions(table: DeltaTable | None) -> pa.Table | None:
     return None if table is None else file_actions(table)
-
-
-def keyed_files(actions: pa.Table | None, table_path: str) -> tuple[KeyedFile, ...]:
-    """The data files of a table keyed by ``__key`` (``actions``: its ``file_actions``; ``table_path``:
-    under the lake root), with their keys' range where the statistics hold it."""
-    if actions is None:
-        return ()
-    unknown = [None] * actions.num_rows
-    return tuple(
-        KeyedFile(f"{table_path}/{path}", low, high)
-        for path, low, high in zip(
-            actions.column("path").to_pylist(),
-            file_stats(actions, "min", "__key") or unknown,
-            file_stats(actions, "max", "__key") or unknown,
-            strict=True,
-        )
-    )

@@ -33,7 +33,9 @@ from mongo_cdc.lake import SnapshotManifest
 from mongo_cdc.lake.storage import LakeLocation
 from mongo_cdc.transform.data_files import DataFile, write_data_file
 from mongo_cdc.transform.raw_slices import lake_path
-from mongo_cdc.transform.slice_tasks import DELETED_FLAG, KeyedFile, in_order
+from mongo_cdc.transform.slice_tasks import in_order
+from mongo_cdc.transform.stored_rows import KeyedFile
+from mongo_cdc.transform.table_formats import DELETED_FLAG
 from mongo_cdc.transform.table_layout import widened
 
 if TYPE_CHECKING:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import traceback
 from dataclasses import replace
-from typing import NamedTuple
 
 import pyarrow as pa
 
@@ -24,14 +23,6 @@ from mongo_cdc.transform.folded_keys import folded_in_rows
 from mongo_cdc.transform.raw_events import ChangeEvent
 from mongo_cdc.transform.raw_slices import RawSlice, concat_pieces
 from mongo_cdc.transform.slice_tasks import (
-    DELETED_FLAG,
-    ChangesSpec,
-    KeyedFile,
-    Output,
-    SliceOutput,
-    SlicePlan,
-    StateOutput,
-    StateSpec,
     fold_documents,
     folded_events,
     none_folded_apart,
@@ -42,20 +33,16 @@ from mongo_cdc.transform.slice_tasks import (
     write_state_file,
 )
 from mongo_cdc.transform.state_merge import REWRITE_MAX_ROWS, Rewrite, gone_positions, rewrite
+from mongo_cdc.transform.stored_rows import KeyedFile
+from mongo_cdc.transform.table_formats import staged_schema
 from mongo_cdc.transform.table_layout import widened
-
-
-class WholeCollectionOutput(NamedTuple):
-    """What ``whole_collection`` did with one collection's slice: its plan, the transformed slice and
-    the documents folded apart, written, and the state table's rows after the run when it wrote them
-    whole (``error``: the traceback of its failure instead)."""
-
-    plan: SlicePlan | None
-    folded_documents: int
-    transformed: SliceOutput | None
-    folded: tuple[StateOutput, ...]
-    rewritten: DataFile | None = None
-    error: str | None = None
+from mongo_cdc.transform.task_contract import (
+    ChangesSpec,
+    Output,
+    StateOutput,
+    StateSpec,
+    WholeCollectionOutput,
+)
 
 
 def whole_collection(
@@ -115,7 +102,7 @@ def rewritten_whole(
         sum(file.rows for file in files) + sum(rows.num_rows for rows in held) > REWRITE_MAX_ROWS
     ):
         return None, [staged(location, state, state_output) for state_output in outputs]
-    schema = target.schema.append(pa.field(DELETED_FLAG, pa.bool_()))
+    schema = staged_schema(target.schema)
     staged_source = staged_rows(location, state.directory, files, schema).read_all()
     source = pa.concat_tables([*(widened(rows, schema) for rows in held), staged_source])
     new_file = rewrite(location, target, source, gone_positions(state.manifests, state.drops))
