@@ -4,15 +4,14 @@ One row per new event, appended, partitioned by ``hour``; old files are never re
 adds a column (in a commit of its own, before the append); a value whose type conflicts with its
 column's goes to the column's fallback sibling (``transform.columns``). The flattening options
 (``--flattening``, keyed like the source YAML) are recorded in the table's schema
-(``FLATTENING_METADATA``): other options rebuild the table, and say so. ``--rebuild-hours``
-rewrites the rows of those hours from the raw rows and backfilled history (``rebuild``, a backfill
-run). Driver only: imports deltalake and runs Spark jobs.
+(``flatten_options.with_recorded_flattening``): other options rebuild the table, and say so.
+``--rebuild-hours`` rewrites the rows of those hours from the raw rows and backfilled history
+(``rebuild``, a backfill run). Driver only: imports deltalake and runs Spark jobs.
 """
 
 from __future__ import annotations
 
-import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 from deltalake import DeltaTable, Schema, write_deltalake
@@ -24,7 +23,7 @@ from mongo_cdc.lake.file_rewrites import normalize_last_commit
 from mongo_cdc.lake.file_statistics import indexed_columns, indexed_columns_property, table_indexed_columns
 from mongo_cdc.lake.storage import row_count
 from mongo_cdc.transform.data_files import DataFile, add_actions, delete_data_files, staged_rows
-from mongo_cdc.transform.flatten_options import FlatteningOptions
+from mongo_cdc.transform.flatten_options import with_recorded_flattening
 from mongo_cdc.transform.raw_slices import RawSlice
 from mongo_cdc.transform.slice_tasks import transform_slice
 from mongo_cdc.transform.state_merge import sql_literal
@@ -34,9 +33,6 @@ from mongo_cdc.transform.task_contract import ChangesSpec, Output
 
 if TYPE_CHECKING:
     from mongo_cdc.transform.driver import CollectionTransform
-
-# Where the changes table records the flattening options it was written with.
-FLATTENING_METADATA = "mongo_cdc.flattening"
 
 
 class ChangesRun:
@@ -64,7 +60,7 @@ class ChangesRun:
         )
 
     def schema(self, layout: TableLayout) -> pa.Schema:
-        return _with_flattening(
+        return with_recorded_flattening(
             layout.schema.append(pa.field(lake.HOUR_COLUMN, pa.string())), self.transform.flattening
         )
 
@@ -175,19 +171,3 @@ class ChangesRun:
         )
         normalize_last_commit(self.table, location)  # delta-rs' own statistics, as in ``finish``
         return sum(file.rows for file in written)
-
-
-def _with_flattening(schema: pa.Schema, options: FlatteningOptions) -> pa.Schema:
-    """``schema`` with ``options`` recorded on its hour column (``FLATTENING_METADATA``)."""
-    index = schema.get_field_index(lake.HOUR_COLUMN)
-    field = schema.field(index).with_metadata(
-        {FLATTENING_METADATA: json.dumps(options.to_json(), sort_keys=True)}
-    )
-    return schema.set(index, field)
-
-
-def recorded_flattening(table: DeltaTable) -> dict[str, Any]:
-    """The flattening options the changes table was written with (defaults where none are recorded)."""
-    field = pa.schema(table.schema().to_arrow()).field(lake.HOUR_COLUMN)
-    recorded = (field.metadata or {}).get(FLATTENING_METADATA.encode())
-    return json.loads(recorded) if recorded else FlatteningOptions().to_json()
