@@ -3,8 +3,9 @@
     spark-submit spark_apps/cdc_transform.py --lake-root /lake --topic-prefix shop
 
 The entry point: the job's arguments and ``main``. How a run goes is ``mongo_cdc.transform.driver``
-(the driver's side: ``CollectionTransform``, ``state_commit``, ``changes_commit``) and
-``mongo_cdc.transform.slice_tasks`` (what each Spark task does with its ``slices``). Object-store
+(the driver's side: ``CollectionTransform``, ``collection_run``, ``state_commit``,
+``changes_commit``) and ``mongo_cdc.transform.slice_tasks`` (what each Spark task does with its raw
+slice, ``raw_slices``). Object-store
 credentials come from the environment (``storage.LakeLocation.from_env``).
 
 Only the collections with work run (``mongo_cdc.transform.work``): a run where none has any starts no

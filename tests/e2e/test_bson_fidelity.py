@@ -15,7 +15,7 @@ from mongo_cdc import extjson
 from mongo_cdc.capture.document_ids import document_id
 from mongo_cdc.lake import table_uri
 from mongo_cdc.lake.storage import table_if_exists
-from mongo_cdc.transform.state_commit import STATE_METADATA_COLUMNS
+from mongo_cdc.transform.table_formats import STATE_METADATA_COLUMNS
 from mongo_cdc.transform.table_layout import TableLayout
 
 IMAGES_ON = {"changeStreamPreAndPostImages": {"enabled": True}}

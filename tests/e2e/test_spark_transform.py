@@ -35,8 +35,7 @@ from mongo_cdc.capture.raw_tables import rows_to_table
 from mongo_cdc.lake.batch_log import Batch
 from mongo_cdc.lake.landing import SourceLake
 from mongo_cdc.lake.storage import LakeLocation
-from mongo_cdc.transform.changes_commit import FLATTENING_METADATA
-from mongo_cdc.transform.flatten_options import FlatteningOptions
+from mongo_cdc.transform.flatten_options import FLATTENING_METADATA, FlatteningOptions
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SPARK_SUBMIT = os.path.join(os.path.dirname(sys.executable), "spark-submit")

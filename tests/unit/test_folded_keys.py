@@ -23,8 +23,8 @@ from mongo_cdc.transform.folded_keys import (
     key_bucket,
     slice_key_buckets,
 )
+from mongo_cdc.transform.raw_slices import RawPiece, read_slice
 from mongo_cdc.transform.slice_tasks import none_folded_apart, plan_slice
-from mongo_cdc.transform.slices import RawPiece, read_slice
 
 SEQ = 1
 BUCKET_OF_A = 418_577  # zlib.crc32(b'["s","a"]') % 1_000_003

@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from mongo_cdc.lake.storage import LakeLocation
-from mongo_cdc.transform.slices import SLICE_BYTES, SLICE_ROWS, RawFile, RawPiece, raw_slices
+from mongo_cdc.transform.raw_slices import SLICE_BYTES, SLICE_ROWS, RawFile, RawPiece, raw_slices
 
 
 def test_small_files_of_large_documents_are_grouped_up_to_the_byte_bound(tmp_path: Path) -> None:

@@ -14,20 +14,16 @@ import pytest
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 
 from mongo_cdc.lake.storage import LakeLocation
-from mongo_cdc.transform import shared_tasks
+from mongo_cdc.transform import whole_collection
 from mongo_cdc.transform.column_survey import NO_CHANGES
 from mongo_cdc.transform.data_files import DataFile, write_data_file
-from mongo_cdc.transform.shared_tasks import rewritten_whole
-from mongo_cdc.transform.slice_tasks import (
-    DELETED_FLAG,
-    KeyedFile,
-    Output,
-    StateOutput,
-    StateSpec,
-    write_state_file,
-)
+from mongo_cdc.transform.slice_tasks import write_state_file
 from mongo_cdc.transform.state_merge import Gone, Rewrite, merge_files, merge_into, merged_rows, rewrite
+from mongo_cdc.transform.stored_rows import KeyedFile
+from mongo_cdc.transform.table_formats import DELETED_FLAG
 from mongo_cdc.transform.table_layout import TableLayout
+from mongo_cdc.transform.task_contract import Output, StateOutput, StateSpec
+from mongo_cdc.transform.whole_collection import rewritten_whole
 
 SCHEMA = pa.schema(
     [
@@ -177,7 +173,7 @@ def test_a_rewrite_writes_the_rows_after_the_run_of_every_file_of_the_table_as_o
 
 def shared_run(tmp_path) -> tuple[LakeLocation, StateSpec, Rewrite, list[StateOutput], pa.Table, DataFile]:
     """A two-row state table, a shared task's state rows held in memory (an update) and one staged
-    file of rows (an insert), as ``shared_tasks.rewritten_whole`` gets them."""
+    file of rows (an insert), as ``whole_collection.rewritten_whole`` gets them."""
     location = LakeLocation(str(tmp_path))
     write_deltalake(
         tmp_path / "state", rows(SCHEMA, [("kept", 10, "b", "rs0", 1), ("updated", 10, "b", "rs0", 2)])
@@ -208,7 +204,7 @@ def test_a_shared_task_writes_its_held_and_staged_rows_whole_and_hands_the_drive
 
 def test_rows_too_many_to_write_whole_are_all_staged_for_the_drivers_merge(tmp_path, monkeypatch):
     location, spec, target, outputs, held, staged_file = shared_run(tmp_path)
-    monkeypatch.setattr(shared_tasks, "REWRITE_MAX_ROWS", 1)
+    monkeypatch.setattr(whole_collection, "REWRITE_MAX_ROWS", 1)
 
     written, handed = rewritten_whole(location, spec, target, outputs)
 

@@ -46,7 +46,7 @@ from mongo_cdc.lake.batch_log import Batch, last_batches
 from mongo_cdc.lake.landing import SourceLake
 from mongo_cdc.lake.storage import file_actions, table_if_exists
 from mongo_cdc.transform.flatten_options import FlatteningOptions
-from mongo_cdc.transform.slices import lake_path
+from mongo_cdc.transform.raw_slices import lake_path
 
 log = logging.getLogger(__name__)
 

@@ -34,7 +34,7 @@ from mongo_cdc.lake.file_statistics import (
     statistics_writer,
 )
 from mongo_cdc.lake.storage import LakeLocation
-from mongo_cdc.transform.slices import lake_path
+from mongo_cdc.transform.raw_slices import lake_path
 from mongo_cdc.transform.table_layout import widened
 
 if TYPE_CHECKING:

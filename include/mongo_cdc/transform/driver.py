@@ -5,12 +5,15 @@ replica set the last batch it applied (Delta app transactions, ``raw_events.appl
 the same commit as its data, so a run applies exactly the batches committed since the last one,
 whatever crashed before; a collection's run that loses a commit race to another writer of its
 tables (two transforms at once) is made again from a fresh read (``CollectionTransform.converged``).
-Spark parallelises the Python work; delta-rs commits, so no Spark jar is needed. How a run goes,
-per collection (``CollectionTransform.update``):
+Spark parallelises the Python work; delta-rs commits, so no Spark jar is needed. Each try of a
+collection's run works within a ``collection_run.CollectionRun`` (where its tables are, the batches
+it applies and how each commit records them, how its slices go to Spark), which the table runs
+(``StateRun``, ``ChangesRun``) share; this module orchestrates. How a run goes, per collection
+(``CollectionTransform.update``):
 
-1. the raw files that may hold new rows are cut into slices of about ``slices.SLICE_ROWS`` rows
-   (``slices.raw_slices``), read as Arrow tables (``slices.read_slice``) one at a time by a few Spark
-   tasks per core (``CollectionTransform.slice_tasks``);
+1. the raw files that may hold new rows are cut into slices of about ``raw_slices.SLICE_ROWS``
+   rows (``raw_slices.raw_slices``), read as Arrow tables (``raw_slices.read_slice``) one at a time
+   by a few Spark tasks per core (``CollectionRun.slice_task_count``);
 2. plan (``slice_tasks.plan_slice``, ``folded_keys``, column-wise, without reading the documents):
    each piece's range of document keys; where they overlap, each state event's document key summed
    per slice and then per bucket of keys; documents with more than one new event, or an update
@@ -20,17 +23,17 @@ per collection (``CollectionTransform.update``):
    ``bson.decode_all``) for both tables and writes, under the tables' directories, its state rows
    (the documents with one event, sorted by ``__key``) and its change rows (a file per hour), each in
    the stored layout evolved by what its own rows need; it hands the driver only file names and
-   those needs;
+   those needs (``task_contract``: what each side hands the other);
 4. the documents folded apart: their events grouped by document (Spark's shuffle), folded with the
-   stored version or deletion marker (``fold_events``; each task reads those of its documents),
-   written like step 3;
+   stored version or deletion marker (``fold_events``; each task reads those of its documents,
+   ``stored_rows``), written like step 3;
 5. the driver settles each table's layout from every task's needs (a task whose rows took other
    types for a new field writes them again in it), then commits: a new state table in one commit
    of the written files, an existing one by MERGE of the (staged) rows (``state_commit``); change
    files appended in one commit (new columns first, in a commit of their own; ``changes_commit``).
 
 Small collections share a job (``transform_collections``): a collection whose new raw rows are one
-slice is run whole by one task (``shared_tasks.whole_collection``: steps 2 to 4 in one task, every
+slice is run whole by one task (``whole_collection.whole_collection``: steps 2 to 4 in one task, every
 event of a document being in that slice), one Spark job for all of them; the driver then settles and
 commits each one's tables as in step 5, side by side. A shared run that loses a commit race, or whose
 rows must be written again in a settled layout, runs again with jobs of its own.
@@ -47,19 +50,18 @@ from __future__ import annotations
 import datetime as dt
 import json
 import time
-import uuid
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from deltalake import CommitProperties, DeltaTable, Transaction
+from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError
 
 from mongo_cdc import lake
 from mongo_cdc.lake.batch_log import Batch, BatchWindow
 from mongo_cdc.lake.errors import LakeFileError, damage_in
-from mongo_cdc.lake.landing import COMMIT_RETRIES, SourceLake
+from mongo_cdc.lake.landing import SourceLake
 from mongo_cdc.lake.maintenance import (
     MaintenanceSettings,
     maintain_table,
@@ -72,20 +74,20 @@ from mongo_cdc.namespace import Namespace
 from mongo_cdc.transform.applied_mark import AppliedMark, withdraw_figures, write_mark
 from mongo_cdc.transform.backlog import behind_text, collection_backlog
 from mongo_cdc.transform.changes_commit import ChangesRun
+from mongo_cdc.transform.collection_run import CollectionRun
 from mongo_cdc.transform.data_files import delete_directory
 from mongo_cdc.transform.flatten_options import FlatteningOptions
-from mongo_cdc.transform.raw_events import applied_app_id, applied_batches
-from mongo_cdc.transform.shared_tasks import SharedOutput, whole_collection
-from mongo_cdc.transform.slice_tasks import SliceOutput, transform_slice
-from mongo_cdc.transform.slices import RawFile, RawSlice, raw_files, raw_slices
+from mongo_cdc.transform.raw_slices import RawSlice
+from mongo_cdc.transform.slice_tasks import transform_slice
 from mongo_cdc.transform.state_commit import SharedRunMisfit, StateRun
 from mongo_cdc.transform.table_commits import LostCommitRace, committed_version, log, version_of
+from mongo_cdc.transform.task_contract import SliceOutput, WholeCollectionOutput
+from mongo_cdc.transform.whole_collection import whole_collection
 from mongo_cdc.transform.work import CollectionWork
 
 if TYPE_CHECKING:
     from pyspark import SparkContext
 
-# Under a state table: MERGE sources and rebuilt change rows, written before their commit.
 # How many times in all a collection's run is made (``CollectionTransform.converged``) while it keeps
 # losing commit races to other writers of its tables, before the job fails.
 COMMIT_RACE_ATTEMPTS = 4
@@ -93,9 +95,6 @@ COMMIT_RACE_ATTEMPTS = 4
 # reads and commits hold the GIL for much of their time: 4 threads took 7% less CPU and wall than 8
 # for 300 small collections on 2 cores (farm-bench, 5 pairs), and still overlap delta-rs' waits.
 COLLECTION_THREADS = 4
-# How many Spark tasks per core run a collection's slices (``CollectionTransform.slice_tasks``): more
-# than one, so that a core whose tasks finish early takes another.
-SLICE_TASKS_PER_CORE = 2
 # How many Spark tasks per core the job shared by small collections has (``_shared_job``): each takes
 # its share of the collections in turn, and the tasks take the cores in turn as they finish.
 SHARED_TASKS_PER_CORE = 4
@@ -117,50 +116,20 @@ class CollectionTransform:
         """``work``: the collection's ``work.source_work`` answer from ``batches``, which the first
         ``prepared`` takes with the tables it read rather than read them again (two table reads and
         their app transactions a collection: a cost of many small collections)."""
-        self.context = context
         self.source_lake = source_lake
-        self.location = source_lake.location
-        self.options = source_lake.options
-        self.namespace = namespace
-        db, collection = Namespace.parse(namespace)
-        self.batches = batches
-        self.committed: dict[str, int] = {}
-        for batch in batches:
-            self.committed[batch.rs] = max(batch.seq, self.committed.get(batch.rs, 0))
-        manifests = [batch.manifest for batch in batches if batch.manifest is not None]
-        self.manifests = [m for m in manifests if namespace in m.collections]
-        self.flattening = flattening
-        self.rebuild_hours = rebuild_hours
-        self.raw_path = lake.table_path("raw", source_lake.prefix, db, collection)
-        self.state_path = lake.table_path("state", source_lake.prefix, db, collection)
-        self.changes_path = lake.table_path("changes", source_lake.prefix, db, collection)
-        self.raw_uri = lake.table_uri(self.location, "raw", source_lake.prefix, db, collection)
-        self.state_uri = lake.table_uri(self.location, "state", source_lake.prefix, db, collection)
-        self.deletions_uri = lake.deletions_uri(self.location, source_lake.prefix, db, collection)
-        self.deletions_path = lake.deletions_path(source_lake.prefix, db, collection)
-        self.changes_uri = lake.table_uri(self.location, "changes", source_lake.prefix, db, collection)
-        # MERGE sources and rebuilt tables are written here first (never read as the tables' data)
-        self.staging = f"{self.state_path}/{lake.STAGING_DIR}/{uuid.uuid4()}"
+        self.collection_run = CollectionRun(
+            context, source_lake, namespace, batches, flattening, rebuild_hours
+        )
         self._given_work = work
-        self._files: list[RawFile] | None = None
-
-    @property
-    def files(self) -> list[RawFile]:
-        """The raw table's files, read only when the collection has batches to apply or hours to
-        rebuild: an idle collection's run reads no raw table. Kept by hand, not by a
-        ``cached_property``, whose lock (one for every instance, in Python 3.11) made the collection
-        threads read their raw tables one at a time."""
-        if self._files is None:
-            raw = table_if_exists(self.raw_uri, self.options)
-            self._files = raw_files(raw, self.raw_path) if raw is not None else []
-        return self._files
 
     def run(
-        self, maintenance: MaintenanceSettings | None, shared: tuple[PreparedRun, SharedOutput] | None = None
+        self,
+        maintenance: MaintenanceSettings | None,
+        shared: tuple[PreparedRun, WholeCollectionOutput] | None = None,
     ) -> dict[str, Any]:
         """The run (``shared``: its task of a shared job ran it), then the tables' maintenance."""
         summary = self.converged() if shared is None else self.converged_shared(*shared)
-        if maintenance is not None and maintained(maintenance, self.namespace):
+        if maintenance is not None and maintained(maintenance, self.collection_run.namespace):
             summary["maintenance"] = self.maintain(maintenance)
             for name in ("state", "changes"):  # its commits moved the tables on
                 if name in summary["maintenance"]:
@@ -172,9 +141,10 @@ class CollectionTransform:
         commit race to another writer of the collection's tables (a backfill run's transform beside a
         live run's, say), at most COMMIT_RACE_ATTEMPTS times in all.
 
-        Every commit of a run carries the tables' app transactions (``commit_properties``), so of two
-        runs committing to one table from the same read, Delta's conflict check fails the later one;
-        and a table read is refused when a run with a newer batch log already applied more (``read``).
+        Every commit of a run carries the tables' app transactions (``CollectionRun.commit_properties``),
+        so of two runs committing to one table from the same read, Delta's conflict check fails the
+        later one; and a table read is refused when a run with a newer batch log already applied more
+        (``CollectionRun.read``).
         The fresh read then shows what the winner applied, and the run applies the rest: no batch is
         applied twice, none is skipped."""
         transform = self
@@ -184,20 +154,20 @@ class CollectionTransform:
             except (CommitFailedError, LostCommitRace) as race:
                 lost = race
             finally:
-                delete_directory(transform.location, transform.staging)
+                delete_directory(transform.collection_run.location, transform.collection_run.staging)
             if attempt < COMMIT_RACE_ATTEMPTS:
                 log.warning(
                     "%s: lost a commit race to another writer of its tables (%s); running it again from a "
                     "fresh read of the batch log and the tables (attempt %d of %d)",
-                    self.namespace, lost, attempt + 1, COMMIT_RACE_ATTEMPTS,
+                    self.collection_run.namespace, lost, attempt + 1, COMMIT_RACE_ATTEMPTS,
                 )  # fmt: skip
                 transform = transform.again()
         raise LostCommitRace(
-            f"{self.namespace}: lost {COMMIT_RACE_ATTEMPTS} commit races in a row to other writers of its "
-            f"tables (is more than one transform of this source running?); the last: {lost}"
+            f"{self.collection_run.namespace}: lost {COMMIT_RACE_ATTEMPTS} commit races in a row to other "
+            f"writers of its tables (is more than one transform of this source running?); the last: {lost}"
         ) from lost
 
-    def converged_shared(self, run: PreparedRun, output: SharedOutput) -> dict[str, Any]:
+    def converged_shared(self, run: PreparedRun, output: WholeCollectionOutput) -> dict[str, Any]:
         """``finished_shared``; made again with jobs of its own (``converged``, from a fresh read) when
         it lost a commit race, or its rows must be written again in a settled layout."""
         try:
@@ -205,23 +175,24 @@ class CollectionTransform:
         except (CommitFailedError, LostCommitRace) as race:
             log.warning(
                 "%s: lost a commit race to another writer of its tables (%s); running it again with Spark "
-                "jobs of its own from a fresh read of the batch log and the tables", self.namespace, race,
+                "jobs of its own from a fresh read of the batch log and the tables",
+                self.collection_run.namespace, race,
             )  # fmt: skip
         except SharedRunMisfit as misfit:
             log.info("%s", misfit)
         finally:
-            delete_directory(self.location, self.staging)
+            delete_directory(self.collection_run.location, self.collection_run.staging)
         return self.again().converged()
 
     def again(self) -> CollectionTransform:
         """This collection's transform from a fresh read of the batch log, raw files and tables."""
         return CollectionTransform(
-            self.context,
+            self.collection_run.context,
             self.source_lake,
-            self.namespace,
+            self.collection_run.namespace,
             self.source_lake.batches(),
-            self.flattening,
-            self.rebuild_hours,
+            self.collection_run.flattening,
+            self.collection_run.rebuild_hours,
         )
 
     def maintain(self, settings: MaintenanceSettings) -> dict[str, Any]:
@@ -230,64 +201,16 @@ class CollectionTransform:
         interval, retention = settings.optimize_interval_hours, settings.retention_hours
         done = {}
         for name, uri, cluster_by in (
-            ("raw", self.raw_uri, None),
-            ("changes", self.changes_uri, None),
-            ("state", self.state_uri, "__key"),
-            ("deletions", self.deletions_uri, "__key"),
+            ("raw", self.collection_run.raw_uri, None),
+            ("changes", self.collection_run.changes_uri, None),
+            ("state", self.collection_run.state_uri, "__key"),
+            ("deletions", self.collection_run.deletions_uri, "__key"),
         ):
-            if table_if_exists(uri, self.options) is not None:
-                done[name] = maintain_table(uri, self.location, interval, retention, now, cluster_by)
+            if table_if_exists(uri, self.collection_run.options) is not None:
+                done[name] = maintain_table(
+                    uri, self.collection_run.location, interval, retention, now, cluster_by
+                )
         return done
-
-    def applied(self, table: DeltaTable | None, name: str) -> dict[str, int]:
-        return applied_batches(table, name, self.committed)
-
-    def read(self, name: str) -> DeltaTable | None:
-        """The ``state`` or ``changes`` table as it is now. LostCommitRace if it has applied batches past
-        this run's batch log: a run that read a newer log committed first, and a commit of this run's
-        view would record older batches as applied (applied again, their change rows would double)."""
-        table = table_if_exists(self.state_uri if name == "state" else self.changes_uri, self.options)
-        self.refuse_ahead(name, self.applied(table, name))
-        return table
-
-    def refuse_ahead(self, name: str, applied: dict[str, int]) -> None:
-        """LostCommitRace if the table ``name`` has ``applied`` batches past this run's batch log."""
-        ahead = {rs: seq for rs, seq in applied.items() if seq > self.committed[rs]}
-        if ahead:
-            raise LostCommitRace(
-                f"its {name} table has applied batches {ahead}, past this run's batch log {self.committed}"
-            )
-
-    def commit_properties(self, name: str, versions: dict[str, int] | None = None) -> CommitProperties:
-        """The commit's app transactions: this table has applied every committed batch (``versions``:
-        the batches it had applied when read, for a commit that applies none). ``name``'s app ids are
-        in every commit of a run to that table, so Delta fails the later of two made from one read."""
-        return CommitProperties(
-            app_transactions=[
-                Transaction(applied_app_id(name, rs), seq)
-                for rs, seq in (self.committed if versions is None else versions).items()
-            ],
-            max_commit_retries=COMMIT_RETRIES,
-        )
-
-    def slices(self, windows: list[BatchWindow], files: list[RawFile] | None = None) -> list[RawSlice]:
-        chosen = [
-            file
-            for file in (self.files if files is None else files)
-            if any(window.may_hold(file.min_seq, file.max_seq) for window in windows)
-        ]
-        return raw_slices(self.location, chosen, self.context.defaultParallelism)
-
-    def slice_tasks(self, slices: list[Any]) -> int:
-        """How many Spark tasks run ``slices``, each taking its share in turn: a task's round trip
-        costs a tenth of a second or more, as much as planning a slice."""
-        return max(1, min(len(slices), self.context.defaultParallelism * SLICE_TASKS_PER_CORE))
-
-    def run_slices(self, slices: list[RawSlice], task: Callable[[RawSlice], Any]) -> list[Any]:
-        """``task`` of each slice (``slice_tasks`` Spark tasks); the results in slice order."""
-        if not slices:
-            return []
-        return self.context.parallelize(slices, self.slice_tasks(slices)).map(task).collect()
 
     # -- both tables ---------------------------------------------------------------------
 
@@ -296,27 +219,30 @@ class CollectionTransform:
         work, self._given_work = self._given_work, None  # source_work's, for the first try only
         if work is None:
             work = CollectionWork.of(
-                self.batches,
-                self.namespace,
-                self.read("state"),
-                self.read("changes"),
-                self.flattening,
-                self.rebuild_hours,
+                self.collection_run.batches,
+                self.collection_run.namespace,
+                self.collection_run.read("state"),
+                self.collection_run.read("changes"),
+                self.collection_run.flattening,
+                self.collection_run.rebuild_hours,
             )
         else:
-            self.refuse_ahead("state", work.state_applied)
-            self.refuse_ahead("changes", work.changes_applied)
+            self.collection_run.refuse_ahead("state", work.state_applied)
+            self.collection_run.refuse_ahead("changes", work.changes_applied)
         state_table, changes_table = work.state_table, work.changes_table
         if work.changes_rebuilt:
             log.warning(
-                "%s: other flattening options than the changes table's: rebuilding it", self.namespace
+                "%s: other flattening options than the changes table's: rebuilding it",
+                self.collection_run.namespace,
             )
         state = (
-            StateRun(self, state_table, work.state_window, work.state_applied) if work.updates_state else None
+            StateRun(self.collection_run, state_table, work.state_window, work.state_applied)
+            if work.updates_state
+            else None
         )
         changes = (
             ChangesRun(
-                self,
+                self.collection_run,
                 None if work.changes_rebuilt else changes_table,
                 work.changes_rebuilt,
                 work.changes_window,
@@ -326,17 +252,22 @@ class CollectionTransform:
         )
         windows = [run.window for run in (state, changes) if run is not None]
         return PreparedRun(
-            state_table, changes_table, work, state, changes, self.slices(windows) if windows else []
+            state_table,
+            changes_table,
+            work,
+            state,
+            changes,
+            self.collection_run.slices(windows) if windows else [],
         )
 
     def shares_a_job(self, run: PreparedRun) -> bool:
         """Whether the run fits one task of a Spark job shared with other small collections: its new
         raw rows are one slice, and no hours of change rows are rewritten (a job of their own)."""
-        return len(run.slices) == 1 and not self.rebuild_hours
+        return len(run.slices) == 1 and not self.collection_run.rebuild_hours
 
-    def shared_task(self, run: PreparedRun) -> Callable[[], SharedOutput]:
-        """The run as one Spark task (``shared_tasks.whole_collection``) of a shared job."""
-        location, (raw_slice,) = self.location, run.slices
+    def shared_task(self, run: PreparedRun) -> Callable[[], WholeCollectionOutput]:
+        """The run as one Spark task (``whole_collection.whole_collection``) of a shared job."""
+        location, (raw_slice,) = self.collection_run.location, run.slices
         state_spec = run.state.spec() if run.state is not None else None
         changes_spec = run.changes.spec() if run.changes is not None else None
         state_files = run.state.state_files if run.state is not None else ()
@@ -350,21 +281,24 @@ class CollectionTransform:
         if state is not None:
             state.plan(slices)
         changes_spec = changes.spec() if changes is not None else None
-        location = self.location
+        location = self.collection_run.location
         started = time.monotonic()
         if state is not None:
             outputs = state.transformed(slices, state.spec(), changes_spec)
         else:
-            outputs = self.run_slices(
+            outputs = self.collection_run.run_slices(
                 slices,
                 lambda raw_slice: transform_slice(location, raw_slice, None, changes_spec, frozenset()),
             )
         log.info(
-            "%s: %d slices transformed in %.1fs", self.namespace, len(slices), time.monotonic() - started
+            "%s: %d slices transformed in %.1fs",
+            self.collection_run.namespace,
+            len(slices),
+            time.monotonic() - started,
         )
         return self.finished(run, outputs)
 
-    def finished_shared(self, run: PreparedRun, output: SharedOutput) -> dict[str, Any]:
+    def finished_shared(self, run: PreparedRun, output: WholeCollectionOutput) -> dict[str, Any]:
         """The run whose one slice a task of a shared job transformed (``output``), committed."""
         if output.error is not None:
             # first the exception the task raised (the summary's error line), then its traceback
@@ -375,7 +309,9 @@ class CollectionTransform:
         assert output.transformed is not None
         if run.state is not None:
             assert output.plan is not None
-            run.state.shared(output.plan, output.folded_documents, output.folded, output.rewritten)
+            run.state.take_whole_collection_output(
+                output.plan, output.folded_documents, output.folded, output.rewritten
+            )
         return self.finished(run, [output.transformed])
 
     def finished(self, run: PreparedRun, outputs: list[SliceOutput]) -> dict[str, Any]:
@@ -390,17 +326,25 @@ class CollectionTransform:
             written, change_rows = changes.finish(slices, [output.changes for output in outputs])
         else:
             written, change_rows = 0, row_count(changes_table)
-        if self.rebuild_hours:
+        if self.collection_run.rebuild_hours:
             # the table as committed: one this run created too, whose hours' history rows are only in
             # the rebuild
             if changes is not None:
-                changes_table = self.read("changes")
+                changes_table = self.collection_run.read("changes")
             if changes_table is not None:
-                every = BatchWindow.of(self.batches, self.namespace, include_history=True)
-                written += ChangesRun(self, changes_table, False, every).rebuild(set(self.rebuild_hours))
-                change_rows = row_count(table_if_exists(self.changes_uri, self.options))
-        if self.rebuild_hours or run.work.changes_rebuilt:  # committed by URI: read again
-            changes_version = version_of(table_if_exists(self.changes_uri, self.options))
+                every = BatchWindow.of(
+                    self.collection_run.batches, self.collection_run.namespace, include_history=True
+                )
+                written += ChangesRun(self.collection_run, changes_table, False, every).rebuild(
+                    set(self.collection_run.rebuild_hours)
+                )
+                change_rows = row_count(
+                    table_if_exists(self.collection_run.changes_uri, self.collection_run.options)
+                )
+        if self.collection_run.rebuild_hours or run.work.changes_rebuilt:  # committed by URI: read again
+            changes_version = version_of(
+                table_if_exists(self.collection_run.changes_uri, self.collection_run.options)
+            )
         else:
             changes_version = (
                 version_of(changes_table) if changes is None else committed_version(changes.table)
@@ -496,7 +440,7 @@ def transform_collections(
     failures: dict[str, Future] = {}
     # A small collection's run is mostly waiting (Spark's job round trips, delta-rs reading and
     # committing logs): the collections whose new rows are one slice each share one Spark job, a task
-    # each (``shared_tasks.whole_collection``); the others run their own jobs. Reads and commits run
+    # each (``whole_collection.whole_collection``); the others run their own jobs. Reads and commits run
     # side by side, each collection the only writer of its own tables, so a source of many small
     # collections costs about what their data does.
     with ThreadPoolExecutor(COLLECTION_THREADS, thread_name_prefix="collection") as pool:
@@ -553,8 +497,8 @@ def transform_collections(
 
 
 def _shared_job(
-    context: SparkContext, tasks: dict[str, Callable[[], SharedOutput]]
-) -> dict[str, SharedOutput]:
+    context: SparkContext, tasks: dict[str, Callable[[], WholeCollectionOutput]]
+) -> dict[str, WholeCollectionOutput]:
     """Each collection's task (``CollectionTransform.shared_task``) in one Spark job, by namespace. A
     task returns its collection's failure rather than fail the job; should the job fail anyway (an
     executor lost, say), no collection has an output and each runs with jobs of its own."""
@@ -581,7 +525,7 @@ def _shared_job(
 
 
 def _named_damage(source_lake: SourceLake, namespace: str) -> LakeFileError | None:
-    db, _, collection = namespace.partition(".")
+    db, collection = Namespace.parse(namespace)
     uris = [
         lake.table_uri(source_lake.location, zone, source_lake.prefix, db, collection) for zone in lake.ZONES
     ]

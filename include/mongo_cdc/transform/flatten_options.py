@@ -17,9 +17,18 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
+import pyarrow as pa
+
+from mongo_cdc import lake
 from mongo_cdc.transform import column_types
+
+if TYPE_CHECKING:
+    from deltalake import DeltaTable
+
+# Where the changes table records the flattening options it was written with.
+FLATTENING_METADATA = "mongo_cdc.flattening"
 
 ARRAY_ENCODINGS = ("array", "document")
 DELETE_TOMBSTONE_HANDLING_MODES = ("drop", "tombstone", "rewrite", "rewrite-with-tombstone")
@@ -155,3 +164,19 @@ _ATTRIBUTES = {
     "sanitize.field.names": "sanitize_field_names",
 }
 _DEFAULTS = FlatteningOptions()
+
+
+def with_recorded_flattening(schema: pa.Schema, options: FlatteningOptions) -> pa.Schema:
+    """``schema`` with ``options`` recorded on its hour column (``FLATTENING_METADATA``)."""
+    index = schema.get_field_index(lake.HOUR_COLUMN)
+    field = schema.field(index).with_metadata(
+        {FLATTENING_METADATA: json.dumps(options.to_json(), sort_keys=True)}
+    )
+    return schema.set(index, field)
+
+
+def recorded_flattening(table: DeltaTable) -> dict[str, Any]:
+    """The flattening options the changes table was written with (defaults where none are recorded)."""
+    field = pa.schema(table.schema().to_arrow()).field(lake.HOUR_COLUMN)
+    recorded = (field.metadata or {}).get(FLATTENING_METADATA.encode())
+    return json.loads(recorded) if recorded else FlatteningOptions().to_json()

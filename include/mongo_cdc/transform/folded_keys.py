@@ -31,7 +31,7 @@ import pyarrow.compute as pc
 from mongo_cdc.lake.batch_log import BatchWindow
 from mongo_cdc.lake.storage import LakeLocation
 from mongo_cdc.transform.raw_events import event_keys
-from mongo_cdc.transform.slices import RawSlice, collection_operations, read_slice
+from mongo_cdc.transform.raw_slices import RawSlice, collection_operations, read_slice
 
 # What ``BatchWindow.filter`` reads of the raw rows.
 _FILTER_COLUMNS = ["source", "batch_seq"]

@@ -7,10 +7,12 @@
   with the deletion marker rows of the slice's documents (``write_markers``); the task hands the
   driver only the files and what its rows need of each table's layout (``SliceOutput``);
 * ``fold_inputs``: the events of the documents folded apart, keyed by document, for Spark's shuffle;
-* ``keyed_rows``: the rows of given document keys in a keyed table's files (``KeyedFile``: the state
-  table, for stored versions, and the deletion markers), read by the task that needs them.
+* ``fold_documents``: their versions folded with the stored version or deletion marker each task
+  reads of its own documents (``transform.stored_rows``), and written.
 
-``transform.shared_tasks`` runs them all in one task for a small collection.
+What the driver hands a task and a task hands back is ``transform.task_contract``; the tables' own
+columns, ``transform.table_formats``. ``transform.whole_collection`` runs them all in one task for a
+small collection.
 
 Runs on the executors, which have only pyarrow, orjson and bson (numpy too where it is installed:
 the fast path, ``transform.split_values``): no pyspark or deltalake import here. The driver's side is
@@ -20,18 +22,14 @@ the fast path, ``transform.split_values``): no pyspark or deltalake import here.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from mongo_cdc import extjson, lake
-from mongo_cdc.lake import SnapshotManifest
 from mongo_cdc.lake.batch_log import BatchWindow
 from mongo_cdc.lake.storage import LakeLocation
-from mongo_cdc.lake.table_reads import plain
 from mongo_cdc.transform import column_survey
 from mongo_cdc.transform.data_files import DataFile, write_data_file
 from mongo_cdc.transform.document_state import (
@@ -41,7 +39,6 @@ from mongo_cdc.transform.document_state import (
     reconcile_with_snapshots,
 )
 from mongo_cdc.transform.flatten import changes_table_rows, delete_rows_hold_before_images
-from mongo_cdc.transform.flatten_options import FlatteningOptions
 from mongo_cdc.transform.folded_keys import KeyRange, key_ranges, ranges_disjoint
 from mongo_cdc.transform.raw_events import (
     RAW_COLUMNS,
@@ -51,15 +48,29 @@ from mongo_cdc.transform.raw_events import (
     event_from_row,
     event_keys,
 )
-from mongo_cdc.transform.slices import (
+from mongo_cdc.transform.raw_slices import (
     RawSlice,
     collection_operations,
     concat_pieces,
-    lake_path,
     read_pieces,
     read_slice,
 )
+from mongo_cdc.transform.stored_rows import KeyedFile, deletion_markers, stored_versions
+from mongo_cdc.transform.table_formats import (
+    DELETED_FLAG,
+    DELETION_SCHEMA,
+    PER_DOCUMENT_COLUMNS,
+    staged_schema,
+)
 from mongo_cdc.transform.table_layout import TableLayout
+from mongo_cdc.transform.task_contract import (
+    ChangesSpec,
+    Output,
+    SliceOutput,
+    SlicePlan,
+    StateOutput,
+    StateSpec,
+)
 from mongo_cdc.transform.versions import single_event_versions, versions_table
 
 try:  # the fast path needs numpy; executors without it take the lossless path
@@ -67,52 +78,11 @@ try:  # the fast path needs numpy; executors without it take the lossless path
 except ImportError:
     SplitValues, split_documents = column_survey.FieldValues, None
 
-# The deletion markers' columns (lake.deletions_uri): a deleted document's last position.
-DELETION_COLUMNS = ("__key", "__cluster_time", "__event_order", "__rs")
-DELETION_SCHEMA = pa.schema(
-    [
-        ("__key", pa.string()),
-        ("__cluster_time", pa.int64()),
-        ("__event_order", pa.string()),
-        ("__rs", pa.string()),
-    ]
-)
-# A MERGE source row's deletion flag: never a column of the table.
-DELETED_FLAG = "__merge_deleted"
-# A stored version's columns of the state table (``stored_versions``), in DocumentVersion's order.
-STORED_VERSION_COLUMNS = ("__key", "__id", "__doc_bson", "__cluster_time", "__event_order", "__rs")
 # Below this many rows, a table's rows take the lossless path (``field_values``): the fast path's
 # fixed cost (its census passes, ~4-5 ms of CPU a slice) is more than decoding a few dozen documents,
 # and a source of many small collections is mostly slices of a few changes. Both paths give the
 # same rows (tests/unit/test_bson_columns.py); small documents break even at a few hundred rows.
 FAST_PATH_MIN_ROWS = 64
-# The state table's columns holding a value of each document's own (``write_data_file``'s unique
-# columns, with the column of ``_id``).
-PER_DOCUMENT_COLUMNS = ("__key", "__id", "__doc", "__doc_bson")
-
-
-class Output(NamedTuple):
-    """What a task wrote for one table: its files, and what its rows needed of the table's layout;
-    or its rows themselves, unwritten, for the task's own rewrite of the table (``StateSpec.held``)."""
-
-    files: tuple[DataFile, ...]
-    survey: column_survey.BatchTypes
-    rows: pa.Table | None = None
-
-
-class StateOutput(NamedTuple):
-    """What a task wrote of the state table (None: no rows) and its file of deletion marker rows
-    (``write_markers``; None: none)."""
-
-    output: Output | None
-    markers: DataFile | None
-
-
-class SliceOutput(NamedTuple):
-    """What ``transform_slice`` wrote of each table."""
-
-    state: StateOutput
-    changes: Output | None
 
 
 class StateValues(NamedTuple):
@@ -120,53 +90,6 @@ class StateValues(NamedTuple):
 
     values: column_survey.FieldValues | SplitValues
     documents: RowDocuments
-
-
-class SlicePlan(NamedTuple):
-    """A slice's state events in brief (``plan_slice``)."""
-
-    drops: list[tuple[tuple[int, str], str]]  # the drops and renames of the collection, as (position, rs)
-    rows: int  # the slice's rows in the run's window
-    # the range of its documents' keys in each piece (``folded_keys.key_ranges``); None when a piece
-    # holds a document's events more than once, or an update (it may lack ``after``)
-    key_ranges: tuple[KeyRange, ...] | None
-
-
-class KeyedFile(NamedTuple):
-    """A data file of a table keyed by ``__key`` (state, deletion markers): its path under the lake
-    root and its keys' range (None: unknown)."""
-
-    path: str
-    min_key: str | None
-    max_key: str | None
-
-
-@dataclass(frozen=True)
-class TableSpec:
-    """How a task writes rows of one table."""
-
-    layout: TableLayout  # the stored layout: a task's rows evolve it (survey), or ...
-    forced: bool  # ... are written in it as it is (a second try whose rows must fit it)
-    directory: str  # where the files go, under the lake root (the table's, or a staging directory)
-
-
-@dataclass(frozen=True)
-class StateSpec(TableSpec):
-    window: BatchWindow = BatchWindow({})
-    with_flag: bool = False  # MERGE source rows (deletions flagged), or live rows only (a new table)
-    manifests: tuple[SnapshotManifest, ...] = ()
-    drops: tuple[tuple[tuple[int, str], str], ...] = ()
-    deletions: tuple[KeyedFile, ...] = ()  # the deletion markers' files, read for the task's keys
-    markers_directory: str = ""  # where the task's deletion marker rows are staged
-    # rows that fit the stored layout are kept in memory, not staged (``Output.rows``): the task then
-    # writes the table again whole with them (``shared_tasks.rewritten_whole``)
-    held: bool = False
-
-
-@dataclass(frozen=True)
-class ChangesSpec(TableSpec):
-    window: BatchWindow = BatchWindow({})
-    options: FlatteningOptions = FlatteningOptions()
 
 
 # What ``plan_slice`` reads of the raw rows (``BatchWindow.filter`` takes source and batch_seq): not
@@ -211,75 +134,6 @@ def none_folded_apart(plans: Iterable[SlicePlan]) -> bool:
     return all(plan.key_ranges is not None for plan in plans) and ranges_disjoint(
         key_range for plan in plans for key_range in plan.key_ranges or ()
     )
-
-
-def keyed_rows(
-    location: LakeLocation, files: tuple[KeyedFile, ...], keys: pa.Array, columns: list[str]
-) -> pa.Table | None:
-    """``columns`` of the rows of ``files`` whose ``__key`` is one of ``keys``; None if none is. A
-    file or row group whose key range holds none of them is skipped, and only the ``__key`` column
-    of the rest is read until one matches."""
-    if not len(keys) or not files:
-        return None
-    low, high = (value.as_py() for value in pc.min_max(keys).values())
-    filesystem, base = location.filesystem()
-    parts = []
-    for file in files:
-        if (file.max_key is not None and file.max_key < low) or (
-            file.min_key is not None and high < file.min_key
-        ):
-            continue
-        parquet = pq.ParquetFile(lake_path(base, file.path), filesystem=filesystem)
-        for group in range(parquet.num_row_groups):
-            if not _may_hold(parquet.metadata.row_group(group), low, high):
-                continue
-            found = pc.is_in(plain(parquet.read_row_group(group, ["__key"])).column("__key"), keys)
-            if pc.any(found).as_py():
-                parts.append(plain(parquet.read_row_group(group, columns)).filter(found))
-    return pa.concat_tables(parts) if parts else None
-
-
-def _may_hold(group: pq.RowGroupMetaData, low: str, high: str) -> bool:
-    """Whether a row group's ``__key`` statistics allow a key in [low, high] (no statistics: yes),
-    compared as UTF-8 bytes, as Parquet orders them."""
-    for index in range(group.num_columns):
-        column = group.column(index)
-        statistics = column.statistics
-        if column.path_in_schema == "__key" and statistics is not None and statistics.has_min_max:
-            minimum, maximum = (
-                value.encode() if isinstance(value, str) else value
-                for value in (statistics.min, statistics.max)
-            )
-            return not (maximum < low.encode() or high.encode() < minimum)
-    return True
-
-
-def deletion_markers(
-    location: LakeLocation, files: tuple[KeyedFile, ...], keys: pa.Array
-) -> dict[str, DocumentVersion]:
-    """The deletion markers of ``keys`` (in the markers' ``files``), as versions without a document."""
-    rows = keyed_rows(location, files, keys, list(DELETION_COLUMNS))
-    if rows is None:
-        return {}
-    return {
-        row["__key"]: DocumentVersion(
-            row["__key"], "", None, row["__cluster_time"], row["__event_order"], row["__rs"]
-        )
-        for row in rows.to_pylist()
-    }
-
-
-def stored_versions(
-    location: LakeLocation, files: tuple[KeyedFile, ...], keys: pa.Array
-) -> dict[str, DocumentVersion]:
-    """The stored versions of ``keys`` (in the state table's ``files``)."""
-    rows = keyed_rows(location, files, keys, list(STORED_VERSION_COLUMNS))
-    if rows is None:
-        return {}
-    return {
-        row["__key"]: DocumentVersion(*(row[name] for name in STORED_VERSION_COLUMNS))
-        for row in rows.to_pylist()
-    }
 
 
 def transform_slice(
@@ -446,7 +300,7 @@ def write_markers(location: LakeLocation, directory: str, versions: pa.Table) ->
             versions.column("rs"),
             pc.is_null(versions.column("document")),
         ],
-        schema=DELETION_SCHEMA.append(pa.field(DELETED_FLAG, pa.bool_())),
+        schema=staged_schema(DELETION_SCHEMA),
     )
     return write_data_file(location, directory, in_order(rows, ["__key"]), unique_columns=("__key",))
 

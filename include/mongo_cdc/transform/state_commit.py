@@ -18,7 +18,7 @@ deletion markers, commit). Driver only: imports deltalake and runs Spark jobs.
 The driver holds no per-document data of the run, so its memory does not grow with the run: the
 documents folded apart are found by a Spark aggregation of the slices' keys (the driver gets their
 count) and reach each task as its slice's share (``slice_inputs``); each task reads the deletion
-markers and stored versions of its own documents from the tables' files (``slice_tasks.keyed_rows``,
+markers and stored versions of its own documents from the tables' files (``stored_rows.keyed_rows``,
 files skipped by their key range) and stages its deletion marker rows as a file, which the driver's
 MERGE streams like the state rows. The driver handles files, batches and counts only.
 """
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -37,28 +37,18 @@ from pyspark import RDD, StorageLevel
 
 from mongo_cdc.lake.batch_log import BatchWindow
 from mongo_cdc.lake.file_statistics import indexed_columns, indexed_columns_property, table_indexed_columns
-from mongo_cdc.lake.storage import file_actions, file_stats, row_count, table_if_exists
-from mongo_cdc.transform import column_types
+from mongo_cdc.lake.storage import file_actions, row_count, table_if_exists
+from mongo_cdc.transform.collection_run import CollectionRun
 from mongo_cdc.transform.data_files import DataFile, add_actions, delete_data_files, staged_rows
 from mongo_cdc.transform.folded_keys import folded_keys, slice_key_buckets
+from mongo_cdc.transform.raw_slices import SLICE_ROWS, RawSlice
 from mongo_cdc.transform.slice_tasks import (
-    DELETED_FLAG,
-    DELETION_COLUMNS,
-    DELETION_SCHEMA,
-    ChangesSpec,
-    KeyedFile,
-    Output,
-    SliceOutput,
-    SlicePlan,
-    StateOutput,
-    StateSpec,
     fold_documents,
     fold_inputs,
     none_folded_apart,
     plan_slice,
     transform_slice,
 )
-from mongo_cdc.transform.slices import SLICE_ROWS, RawSlice
 from mongo_cdc.transform.state_merge import (
     REWRITE_MAX_BYTES,
     REWRITE_MAX_ROWS,
@@ -68,22 +58,25 @@ from mongo_cdc.transform.state_merge import (
     position_after,
     rewrite,
 )
+from mongo_cdc.transform.stored_rows import keyed_files
 from mongo_cdc.transform.table_commits import creating, log, settled_layout, stored_layout
-from mongo_cdc.transform.table_layout import TableLayout
-
-if TYPE_CHECKING:
-    from mongo_cdc.transform.driver import CollectionTransform
-
-# The state table's leading columns (a DocumentVersion's, with the document rendered two ways).
-STATE_METADATA_COLUMNS: tuple[tuple[str, column_types.ColumnType], ...] = (
-    ("__key", column_types.STRING),
-    ("__id", column_types.STRING),
-    ("__doc", column_types.STRING),
-    ("__doc_bson", column_types.BINARY),
-    ("__cluster_time", column_types.LONG),
-    ("__event_order", column_types.STRING),
-    ("__rs", column_types.STRING),
+from mongo_cdc.transform.table_formats import (
+    DELETED_FLAG,
+    DELETION_COLUMNS,
+    DELETION_SCHEMA,
+    STATE_METADATA_COLUMNS,
+    staged_schema,
 )
+from mongo_cdc.transform.table_layout import TableLayout
+from mongo_cdc.transform.task_contract import (
+    ChangesSpec,
+    Output,
+    SliceOutput,
+    SlicePlan,
+    StateOutput,
+    StateSpec,
+)
+
 # A deletion markers' MERGE source of at most this many rows is handed to delta-rs whole, which lets
 # it read and rewrite only the files whose key range may hold a source key; a larger one is streamed.
 MERGE_IN_MEMORY_ROWS = 200_000
@@ -98,22 +91,26 @@ class StateRun:
 
     def __init__(
         self,
-        transform: CollectionTransform,
+        collection_run: CollectionRun,
         table: DeltaTable | None,
         window: BatchWindow,
         applied: dict[str, int],
     ) -> None:
         """``applied``: the batches ``table`` has applied, per replica set (``applied_batches``)."""
-        self.transform = transform
+        self.collection_run = collection_run
         self.table = table
         self.window = window
         self.manifests = tuple(
-            m for m in transform.manifests if applied.get(m.rs, 0) < m.seq <= transform.committed.get(m.rs, 0)
+            m
+            for m in collection_run.manifests
+            if applied.get(m.rs, 0) < m.seq <= collection_run.committed.get(m.rs, 0)
         )
-        self.layout = stored_layout(table, STATE_METADATA_COLUMNS, transform.flattening.sanitize_field_names)
-        self.deletions = table_if_exists(transform.deletions_uri, transform.options)
+        self.layout = stored_layout(
+            table, STATE_METADATA_COLUMNS, collection_run.flattening.sanitize_field_names
+        )
+        self.deletions = table_if_exists(collection_run.deletions_uri, collection_run.options)
         # a new table is written where it lives; a MERGE's source is staged first
-        self.directory = transform.state_path if table is None else f"{transform.staging}/state"
+        self.directory = collection_run.state_path if table is None else f"{collection_run.staging}/state"
         self.new_events = 0
         self.drops: tuple[tuple[tuple[int, str], str], ...] = ()
         self.folded_documents = 0
@@ -121,15 +118,16 @@ class StateRun:
         # run's folded documents, found by Spark, stay out of the driver (``plan``)
         self.folded_by_slice: RDD | None = None
         self.folded: RDD | None = None
-        # the fold's outputs when the run's task of a job shared by small collections made them (``shared``)
+        # the fold's outputs when the run's task of a job shared by small collections made them
+        # (``take_whole_collection_output``)
         self.shared_folds: tuple[StateOutput, ...] | None = None
         # the table's rows after the run, written whole by that task (``state_merge.rewrite``)
         self.shared_rewrite: DataFile | None = None
         # the files the tasks read stored versions and deletion markers from, for their own keys
         # the table's files as read (``file_actions``): the tasks' key ranges, a rewrite's removes
         self.stored_files = _file_actions(table)
-        self.state_files = keyed_files(self.stored_files, transform.state_path)
-        self.deletion_files = keyed_files(_file_actions(self.deletions), transform.deletions_path)
+        self.state_files = keyed_files(self.stored_files, collection_run.state_path)
+        self.deletion_files = keyed_files(_file_actions(self.deletions), collection_run.deletions_path)
 
     def spec(self, layout: TableLayout | None = None) -> StateSpec:
         return StateSpec(
@@ -141,7 +139,7 @@ class StateRun:
             self.manifests,
             self.drops,
             self.deletion_files,
-            f"{self.transform.staging}/deletions",
+            f"{self.collection_run.staging}/deletions",
         )
 
     def plan(self, slices: list[RawSlice]) -> None:
@@ -150,9 +148,11 @@ class StateRun:
         (``none_folded_apart``), else found by Spark from the slices' keys summed per bucket
         (``folded_keys``), of which the driver keeps only the count."""
         context, location, window, started = (
-            self.transform.context, self.transform.location, self.window, time.monotonic(),
+            self.collection_run.context, self.collection_run.location, self.window, time.monotonic(),
         )  # fmt: skip
-        planned = self.transform.run_slices(slices, lambda raw_slice: plan_slice(location, raw_slice, window))
+        planned = self.collection_run.run_slices(
+            slices, lambda raw_slice: plan_slice(location, raw_slice, window)
+        )
         self.new_events = sum(plan.rows for plan in planned)
         self.drops = tuple(sorted(drop for plan in planned for drop in plan.drops))
         if not slices:
@@ -160,7 +160,7 @@ class StateRun:
         if none_folded_apart(planned):  # a snapshot's slices, say: no shuffle of their keys
             log.info(
                 "%s: %d new events, no document with more than one (the slices' key ranges are disjoint) "
-                "(%.1fs)", self.transform.namespace, self.new_events, time.monotonic() - started,
+                "(%.1fs)", self.collection_run.namespace, self.new_events, time.monotonic() - started,
             )  # fmt: skip
             return
         buckets = len(slices)
@@ -181,17 +181,17 @@ class StateRun:
             )
         log.info(
             "%s: %d new events, %d documents folded apart (%.1fs)",
-            self.transform.namespace, self.new_events, self.folded_documents, time.monotonic() - started,
+            self.collection_run.namespace, self.new_events, self.folded_documents, time.monotonic() - started,
         )  # fmt: skip
 
-    def shared(
+    def take_whole_collection_output(
         self,
         plan: SlicePlan,
         folded_documents: int,
         folded: tuple[StateOutput, ...],
         rewritten: DataFile | None,
     ) -> None:
-        """What the run's task of a shared job (``shared_tasks.whole_collection``) planned and folded, in
+        """What the run's task of a shared job (``whole_collection.whole_collection``) planned and folded, in
         place of ``plan``'s and ``fold``'s Spark jobs, and the table it wrote again whole (None: the
         driver merges its rows)."""
         self.new_events = plan.rows
@@ -211,17 +211,17 @@ class StateRun:
         if rows > REWRITE_MAX_ROWS or size > REWRITE_MAX_BYTES:
             return None
         return Rewrite(
-            self.transform.state_path,
+            self.collection_run.state_path,
             (layout or self.layout).schema,
             tuple(stored.column("path").to_pylist()),
         )
 
     def slice_inputs(self, slices: list[RawSlice]) -> RDD:
         """Each slice with its index and its keys of documents folded apart: without any, the slices
-        of a partition in turn (``CollectionTransform.slice_tasks``), else one partition per slice."""
-        context, indexed = self.transform.context, list(enumerate(slices))
+        of a partition in turn (``CollectionRun.slice_task_count``), else one partition per slice."""
+        context, indexed = self.collection_run.context, list(enumerate(slices))
         if self.folded_by_slice is None:
-            return context.parallelize(indexed, self.transform.slice_tasks(slices)).map(
+            return context.parallelize(indexed, self.collection_run.slice_task_count(slices)).map(
                 lambda item: (item[0], item[1], frozenset())
             )
         return (
@@ -239,10 +239,10 @@ class StateRun:
         if not self.folded_documents:
             return []
         location, window, spec, state_files = (
-            self.transform.location, self.window, self.spec(layout), self.state_files,
+            self.collection_run.location, self.window, self.spec(layout), self.state_files,
         )  # fmt: skip
         partitions = max(
-            1, min(self.transform.context.defaultParallelism, -(-self.folded_documents // SLICE_ROWS))
+            1, min(self.collection_run.context.defaultParallelism, -(-self.folded_documents // SLICE_ROWS))
         )
         events = self.slice_inputs(slices).flatMap(
             lambda item: fold_inputs(location, item[1], window, item[2]) if item[2] else []
@@ -259,7 +259,7 @@ class StateRun:
         """``transform_slice`` of each slice, with its keys of documents folded apart; in slice order."""
         if not slices:  # no new rows (a new table of an empty collection): a Spark job costs ~0.3 s
             return []
-        location = self.transform.location
+        location = self.collection_run.location
         outputs = (
             self.slice_inputs(slices)
             .map(lambda item: (item[0], transform_slice(location, item[1], spec, changes, item[2])))
@@ -278,10 +278,12 @@ class StateRun:
         ]
         if misfits:
             # tasks' rows took other types for a new field: write them again, in the settled layout
-            log.info("%s: writing the state rows of %d tasks again", self.transform.namespace, len(misfits))
+            log.info(
+                "%s: writing the state rows of %d tasks again", self.collection_run.namespace, len(misfits)
+            )
             for state in outputs:
                 if state.output is not None:
-                    delete_data_files(self.transform.location, self.directory, state.output.files)
+                    delete_data_files(self.collection_run.location, self.directory, state.output.files)
             outputs = self.rewritten(slices, layout)
             written = [state.output for state in outputs if state.output is not None]
         files = [file for output in written for file in output.files]
@@ -292,15 +294,15 @@ class StateRun:
         if self.table is None:
             # an empty table fixes no columns: those its first rows bring are indexed (healing fixes them)
             configuration = indexed_columns_property(layout.schema) if files else {}
-            with creating(self.transform.state_uri, self.transform.options):
+            with creating(self.collection_run.state_uri, self.collection_run.options):
                 create_table_with_add_actions(
-                    self.transform.state_uri,
+                    self.collection_run.state_uri,
                     Schema.from_arrow(layout.schema),
                     add_actions(files, indexed_columns(layout.schema, configuration)),
                     mode="error",
                     configuration=configuration,
-                    storage_options=self.transform.options,
-                    commit_properties=self.transform.commit_properties("state"),
+                    storage_options=self.collection_run.options,
+                    commit_properties=self.collection_run.commit_properties("state"),
                 )
             rows = sum(file.rows for file in files)
         else:
@@ -315,8 +317,8 @@ class StateRun:
         the staging directory, deleted with it)."""
         if self.shared_folds is not None:  # its documents folded apart are known to no Spark job here
             raise SharedRunMisfit(
-                f"{self.transform.namespace}: its rows took other types for a new field in a shared job's "
-                "task: it runs again with jobs of its own"
+                f"{self.collection_run.namespace}: its rows took other types for a new field in a shared "
+                "job's task: it runs again with jobs of its own"
             )
         outputs = self.transformed(slices, self.spec(layout), None)
         return [output.state for output in outputs] + self.fold(slices, layout)
@@ -326,21 +328,21 @@ class StateRun:
         of documents that live again."""
         if not files:
             return
-        schema = DELETION_SCHEMA.append(pa.field(DELETED_FLAG, pa.bool_()))
-        source = staged_rows(self.transform.location, self.spec().markers_directory, files, schema)
+        schema = staged_schema(DELETION_SCHEMA)
+        source = staged_rows(self.collection_run.location, self.spec().markers_directory, files, schema)
         # the markers' app ids make a concurrent run's MERGE of the same markers fail, not insert twice
-        properties = self.transform.commit_properties("deletions")
+        properties = self.collection_run.commit_properties("deletions")
         if self.deletions is None:
             deleted = pa.RecordBatchReader.from_batches(
                 DELETION_SCHEMA,
                 (batch.filter(batch.column(DELETED_FLAG)).select(DELETION_COLUMNS) for batch in source),
             )
-            with creating(self.transform.deletions_uri, self.transform.options):
+            with creating(self.collection_run.deletions_uri, self.collection_run.options):
                 write_deltalake(
-                    self.transform.deletions_uri,
+                    self.collection_run.deletions_uri,
                     deleted,
                     mode="error",
-                    storage_options=self.transform.options,
+                    storage_options=self.collection_run.options,
                     commit_properties=properties,
                 )
             return
@@ -369,23 +371,23 @@ class StateRun:
         if self.shared_rewrite is not None:
             return self.commit_rewrite(self.shared_rewrite, self.layout)
         gone = gone_positions(self.manifests, self.drops)
-        schema = layout.schema.append(pa.field(DELETED_FLAG, pa.bool_()))
-        source = staged_rows(self.transform.location, self.directory, files, schema).read_all()
+        schema = staged_schema(layout.schema)
+        source = staged_rows(self.collection_run.location, self.directory, files, schema).read_all()
         target = self.rewrite_target(layout)
         if target is not None and source.num_rows <= REWRITE_MAX_ROWS:
-            return self.commit_rewrite(rewrite(self.transform.location, target, source, gone), layout)
+            return self.commit_rewrite(rewrite(self.collection_run.location, target, source, gone), layout)
         if layout is not self.layout:
             # new columns first (a commit of its own: Delta's add actions cannot change the schema),
             # restating the batches applied, as the changes table's do (``changes_commit.finish``)
-            applied = self.transform.applied(self.table, "state")
+            applied = self.collection_run.applied(self.table, "state")
             write_deltalake(
                 self.table,
                 layout.schema.empty_table(),
                 mode="append",
                 schema_mode="merge",
-                commit_properties=self.transform.commit_properties("state", applied),
+                commit_properties=self.collection_run.commit_properties("state", applied),
             )
-        location, table_path = self.transform.location, self.transform.state_path
+        location, table_path = self.collection_run.location, self.collection_run.state_path
         merged = merge_files(location, table_path, self.state_files, layout.schema, source, gone)
         self.table.create_write_transaction(
             [
@@ -394,11 +396,11 @@ class StateRun:
             ],
             mode="append",
             schema=self.table.schema(),
-            commit_properties=self.transform.commit_properties("state"),
+            commit_properties=self.collection_run.commit_properties("state"),
         )
         log.info(
             "%s state merge: %d files read again, %d written, %d rows removed, %d added",
-            self.transform.namespace, len(merged.removed), len(merged.written), merged.rows_removed,
+            self.collection_run.namespace, len(merged.removed), len(merged.written), merged.rows_removed,
             merged.rows_added,
         )  # fmt: skip
         return row_count(self.table) - merged.rows_removed + merged.rows_added
@@ -408,7 +410,7 @@ class StateRun:
         assert self.stored_files is not None
         files = self.stored_files.select(["path", "size_bytes"]).to_pylist()
         sizes = {file["path"]: file["size_bytes"] for file in files}
-        now_ms, prefix = int(time.time() * 1000), f"{self.transform.state_path}/"
+        now_ms, prefix = int(time.time() * 1000), f"{self.collection_run.state_path}/"
         relative = [path.removeprefix(prefix) for path in paths]
         return [RemoveAction(path, True, now_ms, sizes[path]) for path in relative]
 
@@ -436,28 +438,14 @@ class StateRun:
                 Schema.from_arrow(layout.schema),
             )
         self.table.create_write_transaction(
-            actions, mode=mode, schema=schema, commit_properties=self.transform.commit_properties("state")
+            actions,
+            mode=mode,
+            schema=schema,
+            commit_properties=self.collection_run.commit_properties("state"),
         )
-        log.info("%s state written again whole: %d rows", self.transform.namespace, written.rows)
+        log.info("%s state written again whole: %d rows", self.collection_run.namespace, written.rows)
         return written.rows
 
 
 def _file_actions(table: DeltaTable | None) -> pa.Table | None:
     return None if table is None else file_actions(table)
-
-
-def keyed_files(actions: pa.Table | None, table_path: str) -> tuple[KeyedFile, ...]:
-    """The data files of a table keyed by ``__key`` (``actions``: its ``file_actions``; ``table_path``:
-    under the lake root), with their keys' range where the statistics hold it."""
-    if actions is None:
-        return ()
-    unknown = [None] * actions.num_rows
-    return tuple(
-        KeyedFile(f"{table_path}/{path}", low, high)
-        for path, low, high in zip(
-            actions.column("path").to_pylist(),
-            file_stats(actions, "min", "__key") or unknown,
-            file_stats(actions, "max", "__key") or unknown,
-            strict=True,
-        )
-    )

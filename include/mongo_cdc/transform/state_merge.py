@@ -13,7 +13,7 @@ that changes is written again (``write_data_file``: the table's own types, full 
 the source's new keys go to new files of disjoint key ranges; the driver commits them in one Delta
 commit. ``rewrite`` writes a small table's rows after the run (``REWRITE_MAX_ROWS``) as one new file,
 for the driver to commit in place of the table's files; a shared job's task runs it for its
-collection (``shared_tasks``), so the driver of many small collections only commits. ``merge_into``
+collection (``whole_collection``), so the driver of many small collections only commits. ``merge_into``
 runs the rule as a delta-rs MERGE (DataFusion): the reference the other two are tested against
 (tests/unit/test_state_merge.py), not used by a run, since a MERGE writes its files'
 text as ``string_view``, which no pyarrow filter of the table can compare with the table's
@@ -32,8 +32,10 @@ import pyarrow.parquet as pq
 from mongo_cdc.lake import SnapshotManifest
 from mongo_cdc.lake.storage import LakeLocation
 from mongo_cdc.transform.data_files import DataFile, write_data_file
-from mongo_cdc.transform.slice_tasks import DELETED_FLAG, KeyedFile, in_order
-from mongo_cdc.transform.slices import lake_path
+from mongo_cdc.transform.raw_slices import lake_path
+from mongo_cdc.transform.slice_tasks import in_order
+from mongo_cdc.transform.stored_rows import KeyedFile
+from mongo_cdc.transform.table_formats import DELETED_FLAG
 from mongo_cdc.transform.table_layout import widened
 
 if TYPE_CHECKING:

@@ -18,8 +18,8 @@ from deltalake.exceptions import CommitFailedError, DeltaError
 
 from mongo_cdc.lake.storage import table_if_exists
 from mongo_cdc.transform import column_survey, column_types
-from mongo_cdc.transform.slice_tasks import Output
 from mongo_cdc.transform.table_layout import TableLayout
+from mongo_cdc.transform.task_contract import Output
 
 log = logging.getLogger("cdc_transform")
 

@@ -24,8 +24,7 @@ from mongo_cdc.lake.batch_log import Batch, BatchWindow
 from mongo_cdc.lake.landing import TABLE_READ_THREADS, SourceLake
 from mongo_cdc.lake.maintenance import MaintenanceSettings, maintained
 from mongo_cdc.transform.applied_mark import read_mark
-from mongo_cdc.transform.changes_commit import recorded_flattening
-from mongo_cdc.transform.flatten_options import FlatteningOptions
+from mongo_cdc.transform.flatten_options import FlatteningOptions, recorded_flattening
 from mongo_cdc.transform.raw_events import applied_batches
 
 

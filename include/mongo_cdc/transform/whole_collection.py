@@ -5,7 +5,7 @@ Spark jobs otherwise do in turn (``slice_tasks``): the plan, the key counts, the
 and the fold of the documents with more than one event, all of whose events are in that slice; a
 small state table it then writes again whole (``state_merge.rewrite``), which leaves the driver only
 its commit. The driver (``driver.transform_collections``) puts every such collection's task in one
-job and commits each one's tables from its ``SharedOutput``. Executor side: no pyspark or deltalake
+job and commits each one's tables from its ``WholeCollectionOutput``. Executor side: no pyspark or deltalake
 import here.
 """
 
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import traceback
 from dataclasses import replace
-from typing import NamedTuple
 
 import pyarrow as pa
 
@@ -22,15 +21,8 @@ from mongo_cdc.transform import column_survey
 from mongo_cdc.transform.data_files import DataFile, delete_data_files, staged_rows
 from mongo_cdc.transform.folded_keys import folded_in_rows
 from mongo_cdc.transform.raw_events import ChangeEvent
+from mongo_cdc.transform.raw_slices import RawSlice, concat_pieces
 from mongo_cdc.transform.slice_tasks import (
-    DELETED_FLAG,
-    ChangesSpec,
-    KeyedFile,
-    Output,
-    SliceOutput,
-    SlicePlan,
-    StateOutput,
-    StateSpec,
     fold_documents,
     folded_events,
     none_folded_apart,
@@ -40,22 +32,17 @@ from mongo_cdc.transform.slice_tasks import (
     transform_slice,
     write_state_file,
 )
-from mongo_cdc.transform.slices import RawSlice, concat_pieces
 from mongo_cdc.transform.state_merge import REWRITE_MAX_ROWS, Rewrite, gone_positions, rewrite
+from mongo_cdc.transform.stored_rows import KeyedFile
+from mongo_cdc.transform.table_formats import staged_schema
 from mongo_cdc.transform.table_layout import widened
-
-
-class SharedOutput(NamedTuple):
-    """What ``whole_collection`` did with one collection's slice: its plan, the transformed slice and
-    the documents folded apart, written, and the state table's rows after the run when it wrote them
-    whole (``error``: the traceback of its failure instead)."""
-
-    plan: SlicePlan | None
-    folded_documents: int
-    transformed: SliceOutput | None
-    folded: tuple[StateOutput, ...]
-    rewritten: DataFile | None = None
-    error: str | None = None
+from mongo_cdc.transform.task_contract import (
+    ChangesSpec,
+    Output,
+    StateOutput,
+    StateSpec,
+    WholeCollectionOutput,
+)
 
 
 def whole_collection(
@@ -65,7 +52,7 @@ def whole_collection(
     changes: ChangesSpec | None,
     state_files: tuple[KeyedFile, ...],
     target: Rewrite | None,
-) -> SharedOutput:
+) -> WholeCollectionOutput:
     """A collection's run whose new rows are the one slice ``raw_slice``, in this one task: the plan,
     the key counts (within one slice, complete), the transformed slice and the fold of the documents
     with more than one event, which are then all in this slice; then the state table ``target``
@@ -73,7 +60,9 @@ def whole_collection(
     collections of the shared job carry on; the driver fails this collection alone."""
     try:
         if state is None:
-            return SharedOutput(None, 0, transform_slice(location, raw_slice, None, changes, frozenset()), ())
+            return WholeCollectionOutput(
+                None, 0, transform_slice(location, raw_slice, None, changes, frozenset()), ()
+            )
         # the slice is read once, for every step (a read is most of a small collection's task)
         rows = concat_pieces(slice_pieces(location, raw_slice, state, changes))
         in_window = rows.filter(state.window.mask(rows))
@@ -94,9 +83,9 @@ def whole_collection(
                 location, state, target, [transformed.state, *folded]
             )
             transformed, folded = transformed._replace(state=transformed_state), tuple(folded_states)
-        return SharedOutput(plan, len(folded_keys), transformed, folded, rewritten)
+        return WholeCollectionOutput(plan, len(folded_keys), transformed, folded, rewritten)
     except Exception:  # the driver fails this collection alone, with this traceback
-        return SharedOutput(None, 0, None, (), error=traceback.format_exc())
+        return WholeCollectionOutput(None, 0, None, (), error=traceback.format_exc())
 
 
 def rewritten_whole(
@@ -113,7 +102,7 @@ def rewritten_whole(
         sum(file.rows for file in files) + sum(rows.num_rows for rows in held) > REWRITE_MAX_ROWS
     ):
         return None, [staged(location, state, state_output) for state_output in outputs]
-    schema = target.schema.append(pa.field(DELETED_FLAG, pa.bool_()))
+    schema = staged_schema(target.schema)
     staged_source = staged_rows(location, state.directory, files, schema).read_all()
     source = pa.concat_tables([*(widened(rows, schema) for rows in held), staged_source])
     new_file = rewrite(location, target, source, gone_positions(state.manifests, state.drops))
