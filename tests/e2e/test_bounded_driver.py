@@ -19,6 +19,7 @@ from deltalake import DeltaTable
 from pyspark import RDD
 
 from mongo_cdc import lake
+from mongo_cdc.transform.collection_run import CollectionRun
 from mongo_cdc.transform.driver import CollectionTransform
 from mongo_cdc.transform.flatten_options import FlatteningOptions
 
@@ -44,9 +45,10 @@ def collected(monkeypatch) -> list[int]:
 
 
 def transform(context, source) -> dict[str, Any]:
-    return CollectionTransform(
+    run = CollectionRun(
         context, source.lake, f"{source.database}.items", source.lake.batches(), FlatteningOptions(), ()
-    ).run(None)
+    )
+    return CollectionTransform(run).run(None)
 
 
 def test_the_driver_collects_no_per_document_data(cdc_source, replica_set, db_name, spark, collected):

@@ -31,6 +31,7 @@ from deltalake import DeltaTable
 from mongo_cdc import lake
 from mongo_cdc.capture.backfill import HOUR, hour_partitions
 from mongo_cdc.transform.changes_commit import ChangesRun
+from mongo_cdc.transform.collection_run import CollectionRun
 from mongo_cdc.transform.driver import CollectionTransform, transform_collections
 from mongo_cdc.transform.flatten_options import FlatteningOptions
 from mongo_cdc.transform.state_commit import StateRun
@@ -57,14 +58,15 @@ def transform(
 ) -> dict[str, Any]:
     """The job's run of the test's collection (``batches``: the batch log it read, all by default)."""
     lake = source.lake
-    return CollectionTransform(
+    run = CollectionRun(
         context,
         lake,
         f"{source.database}.items",
         lake.batches() if batches is None else batches,
         FlatteningOptions(),
         rebuild_hours,
-    ).run(None)
+    )
+    return CollectionTransform(run).run(None)
 
 
 def just_before_the_first(monkeypatch, owner: type, method: str, other_writer: Callable[[], object]) -> None:

@@ -48,6 +48,7 @@ class CollectionRun:
         rebuild_hours: tuple[str, ...],
     ) -> None:
         self.context = context
+        self.source_lake = source_lake
         self.location = source_lake.location
         self.options = source_lake.options
         self.namespace = namespace
@@ -72,6 +73,18 @@ class CollectionRun:
         # their commit (never read as the tables' data)
         self.staging = f"{self.state_path}/{lake.STAGING_DIR}/{uuid.uuid4()}"
         self._files: list[RawFile] | None = None
+
+    def again(self) -> CollectionRun:
+        """The next try: this collection's run from a fresh read of the batch log (and then of its
+        raw files and tables)."""
+        return CollectionRun(
+            self.context,
+            self.source_lake,
+            self.namespace,
+            self.source_lake.batches(),
+            self.flattening,
+            self.rebuild_hours,
+        )
 
     @property
     def files(self) -> list[RawFile]:

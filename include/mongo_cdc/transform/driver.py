@@ -103,23 +103,11 @@ SHARED_TASKS_PER_CORE = 4
 class CollectionTransform:
     """Brings one collection's state and changes tables up to the committed raw batches."""
 
-    def __init__(
-        self,
-        context: SparkContext,
-        source_lake: SourceLake,
-        namespace: str,
-        batches: list[Batch],
-        flattening: FlatteningOptions,
-        rebuild_hours: tuple[str, ...],
-        work: CollectionWork | None = None,
-    ) -> None:
-        """``work``: the collection's ``work.source_work`` answer from ``batches``, which the first
-        ``prepared`` takes with the tables it read rather than read them again (two table reads and
-        their app transactions a collection: a cost of many small collections)."""
-        self.source_lake = source_lake
-        self.collection_run = CollectionRun(
-            context, source_lake, namespace, batches, flattening, rebuild_hours
-        )
+    def __init__(self, collection_run: CollectionRun, work: CollectionWork | None = None) -> None:
+        """``work``: the collection's ``work.source_work`` answer from the run's batches, which the
+        first ``prepared`` takes with the tables it read rather than read them again (two table reads
+        and their app transactions a collection: a cost of many small collections)."""
+        self.collection_run = collection_run
         self._given_work = work
 
     def run(
@@ -186,14 +174,7 @@ class CollectionTransform:
 
     def again(self) -> CollectionTransform:
         """This collection's transform from a fresh read of the batch log, raw files and tables."""
-        return CollectionTransform(
-            self.collection_run.context,
-            self.source_lake,
-            self.collection_run.namespace,
-            self.source_lake.batches(),
-            self.collection_run.flattening,
-            self.collection_run.rebuild_hours,
-        )
+        return CollectionTransform(self.collection_run.again())
 
     def maintain(self, settings: MaintenanceSettings) -> dict[str, Any]:
         """Compact small files and vacuum versions past the retention, table by table."""
@@ -432,7 +413,8 @@ def transform_collections(
     withdraw_figures(source_lake)
     transforms = {
         namespace: CollectionTransform(
-            context, source_lake, namespace, batches, flattening, rebuild_hours, work[namespace]
+            CollectionRun(context, source_lake, namespace, batches, flattening, rebuild_hours),
+            work[namespace],
         )
         for namespace in namespaces
     }
