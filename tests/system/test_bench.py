@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from mongo_cdc_dev.bench.table import Row, render
+from mongo_cdc_dev.bench.table import SHORTER_THAN_THE_EMPTY_JOB, Row, no_rate_note, rate_less, render
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -66,9 +66,12 @@ def test_smoke_run_prints_every_row_of_the_table() -> None:
         r"100 updates adding a field on 2,000 docs\s+[\d.]+ s",
         r"transform without Spark's start\s+empty PySpark job \(SparkContext, 2 tasks\)\s+[\d.]+ s",
         r"first build, 2,000 docs, wall\s+[\d.]+ s\s+< 14 s",
-        r"first build, 2,000 docs, less the empty job\s+[\d,.]+ events/s\s+>= 150,000 events/s",
+        # a tiny build can take less time than the empty job: then its own rate is not a number
+        r"first build, 2,000 docs, less the empty job\s+(?:[\d,.]+ events/s|unavailable)\s+"
+        r">= 150,000 events/s",
         r"run_snapshot landing, 100 nested docs\s+[\d,.]+ MB/s",
-        r"first build, 100 nested docs, less the empty job\s+[\d,.]+ MB/s\s+[\d.]+x\s+landing\s+>= 0.25x",
+        r"first build, 100 nested docs, less the empty job\s+"
+        r"(?:[\d,.]+ MB/s\s+[\d.]+x|unavailable)\s+landing\s+>= 0.25x",
         r"200 changes spread over 2,000 docs\s+[\d.]+ s\s+[\d.]+x\s+100 changes\s+<= 2.00x",
         r"3 collections x 2 docs\s+first run, 1 collection\s+[\d.]+ s",
         r"first run, 3 collections\s+[\d.]+ s\s+[\d.]+x\s+1 x 6 docs\s+<= 2.00x",
@@ -113,3 +116,18 @@ def test_table_marks_budgets_and_explains_missing_rates() -> None:
     # every budget of a row must hold: the ratio does, the time does not
     assert lines[6].endswith("<= 1.50x and < 30 s  MISSED")
     assert lines[2].startswith("pull ") and lines[3].startswith("  ")  # the section is named once
+
+
+def test_a_rate_less_a_baseline_it_did_not_outlast_is_no_number() -> None:
+    """A 1,000-document build shorter than the empty job once printed 4,035,336,000 MB/s, "ok"."""
+    assert rate_less(100.0, 3.0, 1.0) == 50.0
+    for seconds in (1.0, 0.5):
+        rate = rate_less(100.0, seconds, 1.0)
+        assert rate is None
+        row = Row(
+            "transform", "build, less the empty job", rate, "MB/s", min_value=10.0, note=no_rate_note(rate)
+        )
+        assert row.met is None
+        table = render([row]).splitlines()
+        assert "unavailable" in table[2] and not table[2].rstrip().endswith("ok")
+        assert table[-1] == f"build, less the empty job: {SHORTER_THAN_THE_EMPTY_JOB}"

@@ -64,7 +64,7 @@ from mongo_cdc.lake.storage import LakeLocation, table_if_exists
 from mongo_cdc_dev.bench.data import load, nested_documents, small_documents
 from mongo_cdc_dev.bench.lookups import compact, files_opened, lookup_rows, middle_id
 from mongo_cdc_dev.bench.procfs import cpu_ticks
-from mongo_cdc_dev.bench.table import Row
+from mongo_cdc_dev.bench.table import Row, no_rate_note, rate_less
 from mongo_cdc_dev.testing.lake import database_source, memory_keeper
 
 if TYPE_CHECKING:
@@ -437,18 +437,19 @@ class Results:
         large, nested = self.runs["first large"], self.runs["first nested"]
         spread, changes = self.runs["spread large"], self.runs["changes large"]
         section = "transform without Spark's start"
-        nested_rate = self.nested_mb / max(nested.seconds - empty, 1e-9)
+        large_rate = rate_less(self.docs, large.seconds, empty)
+        nested_rate = rate_less(self.nested_mb, nested.seconds, empty)
         return [
             Row(section, "empty PySpark job (SparkContext, 2 tasks)", empty, "s"),
             Row(section, f"first build, {self.docs:,} docs, wall", large.seconds, "s",
                 max_value=FIRST_BUILD_MAX_SECONDS),
-            Row(section, f"first build, {self.docs:,} docs, less the empty job",
-                self.docs / max(large.seconds - empty, 1e-9), "events/s",
-                min_value=FIRST_BUILD_MIN_OWN_EVENTS_S),
+            Row(section, f"first build, {self.docs:,} docs, less the empty job", large_rate, "events/s",
+                min_value=FIRST_BUILD_MIN_OWN_EVENTS_S, note=no_rate_note(large_rate)),
             Row(section, f"run_snapshot landing, {self.nested_docs:,} nested docs", self.nested_landed_mb_s,
                 "MB/s"),
             Row(section, f"first build, {self.nested_docs:,} nested docs, less the empty job", nested_rate,
-                "MB/s", nested_rate / self.nested_landed_mb_s, "landing", min_ratio=NESTED_VS_LANDING_MIN),
+                "MB/s", None if nested_rate is None else nested_rate / self.nested_landed_mb_s, "landing",
+                min_ratio=NESTED_VS_LANDING_MIN, note=no_rate_note(nested_rate)),
             Row(section, f"{self.spread:,} changes spread over {self.docs:,} docs", spread.seconds, "s",
                 spread.seconds / changes.seconds, f"{self.changes:,} changes",
                 max_ratio=SPREAD_VS_CHANGES_MAX),
