@@ -10,8 +10,9 @@ imports no pyspark, so the pure parts unit-test fast.
   lost commit race, the job shared by small collections, and the job's summary;
   ``collection_run``: what a try of a collection's run works within (its tables' places, the
   batches it applies and how each commit records them, its slices on Spark); ``state_commit`` and
-  ``changes_commit``: its commits to the ``state`` table (MERGE, deletion markers) and the
-  ``changes`` table (append, rebuild); ``table_commits``: what those share. These import deltalake.
+  ``changes_commit``: its commits to the ``state`` table (``state_merge``'s rule, file by file or a
+  small table written again whole; the deletion markers) and the ``changes`` table (append,
+  rebuild); ``table_commits``: what those share. These import deltalake.
 * ``raw_slices`` and ``slice_tasks``: what each Spark task reads (a raw slice) and does with it (plan,
   transform, fold); ``whole_collection``: a small collection's whole run in one task;
   ``task_contract``: what the driver hands a task and a task hands back; ``stored_rows``: the stored
