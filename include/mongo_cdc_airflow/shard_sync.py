@@ -147,14 +147,11 @@ class ShardSync:
 
     def start(self) -> dict:
         """What the plan says before the copy: record the snapshot's position and chunks (or find the
-        unfinished one to resume), start from now, or record the capture filter the stream goes on
-        with. The result carries the plan, and the chunks still to copy, to the next tasks."""
-        from mongo_cdc.capture.snapshot import (
-            record_capture_filter,
-            skip_abandoned_snapshot,
-            start_snapshot,
-            start_without_snapshot,
-        )
+        unfinished one to resume), commit where streaming without a copy starts, or record the capture
+        filter the stream goes on with. The result carries the plan, and the chunks still to copy, to
+        the next tasks."""
+        from mongo_cdc.capture.snapshot import record_capture_filter, skip_abandoned_snapshot, start_snapshot
+        from mongo_cdc.capture.stream_start import start_without_snapshot
 
         if is_backfill():
             log.info("backfill run: no snapshot, the pull completes the interval's history")
@@ -162,13 +159,13 @@ class ShardSync:
         try:
             plan = self.plan()
             result: dict = {"plan": plan.to_dict(), "snapshot": None}
-            if plan.snapshot is None and not plan.start_from_now:
+            if plan.snapshot is None and not plan.start_without_copy:
                 skip_abandoned_snapshot(self.keeper)
                 record_capture_filter(self.keeper, self.config)
                 return result
             with self.client() as client:
-                if plan.start_from_now:
-                    start_without_snapshot(client, self.shard.rs, self.keeper)
+                if plan.start_without_copy:
+                    start_without_snapshot(client, self.shard.rs, self.keeper, self.config)
                     return result
                 if self.shard.via_source:
                     started = start_snapshot(self.capture(client), only=plan.snapshot)

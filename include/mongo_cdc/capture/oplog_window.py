@@ -32,6 +32,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from bson import Timestamp
 from pymongo import MongoClient
 from pymongo.errors import OperationFailure
 
@@ -43,6 +44,8 @@ log = logging.getLogger(__name__)
 UNAUTHORIZED = 13
 _MB = 1024 * 1024
 _PRIVILEGE = 'find and collStats on {db: "local", collection: "oplog.rs"}'
+# The no-op entry ``replSetInitiate`` writes first in a new replica set's oplog.
+_INITIATION_MESSAGE = "initiating set"
 
 
 class OplogHeadroomError(RuntimeError):
@@ -118,12 +121,26 @@ class OplogWindow:
         }
 
 
+@dataclass(frozen=True)
+class OplogStart:
+    """The oplog's first entry: its op-time, and whether it is the replica set's initiation (then the
+    oplog still holds every write the replica set ever took: none was truncated)."""
+
+    op_time: Timestamp
+    initiation: bool
+
+
+def oplog_start(client: MongoClient) -> OplogStart:
+    """The first entry of the oplog of the replica set ``client`` points at."""
+    first = client.local["oplog.rs"].find_one({}, {"ts": 1, "o.msg": 1, "_id": 0}, sort=[("$natural", 1)])
+    return OplogStart(first["ts"], first.get("o", {}).get("msg") == _INITIATION_MESSAGE)
+
+
 def measure(client: MongoClient, rs: str, position: int) -> OplogWindow:
     """The oplog window of the replica set ``client`` points at, against ``position``."""
     oplog = client.local["oplog.rs"]
-    projection = {"ts": 1, "_id": 0}
-    oldest = oplog.find_one({}, projection, sort=[("$natural", 1)])["ts"]
-    newest = oplog.find_one({}, projection, sort=[("$natural", -1)])["ts"]
+    oldest = oplog_start(client).op_time
+    newest = oplog.find_one({}, {"ts": 1, "_id": 0}, sort=[("$natural", -1)])["ts"]
     stats = next(oplog.aggregate([{"$collStats": {"storageStats": {}}}]))["storageStats"]
     return OplogWindow(
         rs,
