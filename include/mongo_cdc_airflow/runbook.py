@@ -49,6 +49,13 @@ FAILURES = (
         "documents a chunk migration moved. The state tables are reconciled.",
     ),
     (
+        "older than the oplog's first entry",
+        "A new replica set's configured start (capture.start.op.time or capture.start.resume.token) "
+        "left the oplog before its first run: set capture.start.op.time to the op-time the message "
+        "names or later (the events before it are gone), or copy instead (snapshot.mode initial, "
+        "without the key). Nothing was committed.",
+    ),
+    (
         "leaves the oplog in about",
         "A warning (a failure with oplog.headroom.fail): resize the replica set's oplog as the "
         "message says, or run the DAG more often.",
