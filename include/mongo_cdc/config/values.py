@@ -244,55 +244,68 @@ def op_time_text(op_time: Timestamp) -> str:
     return f"{op_time.time}:{op_time.inc}"
 
 
-class OpTime:
-    """A cluster time (``bson.Timestamp``): epoch seconds (Debezium's ``capture.start.op.time``), an
-    ISO-8601 date and time with a zone, or ``<seconds>:<increment>`` (a BSON Timestamp's halves).
+OP_TIME_FORMATS = (
+    "epoch seconds (`1767225600`), ISO-8601 with a zone (`2026-01-01T00:00:00Z`) or "
+    "`<seconds>:<increment>` (`1767225600:3`)"
+)
+
+
+def parse_op_time(value: Any) -> Timestamp:
+    """A cluster time from epoch seconds, an ISO-8601 date and time with a zone, or
+    ``<seconds>:<increment>`` (OP_TIME_FORMATS); ValueError saying what is wrong, if anything more
+    than the format.
 
     Seconds and ISO times start at the second's first operation (increment 0). An ISO time with a
     fraction of a second is refused: operations are ordered within a second by their increment, not
     by a fraction, so a fraction could only be rounded, and a rounded start is another start."""
+    if isinstance(value, bool):
+        raise ValueError("")
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value.strip())
+    if isinstance(value, int):
+        seconds, increment = value, 0
+    elif isinstance(value, str) and (match := _OP_TIME_TEXT.fullmatch(value.strip())):
+        seconds, increment = int(match[1]), int(match[2])
+    else:
+        moment = _moment(value)
+        if moment is None:
+            raise ValueError("")
+        if moment.tzinfo is None:
+            raise ValueError("an ISO-8601 time needs its zone, e.g. Z or +02:00")
+        if moment.microsecond:
+            raise ValueError("whole seconds only: op-times do not count fractions")
+        seconds, increment = int(moment.timestamp()), 0
+    if not (1 <= seconds <= _MAX_UINT32 and increment <= _MAX_UINT32):
+        raise ValueError(f"seconds from 1 to {_MAX_UINT32}, increment from 0 to {_MAX_UINT32}")
+    return Timestamp(seconds, increment)
 
-    allowed = (
-        "epoch seconds (`1767225600`), ISO-8601 with a zone (`2026-01-01T00:00:00Z`) or "
-        "`<seconds>:<increment>` (`1767225600:3`)"
-    )
+
+def _moment(value: Any) -> dt.datetime | None:
+    """An ISO-8601 date and time (YAML reads an unquoted one as a datetime itself); None if not one."""
+    if isinstance(value, dt.datetime):
+        return value
+    if isinstance(value, str) and "T" in value.upper():
+        try:
+            return dt.datetime.fromisoformat(value.strip())
+        except ValueError:
+            return None
+    return None
+
+
+class OpTime:
+    """A cluster time (``bson.Timestamp``) in one of OP_TIME_FORMATS (``parse_op_time``); epoch seconds
+    are Debezium's ``capture.start.op.time``."""
+
+    allowed = OP_TIME_FORMATS
 
     def parse(self, path: str, key: str, value: Any) -> Timestamp:
-        problem = f"{path}: key '{key}' is {value!r}; allowed: {self.allowed.replace('`', '')}"
-        if isinstance(value, bool):
-            raise SourceConfigError(problem)
-        if isinstance(value, str) and value.strip().isdigit():
-            value = int(value.strip())
-        if isinstance(value, int):
-            seconds, increment = value, 0
-        elif isinstance(value, str) and (match := _OP_TIME_TEXT.fullmatch(value.strip())):
-            seconds, increment = int(match[1]), int(match[2])
-        else:
-            moment = self._moment(value)
-            if moment is None:
-                raise SourceConfigError(problem)
-            if moment.tzinfo is None:
-                raise SourceConfigError(f"{problem} (an ISO-8601 time needs its zone, e.g. Z or +02:00)")
-            if moment.microsecond:
-                raise SourceConfigError(f"{problem} (whole seconds only: op-times do not count fractions)")
-            seconds, increment = int(moment.timestamp()), 0
-        if not (1 <= seconds <= _MAX_UINT32 and increment <= _MAX_UINT32):
+        try:
+            return parse_op_time(value)
+        except ValueError as exc:
+            why = f" ({exc})" if str(exc) else ""
             raise SourceConfigError(
-                f"{problem} (seconds from 1 to {_MAX_UINT32}, increment from 0 to {_MAX_UINT32})"
-            )
-        return Timestamp(seconds, increment)
-
-    @staticmethod
-    def _moment(value: Any) -> dt.datetime | None:
-        """An ISO-8601 date and time (YAML reads an unquoted one as a datetime itself); None if not one."""
-        if isinstance(value, dt.datetime):
-            return value
-        if isinstance(value, str) and "T" in value.upper():
-            try:
-                return dt.datetime.fromisoformat(value.strip())
-            except ValueError:
-                return None
-        return None
+                f"{path}: key '{key}' is {value!r}; allowed: {self.allowed.replace('`', '')}{why}"
+            ) from None
 
 
 class ResumeTokenData:
