@@ -136,6 +136,27 @@ def oplog_start(client: MongoClient) -> OplogStart:
     return OplogStart(first["ts"], first.get("o", {}).get("msg") == _INITIATION_MESSAGE)
 
 
+class OplogUnreadableError(RuntimeError):
+    """The pull's user may not read the oplog, which a check of a position needs."""
+
+
+def first_op_time_after(client: MongoClient, rs: str, op_time: Timestamp, checking: str) -> Timestamp | None:
+    """The oplog's first op-time when it is after ``op_time``, so the events from ``op_time`` are gone
+    (a stream cannot start there); None when the oplog holds ``op_time``, or begins with the replica
+    set's initiation (nothing older ever existed). ``checking`` names the position for the error
+    raised when the oplog cannot be read."""
+    try:
+        first = oplog_start(client)
+    except OperationFailure as exc:
+        if exc.code != UNAUTHORIZED:
+            raise
+        raise OplogUnreadableError(
+            f"replica set {rs}: not allowed to read the oplog to check that {checking} is still in it; "
+            f"grant the pull's user {_PRIVILEGE}"
+        ) from None
+    return None if op_time >= first.op_time or first.initiation else first.op_time
+
+
 def measure(client: MongoClient, rs: str, position: int) -> OplogWindow:
     """The oplog window of the replica set ``client`` points at, against ``position``."""
     oplog = client.local["oplog.rs"]

@@ -16,24 +16,23 @@ keys: an earlier start would land again events the lake holds.
 The start is checked against the oplog before it is committed: one older than the oplog's first
 entry is refused, naming that entry's op-time, unless that entry is the replica set's initiation
 (then nothing older ever existed: a shard added after the op-time). Reading the oplog needs
-``find`` on ``local.oplog.rs``.
+``find`` on ``local.oplog.rs`` (``oplog_window.first_op_time_after``).
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 
 from bson import Timestamp
 from pymongo import MongoClient
 from pymongo.errors import OperationFailure
 
-from mongo_cdc.capture.change_cursor import token_cluster_time
+from mongo_cdc.capture.change_cursor import op_time_of, op_time_position, token_cluster_time
 from mongo_cdc.capture.offsets import Offset, OffsetKeeper
-from mongo_cdc.capture.oplog_window import UNAUTHORIZED, oplog_start
+from mongo_cdc.capture.oplog_window import first_op_time_after
 from mongo_cdc.capture.snapshot import current_position
 from mongo_cdc.config import SourceConfig, SourceConfigError
-from mongo_cdc.config.values import op_time_text
+from mongo_cdc.config.values import op_time_moment, op_time_text
 from mongo_cdc.lake.batch_log import Batch
 
 log = logging.getLogger(__name__)
@@ -63,7 +62,7 @@ def start_without_snapshot(
         token = current_position(client)
     else:
         token = _configured_position(client, rs, config)
-        snapshot["start"] = {"from": key, "op_time": op_time_text(_op_time(token_cluster_time(token)))}
+        snapshot["start"] = {"from": key, "op_time": op_time_text(op_time_of(token))}
         log.info("replica set %s: streaming starts at op-time %s (%s)", rs, snapshot["start"]["op_time"], key)
     batch = Batch(
         rs=rs,
@@ -80,10 +79,9 @@ def _configured_position(client: MongoClient, rs: str, config: SourceConfig) -> 
     if config.capture_start_op_time is not None:
         start, key = config.capture_start_op_time, "capture.start.op.time"
         _check_in_oplog(client, rs, config.path, key, start)
-        with client.watch(start_at_operation_time=start, batch_size=0) as stream:
-            return stream.resume_token  # the high-water mark at ``start``: it resumes at ``start``
+        return op_time_position(client, start)
     token, key = {"_data": config.capture_start_resume_token}, "capture.start.resume.token"
-    _check_in_oplog(client, rs, config.path, key, _op_time(token_cluster_time(token)))
+    _check_in_oplog(client, rs, config.path, key, op_time_of(token))
     try:
         with client.watch(resume_after=token, batch_size=0):
             pass
@@ -98,30 +96,14 @@ def _configured_position(client: MongoClient, rs: str, config: SourceConfig) -> 
 
 def _check_in_oplog(client: MongoClient, rs: str, path: str, key: str, start: Timestamp) -> None:
     """Refuse a start older than the oplog's first entry: the events between are gone."""
-    try:
-        first = oplog_start(client)
-    except OperationFailure as exc:
-        if exc.code != UNAUTHORIZED:
-            raise
-        raise StreamStartError(
-            f"{path}: replica set {rs}: not allowed to read the oplog to check that {key} is still "
-            'in it; grant the user find on {db: "local", collection: "oplog.rs"}, or drop the key'
-        ) from None
-    if start >= first.op_time or first.initiation:
+    first = first_op_time_after(client, rs, start, f"{path}'s key '{key}'")
+    if first is None:
         return
-    first_text = f"{op_time_text(first.op_time)} ({_moment(first.op_time)})"
+    start_text, first_text = (f"{op_time_text(t)} ({op_time_moment(t)})" for t in (start, first))
     raise StreamStartError(
-        f"{path}: replica set {rs}: key '{key}' is at op-time {op_time_text(start)} ({_moment(start)}), "
+        f"{path}: replica set {rs}: key '{key}' is at op-time {start_text}, "
         f"older than the oplog's first entry, {first_text}: the events before it are gone, so the "
-        f"stream cannot start there. Set capture.start.op.time to '{op_time_text(first.op_time)}' or "
+        f"stream cannot start there. Set capture.start.op.time to '{op_time_text(first)}' or "
         "later (and drop capture.start.resume.token), or copy the collections instead (snapshot.mode "
         "initial, without the key)."
     )
-
-
-def _op_time(cluster_time: int) -> Timestamp:
-    return Timestamp(cluster_time >> 32, cluster_time & 0xFFFFFFFF)
-
-
-def _moment(op_time: Timestamp) -> str:
-    return dt.datetime.fromtimestamp(op_time.time, tz=dt.timezone.utc).isoformat(timespec="seconds")

@@ -292,6 +292,11 @@ def _moment(value: Any) -> dt.datetime | None:
     return None
 
 
+def op_time_moment(op_time: Timestamp) -> str:
+    """The op-time's second as an ISO-8601 UTC time, for people reading a message."""
+    return dt.datetime.fromtimestamp(op_time.time, tz=dt.timezone.utc).isoformat(timespec="seconds")
+
+
 class OpTime:
     """A cluster time (``bson.Timestamp``) in one of OP_TIME_FORMATS (``parse_op_time``); epoch seconds
     are Debezium's ``capture.start.op.time``."""
