@@ -20,6 +20,7 @@ Either way the batch log keeps the move: the batch before it holds where the str
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 from bson import Timestamp
 from pymongo import MongoClient
@@ -34,6 +35,19 @@ from mongo_cdc.lake.landing import SourceLake
 log = logging.getLogger(__name__)
 
 REWIND, SKIP = "rewind", "skip"
+
+
+@dataclass(frozen=True)
+class StreamMoveRequest:
+    """The trigger's move: to op-time ``to`` on these shards (empty: all); forward only with
+    ``skip_unread``."""
+
+    to: Timestamp
+    skip_unread: bool = False
+    shards: tuple[str, ...] = ()
+
+    def covers(self, shard_id: str) -> bool:
+        return not self.shards or shard_id in self.shards
 
 
 class StreamMoveError(OffsetError):
