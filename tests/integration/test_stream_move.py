@@ -128,3 +128,22 @@ def test_a_replica_set_without_a_stream_cannot_be_moved(replica_set, db_name, tm
         keeper = memory_keeper(config, replica_set.name)
         with pytest.raises(StreamMoveError, match="has no stream to move yet"):
             move_stream(client, replica_set.name, keeper, Timestamp(1, 0), skip_unread=False)
+
+
+def test_after_a_move_back_a_move_short_of_the_lakes_position_skips_nothing_unread(
+    replica_set, db_name, tmp_path
+):
+    config = _config(tmp_path, db_name)
+    rs = replica_set.name
+    with make_client(replica_set.uri) as client:
+        keeper = _streaming(client, config, rs)
+        first = _written_at(client, db_name, lambda docs, s: docs.insert_one({"_id": 1}, session=s))
+        second = _written_at(client, db_name, lambda docs, s: docs.insert_one({"_id": 2}, session=s))
+        pull_changes(ReplicaSetCapture(client, config, keeper))
+        move_stream(client, rs, keeper, first, skip_unread=False)
+        # forward of the stream, but not of the lake: no skip_unread needed
+        move_stream(client, rs, keeper, second, skip_unread=False)
+        assert [batch.kind for batch in keeper.lake.batches()][-2:] == [REWIND, REWIND]
+        result = pull_changes(ReplicaSetCapture(client, config, keeper)).to_dict()
+    assert result["replayed_dropped"] == 1
+    assert _landed(keeper, db_name) == [("1", "c"), ("2", "c")]

@@ -11,8 +11,9 @@ their index, a high-water mark before the events of its op-time), so the rule is
 a transaction that a batch ended in. Without a move no event is at or before it: each stream
 resumes after it. So no raw row, and so no change row or state version, lands twice.
 
-**Forward** (past the lake's position): the events between would never be read. Refused unless the
-trigger says ``skip_unread``; then the batch is of kind ``skip``, which records it.
+**Forward** (past the lake's landed-through position): the events between would never be read.
+Refused unless the trigger says ``skip_unread``; then the batch is of kind ``skip``, which records
+it.
 
 Either way the batch log keeps the move: the batch before it holds where the stream was.
 """
@@ -74,9 +75,11 @@ def move_stream(
             f"replica set {rs} has no stream to move yet (offset '{keeper.key}' holds no position); run "
             'once without "stream_from" first'
         )
-    now = op_time_of(offset.resume_token)
+    # forward of the lake's position, not the stream's: after a move back, a move short of where the
+    # lake stands skips only events it holds
+    now = op_time_of({"_data": landed_through(keeper.lake, rs) or offset.resume_token["_data"]})
     target = f"op-time {op_time_text(to)} ({op_time_moment(to)})"
-    where = f"its stream is at {op_time_text(now)} ({op_time_moment(now)})"
+    where = f"the lake holds its events up to {op_time_text(now)} ({op_time_moment(now)})"
     first = first_op_time_after(client, rs, to, 'param "stream_from"')
     if first is not None:
         raise StreamMoveError(
