@@ -1,4 +1,5 @@
-"""The CDC DAG's trigger params (docs/semantics.md, "Re-snapshots") and their checks.
+"""The CDC DAG's trigger params (docs/semantics.md, "Re-snapshots"; docs/offsets.md, "Moving a
+stream") and their checks.
 
 A wrong trigger fails its run at once (``failures.fail_at_once``: no retries, the one-line message
 first in the log): the checks that need no server run before ``discover`` connects, the known
@@ -16,12 +17,15 @@ from typing import Any
 from airflow.sdk import Param
 
 from mongo_cdc.capture.shard_lifecycle import ResnapshotRequest
+from mongo_cdc.capture.stream_move import StreamMoveRequest
+from mongo_cdc.config.values import OP_TIME_FORMATS, parse_op_time
 from mongo_cdc.namespace import Namespace
 from mongo_cdc_airflow.failures import fail_at_once
 
 
 def resnapshot_params() -> dict[str, Param]:
-    """The trigger form's on-call re-snapshot and verification. Scheduled runs use the defaults."""
+    """The trigger form's on-call re-snapshot, stream move and verification. Scheduled runs use the
+    defaults."""
     return {
         "resnapshot": Param(
             False,
@@ -42,9 +46,24 @@ def resnapshot_params() -> dict[str, Param]:
             [],
             type=["array", "null"],
             items={"type": "string"},
-            title="Shards to re-snapshot",
+            title="Shards to re-snapshot or move",
             description="Shard ids, one per line (a plain replica set is one shard named like the set). "
             "Empty: every shard.",
+        ),
+        "stream_from": Param(
+            None,
+            type=["string", "null"],
+            title="Move the stream to an op-time",
+            description="Read the change stream again from this cluster time, still in the oplog: "
+            f"{OP_TIME_FORMATS.replace('`', '')}. Events the lake holds already do not land again. "
+            "Only the shards above, if any.",
+        ),
+        "skip_unread": Param(
+            False,
+            type=["boolean", "null"],
+            title="Skip unread events",
+            description="Let stream_from move a stream forward, skipping the events between, which "
+            "never land (the batch log records it). Without it a forward move is refused.",
         ),
         "verify": Param(
             False,
@@ -73,7 +92,7 @@ def resnapshot_request(
         for key in sorted(conf or {})
         if key not in PARAM_NAMES
     ]
-    for name in ("resnapshot", "verify"):
+    for name in ("resnapshot", "verify", "skip_unread"):
         flag = _or_default(params, name, False)
         if not isinstance(flag, bool):
             problems.append(f'param "{name}" must be true or false, got {flag!r}')
@@ -83,6 +102,15 @@ def resnapshot_request(
         if not isinstance(value, list) or not all(isinstance(item, str) and item for item in value):
             problems.append(f'param "{name}" must be a list of {what}, got {value!r}')
     collections, shards = _or_default(params, "collections", []), _or_default(params, "shards", [])
+    stream_from = params.get("stream_from")
+    if stream_from is not None:
+        try:
+            parse_op_time(stream_from)
+        except ValueError as exc:
+            why = f" ({exc})" if str(exc) else ""
+            problems.append(
+                f'param "stream_from" is {stream_from!r}; allowed: {OP_TIME_FORMATS.replace("`", "")}{why}'
+            )
     if not problems:
         bad = [name for name in collections if not _is_namespace(name)]
         if bad:
@@ -92,12 +120,35 @@ def resnapshot_request(
                 "a backfill only completes past intervals and cannot re-snapshot; trigger the DAG with "
                 '{"resnapshot": true} as a normal run instead'
             )
-        if not resnapshot and (collections or shards):
+        if not resnapshot and collections:
+            problems.append('param "collections" chooses what to re-snapshot; set "resnapshot" to true too')
+        if not resnapshot and stream_from is None and shards:
             problems.append(
-                'params "collections" and "shards" choose what to re-snapshot; set "resnapshot" to true too'
+                'param "shards" chooses what to re-snapshot or move; set "resnapshot" to true or give '
+                '"stream_from" too'
             )
+        if stream_from is not None and resnapshot:
+            problems.append(
+                'params "resnapshot" and "stream_from" both say where streaming goes on; trigger one of them'
+            )
+        if stream_from is not None and backfill:
+            problems.append(
+                "a backfill only completes past intervals and cannot move a stream; trigger the DAG with "
+                '"stream_from" as a normal run instead'
+            )
+        if _or_default(params, "skip_unread", False) and stream_from is None:
+            problems.append('param "skip_unread" applies to a move; give "stream_from" too')
     _fail(problems)
     return ResnapshotRequest(tuple(collections), tuple(shards)) if resnapshot else None
+
+
+def stream_move_request(params: Mapping[str, Any]) -> StreamMoveRequest | None:
+    """The trigger's stream move (None: none asked), once ``resnapshot_request`` checked the params."""
+    stream_from = params.get("stream_from")
+    if stream_from is None:
+        return None
+    shards = tuple(_or_default(params, "shards", []))
+    return StreamMoveRequest(parse_op_time(stream_from), _or_default(params, "skip_unread", False), shards)
 
 
 def verify_requested(params: Mapping[str, Any]) -> bool:
@@ -106,12 +157,16 @@ def verify_requested(params: Mapping[str, Any]) -> bool:
 
 
 def check_known(
-    source: str, request: ResnapshotRequest, shard_ids: Iterable[str], captured: Iterable[str] | None
+    source: str,
+    shards: Iterable[str],
+    collections: Iterable[str],
+    shard_ids: Iterable[str],
+    captured: Iterable[str] | None,
 ) -> None:
     """Every shard and collection the trigger names exists (``captured`` None: no collections named)."""
     known_shards = sorted(shard_ids)
     problems = []
-    unknown = sorted(set(request.shards) - set(known_shards))
+    unknown = sorted(set(shards) - set(known_shards))
     if unknown:
         problems.append(
             f'param "shards": unknown shard {", ".join(unknown)}; '
@@ -119,7 +174,7 @@ def check_known(
         )
     if captured is not None:
         known = sorted(set(captured))
-        unknown = sorted(set(request.collections) - set(known))
+        unknown = sorted(set(collections) - set(known))
         if unknown:
             problems.append(
                 f'param "collections": unknown collection {", ".join(unknown)}; '

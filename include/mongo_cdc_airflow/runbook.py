@@ -49,6 +49,18 @@ FAILURES = (
         "documents a chunk migration moved. The state tables are reconciled.",
     ),
     (
+        "older than the oplog's first entry",
+        "The op-time has left the oplog; the message names the oplog's first one. A new replica set's "
+        "configured start (capture.start.op.time or .resume.token): set capture.start.op.time to "
+        "that op-time or later, or copy instead (snapshot.mode initial, without the key). A move "
+        "(stream_from): trigger again with that op-time or later. Nothing was committed.",
+    ),
+    (
+        "which were never landed",
+        'The move would skip events never landed: trigger again with "skip_unread": true if they may '
+        "be lost, or with an earlier op-time. Nothing was moved.",
+    ),
+    (
         "leaves the oplog in about",
         "A warning (a failure with oplog.headroom.fail): resize the replica set's oplog as the "
         "message says, or run the DAG more often.",
@@ -88,6 +100,7 @@ def cdc_doc(config: SourceConfig) -> str:
     resnapshot_all = trigger_command(dag_id, {"resnapshot": True})
     resnapshot_some = trigger_command(dag_id, {"resnapshot": True, "collections": ["<db>.<collection>"]})
     verify = trigger_command(dag_id, {"verify": True})
+    move_back = trigger_command(dag_id, {"stream_from": "2026-01-01T00:00:00Z"})
     return f"""\
 # MongoDB CDC of `{config.name}`
 
@@ -115,7 +128,8 @@ DAG's pause switch is the source's: its shard watch `{topology_dag_id(config.nam
 ## Re-snapshot
 
 Trigger with params (all optional): **Re-snapshot** on, then **Collections to re-snapshot**
-(`<db>.<collection>`, one per line) and/or **Shards to re-snapshot**. Empty lists mean everything.
+(`<db>.<collection>`, one per line) and/or **Shards to re-snapshot or move**. Empty lists mean
+everything.
 The state tables are reconciled: documents that no longer exist disappear.
 
 * Every collection (**Collections** empty): streaming goes on from the re-snapshot's position, as
@@ -125,6 +139,16 @@ The state tables are reconciled: documents that no longer exist disappear.
   `{resnapshot_some}`
 * On a sharded cluster leave **Shards** empty: chunk migrations emit no events, so a one-shard
   re-snapshot can drop documents a migration moved off that shard.
+
+## Move a stream
+
+**Move the stream to an op-time** (epoch seconds, ISO-8601 with a zone, or
+`<seconds>:<increment>`) reads the change stream again from there, on every shard or the
+**Shards** listed; the op-time must still be in the oplog. Events the lake holds already do not
+land again (no raw row, change row or state version twice); the batch log records the move (a
+`rewind` batch). Moving **forward** skips the events between, which never land: refused unless
+**Skip unread events** is on (a `skip` batch). Not with **Re-snapshot**.
+`{move_back}`
 
 ## Verify
 
@@ -144,10 +168,10 @@ wait before it leaves the oplog), each also in seconds.
 
 Admin → Variables → `{key}`: where each replica set's stream resumes. The lake's batch log is the
 authority: an offset behind it is healed, one that disagrees fails the run with the exact fix.
-Opening and saving it unchanged is safe; never move its position by hand: re-snapshot, or delete
-the Variable to start that replica set over with a new snapshot. `mongo_cdc.{config.name}.topology`
-lists the shards. Connections (`{config.mongo_conn_id}`, the lake's) may come from the environment
-(`AIRFLOW_CONN_…`), so the Connections page can be empty.
+Opening and saving it unchanged is safe; never move its position by hand: move the stream (above),
+re-snapshot, or delete the Variable to start that replica set over with a new snapshot.
+`mongo_cdc.{config.name}.topology` lists the shards. Connections (`{config.mongo_conn_id}`, the
+lake's) may come from the environment (`AIRFLOW_CONN_…`), so the Connections page can be empty.
 
 ## Tables
 

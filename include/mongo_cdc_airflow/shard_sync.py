@@ -23,12 +23,13 @@ from pymongo.errors import ConnectionFailure
 from mongo_cdc.capture.offsets import Offset
 from mongo_cdc.capture.replica_set import ReplicaSetCapture
 from mongo_cdc.capture.shard_lifecycle import ShardPlan, plan_shard
+from mongo_cdc.capture.stream_move import StreamMoveError, StreamMoveRequest, move_stream
 from mongo_cdc.capture.topology import Shard
 from mongo_cdc.config import SourceConfig
 from mongo_cdc_airflow import task_ids
 from mongo_cdc_airflow.failures import deterministic_failures, fail_at_once
 from mongo_cdc_airflow.hooks import MongoCdcHook
-from mongo_cdc_airflow.params import resnapshot_request, verify_requested
+from mongo_cdc_airflow.params import resnapshot_request, stream_move_request, verify_requested
 from mongo_cdc_airflow.variables import offset_keeper
 
 log = logging.getLogger(__name__)
@@ -147,14 +148,11 @@ class ShardSync:
 
     def start(self) -> dict:
         """What the plan says before the copy: record the snapshot's position and chunks (or find the
-        unfinished one to resume), start from now, or record the capture filter the stream goes on
-        with. The result carries the plan, and the chunks still to copy, to the next tasks."""
-        from mongo_cdc.capture.snapshot import (
-            record_capture_filter,
-            skip_abandoned_snapshot,
-            start_snapshot,
-            start_without_snapshot,
-        )
+        unfinished one to resume), commit where streaming without a copy starts, or record the capture
+        filter the stream goes on with. The result carries the plan, and the chunks still to copy, to
+        the next tasks."""
+        from mongo_cdc.capture.snapshot import record_capture_filter, skip_abandoned_snapshot, start_snapshot
+        from mongo_cdc.capture.stream_start import start_without_snapshot
 
         if is_backfill():
             log.info("backfill run: no snapshot, the pull completes the interval's history")
@@ -162,13 +160,16 @@ class ShardSync:
         try:
             plan = self.plan()
             result: dict = {"plan": plan.to_dict(), "snapshot": None}
-            if plan.snapshot is None and not plan.start_from_now:
+            move = stream_move_request(get_current_context()["params"])
+            if move is not None and move.covers(self.shard.id):
+                self.move(plan, move)
+            if plan.snapshot is None and not plan.start_without_copy:
                 skip_abandoned_snapshot(self.keeper)
                 record_capture_filter(self.keeper, self.config)
                 return result
             with self.client() as client:
-                if plan.start_from_now:
-                    start_without_snapshot(client, self.shard.rs, self.keeper)
+                if plan.start_without_copy:
+                    start_without_snapshot(client, self.shard.rs, self.keeper, self.config)
                     return result
                 if self.shard.via_source:
                     started = start_snapshot(self.capture(client), only=plan.snapshot)
@@ -185,6 +186,16 @@ class ShardSync:
             "missing": [[chunk.namespace, chunk.index, chunk.count] for chunk in missing],
         }
         return result
+
+    def move(self, plan: ShardPlan, move: StreamMoveRequest) -> None:
+        """Move this shard's stream as the trigger asks (``stream_move``), if it streams in this run."""
+        if plan.snapshot is not None or plan.start_without_copy or plan.retire or not plan.stream:
+            raise StreamMoveError(
+                f'shard {self.shard.id}: param "stream_from" moves a stream, but this run does not just '
+                f"stream it ({plan.reason}); trigger the move once it streams"
+            )
+        with self.client() as client:
+            move_stream(client, self.shard.rs, self.keeper, move.to, move.skip_unread)
 
     def snapshot(self) -> dict:
         """Commit the snapshot ``snapshot_start`` began once every chunk is copied; the result carries

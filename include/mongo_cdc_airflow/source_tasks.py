@@ -26,7 +26,7 @@ from mongo_cdc_airflow.assets import TABLE_ZONES, emit_table_events
 from mongo_cdc_airflow.failures import deterministic_failures, fail_at_once
 from mongo_cdc_airflow.hooks import MongoCdcHook
 from mongo_cdc_airflow.lake_storage import source_lake
-from mongo_cdc_airflow.params import check_known, resnapshot_request
+from mongo_cdc_airflow.params import check_known, resnapshot_request, stream_move_request
 from mongo_cdc_airflow.shard_sync import is_backfill, unreachable
 from mongo_cdc_airflow.variables import (
     offset_keeper,
@@ -63,10 +63,13 @@ def _discover(config: SourceConfig) -> list[dict]:
         live,
         lambda shard: still_draining(offset_keeper(config, shard.rs).load()),
     )
-    if request is not None:
+    move = stream_move_request(context["params"])
+    named_shards = (request.shards if request else ()) + (move.shards if move else ())
+    if request is not None or named_shards:
         live_shards = [shard for shard in shards if not shard.retiring]
-        captured = captured_collections(config, hook, live_shards) if request.collections else None
-        check_known(config.name, request, [shard.id for shard in live_shards], captured)
+        collections = request.collections if request else ()
+        captured = captured_collections(config, hook, live_shards) if collections else None
+        check_known(config.name, named_shards, collections, [shard.id for shard in live_shards], captured)
     if not is_backfill():  # the live sync owns the topology it drains
         store_topology(config.name, shards)
     for shard in shards:

@@ -21,7 +21,7 @@ from mongo_cdc.capture.change_cursor import token_cluster_time
 from mongo_cdc.capture.offsets import offset_key
 from mongo_cdc.capture.oplog_window import OplogHeadroomError, OplogWindow, measure
 from mongo_cdc.capture.replica_set import ReplicaSetCapture
-from mongo_cdc.capture.snapshot import start_without_snapshot
+from mongo_cdc.capture.stream_start import start_without_snapshot
 from mongo_cdc.capture.streaming import pull_changes
 from mongo_cdc.capture.topology import make_client
 from mongo_cdc.config import SourceConfig

@@ -16,7 +16,7 @@ import pytest
 
 from mongo_cdc.capture.oversized_events import FragmentJoiner, OversizedEventError, supports_split
 from mongo_cdc.capture.replica_set import ReplicaSetCapture
-from mongo_cdc.capture.snapshot import start_without_snapshot
+from mongo_cdc.capture.stream_start import start_without_snapshot
 from mongo_cdc.capture.streaming import pull_changes
 from mongo_cdc.capture.topology import make_client
 from mongo_cdc.config import SourceConfig, SourceConfigError, load_source

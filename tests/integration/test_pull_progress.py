@@ -9,7 +9,7 @@ from pathlib import Path
 
 from mongo_cdc.capture import pull_progress
 from mongo_cdc.capture.replica_set import ReplicaSetCapture
-from mongo_cdc.capture.snapshot import start_without_snapshot
+from mongo_cdc.capture.stream_start import start_without_snapshot
 from mongo_cdc.capture.streaming import pull_changes
 from mongo_cdc.capture.topology import make_client
 from mongo_cdc_dev.testing.lake import database_source, memory_keeper

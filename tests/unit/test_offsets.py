@@ -182,6 +182,18 @@ def test_an_offset_saved_unchanged_in_the_airflow_ui_keeps_every_value():
     )  # fmt: skip
 
 
+@pytest.mark.parametrize("key", ["capture.start.op.time", "capture.start.resume.token"])
+def test_where_a_configured_start_began_survives_the_airflow_ui(key):
+    """``snapshot.start`` (``stream_start``) names the key as a value, never as a key Airflow masks."""
+    started = {"status": "complete", "skipped": True, "start": {"from": key, "op_time": "1767225600:3"}}
+    offset = Offset(
+        resume_token={"_data": f"82{NOW:016X}0004"}, cluster_time=NOW, batch_seq=1, snapshot=started
+    )
+    text = offset.to_json()
+    assert "***" not in as_the_rest_api_shows(KEY, text)
+    assert parse_offset(KEY, as_the_ui_saves(KEY, text)).snapshot == started
+
+
 # An offset as the previous version wrote it (format 1), with every field it could hold.
 FORMAT_1 = json.dumps(
     {

@@ -63,10 +63,12 @@ def assert_valid_triggers(text: str, dag_id: str) -> list[dict]:
 def test_every_command_the_runbook_quotes_triggers_the_dag_with_valid_params(tmp_path):
     dag = build_cdc_dag(_config(tmp_path))
     confs = assert_valid_triggers(dag.doc_md, dag.dag_id)
-    # a whole re-snapshot (the only way past a lost position), a re-snapshot of some, a verification
+    # a whole re-snapshot (the only way past a lost position), a re-snapshot of some, a stream moved
+    # back, a verification
     assert confs == [
         {"resnapshot": True},
         {"resnapshot": True, "collections": ["<db>.<collection>"]},
+        {"stream_from": "2026-01-01T00:00:00Z"},
         {"verify": True},
     ]
     # the page no longer sends a lost position to a one-shard re-snapshot (docs/semantics.md,

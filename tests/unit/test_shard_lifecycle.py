@@ -52,9 +52,9 @@ def plan(
 def test_snapshot_modes_decide_when_to_copy(mode, without_offset, after_a_snapshot):
     first = plan(None, mode)
     assert first.snapshot == without_offset
-    assert first.start_from_now is (without_offset is None)
+    assert first.start_without_copy is (without_offset is None)
     assert plan(STREAMING, mode).snapshot == after_a_snapshot
-    assert not plan(STREAMING, mode).start_from_now
+    assert not plan(STREAMING, mode).start_without_copy
     assert plan(STREAMING, mode).stream is (mode != "initial_only")
 
 
@@ -102,7 +102,7 @@ def test_a_retiring_shard_is_drained_then_retired_and_never_copied():
 @pytest.mark.parametrize(("mode", "copies"), [("initial", ()), ("never", None)])
 def test_a_shard_back_from_retirement_starts_afresh(mode, copies):
     back = plan(RETIRED, mode)
-    assert back.fresh and back.snapshot == copies and back.start_from_now is (copies is None)
+    assert back.fresh and back.snapshot == copies and back.start_without_copy is (copies is None)
 
 
 def test_the_plan_survives_its_xcom_round_trip():

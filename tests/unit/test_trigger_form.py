@@ -6,9 +6,11 @@ import logging
 
 import pytest
 from airflow.sdk.exceptions import AirflowFailException
+from bson import Timestamp
 
 from mongo_cdc.capture.shard_lifecycle import ResnapshotRequest
-from mongo_cdc_airflow.params import resnapshot_params, resnapshot_request
+from mongo_cdc.capture.stream_move import StreamMoveRequest
+from mongo_cdc_airflow.params import resnapshot_params, resnapshot_request, stream_move_request
 
 
 def _marked_required(schema: dict) -> bool:
@@ -24,6 +26,8 @@ def test_no_param_is_marked_required_in_the_trigger_form():
         "resnapshot": False,
         "collections": False,
         "shards": False,
+        "stream_from": False,
+        "skip_unread": False,
     }
     # the same defaults, and an emptied field (null) passes Airflow's own validation
     assert {name: param.resolve() for name, param in params.items()} == {
@@ -31,6 +35,8 @@ def test_no_param_is_marked_required_in_the_trigger_form():
         "resnapshot": False,
         "collections": [],
         "shards": [],
+        "stream_from": None,
+        "skip_unread": False,
     }
     for param in params.values():
         assert param.resolve(None) is None
@@ -43,6 +49,8 @@ def test_an_emptied_field_means_its_default_and_the_checks_are_unchanged():
     assert resnapshot_request({}, request, backfill=False) == ResnapshotRequest(("shop.orders",))
     with pytest.raises(AirflowFailException, match='set "resnapshot" to true too'):
         resnapshot_request({}, {**emptied, "collections": ["shop.orders"]}, backfill=False)
+    with pytest.raises(AirflowFailException, match='set "resnapshot" to true or give "stream_from" too'):
+        resnapshot_request({}, {**emptied, "shards": ["shard01"]}, backfill=False)
     with pytest.raises(AirflowFailException, match='param "shards" must be a list of shard ids'):
         resnapshot_request({}, {**emptied, "resnapshot": True, "shards": "shard01"}, backfill=False)
 
@@ -56,3 +64,48 @@ def test_a_wrong_param_logs_its_one_line_message_as_the_first_error(caplog):
     errors = [record for record in caplog.records if record.levelno >= logging.ERROR]
     assert [record.getMessage() for record in errors] == [message]
     assert failure.value.__suppress_context__ and failure.value.__cause__ is None  # no chained traceback
+
+
+def test_a_stream_move_takes_the_op_time_formats_and_its_shards():
+    for written in ("1767225600", "2026-01-01T00:00:00Z", "1767225600:0"):
+        params = {"stream_from": written, "shards": ["shard01"]}
+        assert resnapshot_request({}, params, backfill=False) is None  # no re-snapshot asked
+        assert stream_move_request(params) == StreamMoveRequest(Timestamp(1767225600, 0), False, ("shard01",))
+    forward = stream_move_request({"stream_from": "1767225600:5", "skip_unread": True})
+    assert forward == StreamMoveRequest(Timestamp(1767225600, 5), True, ())
+    assert forward.covers("any shard")
+    assert stream_move_request({"stream_from": None, "skip_unread": None}) is None
+
+
+@pytest.mark.parametrize(
+    ("params", "backfill", "message"),
+    [
+        (
+            {"stream_from": "yesterday"},
+            False,
+            "param \"stream_from\" is 'yesterday'; allowed: epoch seconds (1767225600), ISO-8601 with a "
+            "zone (2026-01-01T00:00:00Z) or <seconds>:<increment> (1767225600:3)",
+        ),
+        (
+            {"stream_from": "2026-01-01T00:00:00"},
+            False,
+            "(an ISO-8601 time needs its zone, e.g. Z or +02:00)",
+        ),
+        (
+            {"stream_from": "1767225600", "resnapshot": True},
+            False,
+            'params "resnapshot" and "stream_from" both say where streaming goes on; trigger one of them',
+        ),
+        ({"stream_from": "1767225600"}, True, "a backfill only completes past intervals and cannot move"),
+        ({"skip_unread": True}, False, 'param "skip_unread" applies to a move; give "stream_from" too'),
+        (
+            {"stream_from": "1767225600", "skip_unread": "yes"},
+            False,
+            'param "skip_unread" must be true or false',
+        ),
+    ],
+)
+def test_a_wrong_stream_move_fails_before_anything_runs(params, backfill, message):
+    with pytest.raises(AirflowFailException) as failure:
+        resnapshot_request({}, params, backfill=backfill)
+    assert message in str(failure.value)

@@ -11,6 +11,7 @@ from functools import lru_cache
 from typing import Any
 
 import bson
+from bson import Timestamp
 from bson.raw_bson import RawBSONDocument
 from pymongo import MongoClient
 from pymongo.change_stream import ClusterChangeStream
@@ -137,3 +138,16 @@ def token_cluster_time(token: dict) -> int:
     if not data.startswith("82"):
         raise ValueError(f"unexpected resume token layout: {data[:20]}...")
     return int(data[2:18], 16)
+
+
+def op_time_of(token: dict) -> Timestamp:
+    """The op-time of a resume token."""
+    cluster_time = token_cluster_time(token)
+    return Timestamp(cluster_time >> 32, cluster_time & 0xFFFFFFFF)
+
+
+def op_time_position(client: MongoClient, op_time: Timestamp) -> dict:
+    """A resume token at ``op_time``: the high-water mark a change stream opened there reports before
+    reading anything. A stream resumed after it reads the events of ``op_time`` on."""
+    with client.watch(start_at_operation_time=op_time, batch_size=0) as stream:
+        return stream.resume_token

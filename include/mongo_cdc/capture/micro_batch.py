@@ -26,6 +26,8 @@ class PullResult:
     oversized_skipped: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     # every event the change stream returned (captured or not): what the server-side filter let through
     events_received: int = 0
+    # events read again after a move back (``stream_move``), dropped: the lake holds them already
+    replayed_dropped: int = 0
     seconds: float = 0.0
     # the oplog window against the position the pull committed, measured when it ended
     # (oplog_window.OplogWindow; None when the oplog cannot be read)
@@ -56,6 +58,7 @@ class PullResult:
             "primary_elections": self.primary_elections,
             "oversized_skipped": dict(self.oversized_skipped),
             "events_received": self.events_received,
+            "replayed_dropped": self.replayed_dropped,
             "seconds": self.seconds,
             "oplog": self.oplog,
         }

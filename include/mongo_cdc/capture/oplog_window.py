@@ -32,6 +32,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from bson import Timestamp
 from pymongo import MongoClient
 from pymongo.errors import OperationFailure
 
@@ -43,6 +44,8 @@ log = logging.getLogger(__name__)
 UNAUTHORIZED = 13
 _MB = 1024 * 1024
 _PRIVILEGE = 'find and collStats on {db: "local", collection: "oplog.rs"}'
+# The no-op entry ``replSetInitiate`` writes first in a new replica set's oplog.
+_INITIATION_MESSAGE = "initiating set"
 
 
 class OplogHeadroomError(RuntimeError):
@@ -118,12 +121,47 @@ class OplogWindow:
         }
 
 
+@dataclass(frozen=True)
+class OplogStart:
+    """The oplog's first entry: its op-time, and whether it is the replica set's initiation (then the
+    oplog still holds every write the replica set ever took: none was truncated)."""
+
+    op_time: Timestamp
+    initiation: bool
+
+
+def oplog_start(client: MongoClient) -> OplogStart:
+    """The first entry of the oplog of the replica set ``client`` points at."""
+    first = client.local["oplog.rs"].find_one({}, {"ts": 1, "o.msg": 1, "_id": 0}, sort=[("$natural", 1)])
+    return OplogStart(first["ts"], first.get("o", {}).get("msg") == _INITIATION_MESSAGE)
+
+
+class OplogUnreadableError(RuntimeError):
+    """The pull's user may not read the oplog, which a check of a position needs."""
+
+
+def first_op_time_after(client: MongoClient, rs: str, op_time: Timestamp, checking: str) -> Timestamp | None:
+    """The oplog's first op-time when it is after ``op_time``, so the events from ``op_time`` are gone
+    (a stream cannot start there); None when the oplog holds ``op_time``, or begins with the replica
+    set's initiation (nothing older ever existed). ``checking`` names the position for the error
+    raised when the oplog cannot be read."""
+    try:
+        first = oplog_start(client)
+    except OperationFailure as exc:
+        if exc.code != UNAUTHORIZED:
+            raise
+        raise OplogUnreadableError(
+            f"replica set {rs}: not allowed to read the oplog to check that {checking} is still in it; "
+            f"grant the pull's user {_PRIVILEGE}"
+        ) from None
+    return None if op_time >= first.op_time or first.initiation else first.op_time
+
+
 def measure(client: MongoClient, rs: str, position: int) -> OplogWindow:
     """The oplog window of the replica set ``client`` points at, against ``position``."""
     oplog = client.local["oplog.rs"]
-    projection = {"ts": 1, "_id": 0}
-    oldest = oplog.find_one({}, projection, sort=[("$natural", 1)])["ts"]
-    newest = oplog.find_one({}, projection, sort=[("$natural", -1)])["ts"]
+    oldest = oplog_start(client).op_time
+    newest = oplog.find_one({}, {"ts": 1, "_id": 0}, sort=[("$natural", -1)])["ts"]
     stats = next(oplog.aggregate([{"$collStats": {"storageStats": {}}}]))["storageStats"]
     return OplogWindow(
         rs,

@@ -3,7 +3,8 @@
 A shard (a plain replica set is one shard) is, in turn:
 
 * **new** (no offset): snapshotted under ``initial``/``when_needed``/``initial_only``/``always``,
-  or streamed from "now" under ``no_data``/``never``;
+  or streamed without a copy under ``no_data``/``never``: from "now", or from
+  ``capture.start.op.time``/``capture.start.resume.token`` (``stream_start`` says when those apply);
 * **snapshotting**: its offset's snapshot is still running (an earlier run's copy failed midway):
   the next run resumes it (``snapshot.start_snapshot`` keeps the chunks already copied);
 * **streaming**: its offset has a completed snapshot and a resume position; it snapshots again only
@@ -46,14 +47,15 @@ class ShardPlan:
     """One shard's sync in one run.
 
     ``snapshot``: the ``<db>.<collection>`` names to copy before streaming (``()``: every captured
-    collection), or None for no copy. ``start_from_now``: no copy and no stored position, so
-    streaming starts at the current position. ``stream``: read the change stream after the copy.
-    ``retire``: the shard left the cluster; after draining, its offset is retired. ``fresh``: a stored
-    offset was retired, and does not count. ``reason``: why, for the task log.
+    collection), or None for no copy. ``start_without_copy``: no copy and no stored position, so
+    streaming starts at a position of its own (``stream_start``: now, or the configured one).
+    ``stream``: read the change stream after the copy. ``retire``: the shard left the cluster; after
+    draining, its offset is retired. ``fresh``: a stored offset was retired, and does not count.
+    ``reason``: why, for the task log.
     """
 
     snapshot: tuple[str, ...] | None
-    start_from_now: bool
+    start_without_copy: bool
     stream: bool
     retire: bool
     fresh: bool
@@ -125,11 +127,13 @@ def plan_shard(
         return copy(
             new, f"the capture filters newly match {', '.join(new)}: copying them, streaming the rest"
         )
-    start_from_now = offset is None or offset.resume_token is None
+    start_without_copy = offset is None or offset.resume_token is None
     reason = (
-        f"no snapshot (snapshot.mode {snapshot_mode}): streaming from now" if start_from_now else "streaming"
+        f"no snapshot (snapshot.mode {snapshot_mode}): streaming from its start position"
+        if start_without_copy
+        else "streaming"
     )
-    return ShardPlan(None, start_from_now, stream, False, fresh, reason)
+    return ShardPlan(None, start_without_copy, stream, False, fresh, reason)
 
 
 def still_draining(offset: Offset | None) -> bool:

@@ -558,17 +558,3 @@ def run_snapshot(
     plan = start_snapshot(source, cluster, shard_id, only)
     copy_chunks(source.client, source.config, source.lake, plan)
     return commit_snapshot(source.keeper, plan)
-
-
-def start_without_snapshot(client: MongoClient, rs: str, keeper: OffsetKeeper) -> Offset:
-    """snapshot.mode never/no_data: stream from now on, copying nothing (a batch with no rows)."""
-    offset = keeper.load_checked() or keeper.next_offset()
-    token = current_position(client)
-    batch = Batch(
-        rs=rs,
-        seq=offset.batch_seq + 1,
-        kind="start",
-        resume_token=token,
-        cluster_time=token_cluster_time(token),
-    )
-    return keeper.commit_batch(offset, batch, snapshot={"status": "complete", "skipped": True}, retired_at="")

@@ -60,6 +60,7 @@ from mongo_cdc.capture.raw_tables import raw_rows_table
 from mongo_cdc.capture.read_ahead import ReadAhead
 from mongo_cdc.capture.replica_set import ReplicaSetCapture
 from mongo_cdc.capture.stream_filter import namespace_filter
+from mongo_cdc.capture.stream_move import landed_through
 from mongo_cdc.capture.transactions import TRANSACTION_SCHEMA, TransactionTracker
 from mongo_cdc.config import SourceConfig
 from mongo_cdc.config.oversize_mode_table import OVERSIZE_MODES
@@ -185,6 +186,8 @@ class _ChangeReader:
         self.failures = 0
         # set by an invalidate: the next stream starts after it (a stream cannot resume after one)
         self.start_after: dict | None = None
+        # events at or before it are in the lake already: read again after a move back (stream_move)
+        self.landed_through = landed_through(keeper.lake, rs)
 
     def read(self) -> bool:
         """Open the stream at the last landed position and land batches until caught up (True).
@@ -227,7 +230,9 @@ class _ChangeReader:
                         self._land_read(batch)
                         self.start_after = change_token
                         return False
-                    if change["operationType"] == RENAME:
+                    if self.landed_through is not None and change_token["_data"] <= self.landed_through:
+                        self.result.replayed_dropped += 1
+                    elif change["operationType"] == RENAME:
                         self._land_read(batch)
                         batch = self._rename_batch(change)
                     else:

@@ -18,6 +18,7 @@ import yaml
 
 from mongo_cdc.config.dag_ids import cdc_dag_id
 from mongo_cdc.config.dag_settings import DAG_ATTRIBUTES, DagSettings
+from mongo_cdc.config.snapshot_mode_table import START_POSITION_KEYS
 from mongo_cdc.config.source import SETTINGS, SourceConfig
 from mongo_cdc.config.values import SourceConfigError
 from mongo_cdc.lake.storage import LakeRootError, resolve_root
@@ -27,6 +28,7 @@ LAKE_ROOT_ENV = "MONGO_CDC_LAKE_ROOT"
 _MUTUALLY_EXCLUSIVE = (
     ("database.include.list", "database.exclude.list"),
     ("collection.include.list", "collection.exclude.list"),
+    START_POSITION_KEYS,
 )
 # The source name (the file stem) is part of the DAG ids ``mongo_cdc__<name>`` and
 # ``mongo_cdc_topology__<name>``: Airflow allows ASCII letters, digits, '_', '-' and '.' in them, at
@@ -37,7 +39,8 @@ _BACKOFF_MAX = SETTINGS["connect.backoff.max.delay.ms"]
 
 
 class _SourceLoader(yaml.SafeLoader):
-    """YAML 1.2 booleans (``true``/``false`` only) and duplicate keys recorded instead of overwritten.
+    """YAML 1.2 booleans (``true``/``false`` only), no base-60 integers, and duplicate keys recorded
+    instead of overwritten.
 
     PyYAML's safe loader follows YAML 1.1, where ``yes``/``no``/``on``/``off`` are booleans: a
     ``topic.prefix: on`` or a mistyped flag would silently become True/False. Here they stay
@@ -63,12 +66,20 @@ class _SourceLoader(yaml.SafeLoader):
 
 
 _BOOL_TAG = "tag:yaml.org,2002:bool"
+_INT_TAG = "tag:yaml.org,2002:int"
 _SourceLoader.yaml_implicit_resolvers = {
-    first: [(tag, regexp) for tag, regexp in resolvers if tag != _BOOL_TAG]
+    first: [(tag, regexp) for tag, regexp in resolvers if tag not in (_BOOL_TAG, _INT_TAG)]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
 _SourceLoader.add_implicit_resolver(
     _BOOL_TAG, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+)
+# YAML 1.1's integers without its base-60 ones: an unquoted `capture.start.op.time: 1767225600:3`
+# (seconds:increment) would otherwise be read as the number 1767225600 × 60 + 3.
+_SourceLoader.add_implicit_resolver(
+    _INT_TAG,
+    re.compile(r"^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$"),
+    list("-+0123456789"),
 )
 
 

@@ -17,6 +17,11 @@ class SnapshotMode:
     new_collections: bool = False  # collections the capture filters newly match are copied, the rest streamed
     when_position_lost: bool = False  # a shard whose stored position has left the oplog is copied again
 
+    @property
+    def copies(self) -> bool:
+        """Whether the mode ever copies collections by itself (a trigger's re-snapshot aside)."""
+        return self.every_run or self.when_missing or self.new_collections or self.when_position_lost
+
 
 # no_data and never mean the same: copy nothing, stream from the position of the first run
 SNAPSHOT_MODES = {
@@ -27,3 +32,22 @@ SNAPSHOT_MODES = {
     "no_data": SnapshotMode(),
     "never": SnapshotMode(),
 }
+
+# The keys that set where a stream without a copy starts (``capture.stream_start``).
+START_POSITION_KEYS = ("capture.start.op.time", "capture.start.resume.token")
+
+
+def check_start_position(snapshot_mode: str, start_key: str | None) -> None:
+    """Refuse a start position (``start_key``, one of START_POSITION_KEYS; None: none) with a mode that
+    copies or never streams: a copy would be taken at its own position, and the start would mean
+    nothing."""
+    if start_key is None:
+        return
+    mode = SNAPSHOT_MODES[snapshot_mode]
+    if mode.streams and not mode.copies:
+        return
+    fitting = " or ".join(name for name, fits in SNAPSHOT_MODES.items() if fits.streams and not fits.copies)
+    raise ValueError(
+        f"key '{start_key}' starts streaming without copying, which snapshot.mode '{snapshot_mode}' "
+        f"does not do; it works with snapshot.mode {fitting}: set one of them, or drop '{start_key}'"
+    )

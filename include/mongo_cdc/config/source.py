@@ -10,12 +10,14 @@ import re
 from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
 
+from bson import Timestamp
+
 from mongo_cdc.config.capture_mode_table import CAPTURE_MODES, FULL_UPDATE_TYPES, check_full_update_type
 from mongo_cdc.config.dag_settings import DAG_SETTINGS, DagSettings
 from mongo_cdc.config.field_rules import FieldRule
 from mongo_cdc.config.oversize_mode_table import OVERSIZE_MODES
 from mongo_cdc.config.setting import Setting, declared_settings, required_setting, setting
-from mongo_cdc.config.snapshot_mode_table import SNAPSHOT_MODES
+from mongo_cdc.config.snapshot_mode_table import SNAPSHOT_MODES, START_POSITION_KEYS, check_start_position
 from mongo_cdc.config.values import (
     AddedFields,
     Boolean,
@@ -24,7 +26,9 @@ from mongo_cdc.config.values import (
     Integer,
     Name,
     OperationSet,
+    OpTime,
     RegexList,
+    ResumeTokenData,
     String,
     Text,
 )
@@ -203,8 +207,30 @@ class SourceConfig:
         "[re-snapshot](semantics.md#re-snapshots). `when_needed`: like `initial`, but a position that"
         " has left the oplog re-snapshots that shard by itself. `always`: snapshot every shard at "
         "every run, then stream. `initial_only`: snapshot, never stream. `no_data` and `never` "
-        "(identical here): copy nothing, and stream from the position of the first run. Under every "
-        "mode the trigger can ask for a re-snapshot.",
+        "(identical here): copy nothing, and stream from the position of the first run, or from "
+        "`capture.start.op.time` / `capture.start.resume.token`. Under every mode the trigger can ask "
+        "for a re-snapshot.",
+    )
+    capture_start_op_time: Timestamp | None = setting(
+        "capture.start.op.time",
+        None,
+        OpTime(),
+        "With `snapshot.mode` `no_data` or `never` only: a replica set the lake has never landed "
+        "starts streaming at this cluster time (`startAtOperationTime`), so the events from it on "
+        "(it included) land, and nothing is copied. It must still be in the replica set's oplog: "
+        "the first run refuses an older one, naming the oplog's first op-time. A replica set the "
+        "lake already holds batches of (a reset offset, a shard back from retirement) streams from "
+        "now. See [starting at an op-time or a token](offsets.md#starting-at-an-op-time-or-a-token).",
+        shown_default="none (now)",
+    )
+    capture_start_resume_token: str | None = setting(
+        "capture.start.resume.token",
+        None,
+        ResumeTokenData(),
+        "Like `capture.start.op.time`, but the stream resumes **after** the event of this resume "
+        "token (its `_data`, as an event's `_id` or a Debezium offset holds it): that event does not "
+        "land, the ones after it do. Not with `capture.start.op.time`.",
+        shown_default="none (now)",
     )
     capture_mode: str = setting(
         "capture.mode",
@@ -425,6 +451,14 @@ class SourceConfig:
     def __post_init__(self) -> None:
         self.flattening  # noqa: B018 - builds the options, so clashing ones are refused here
         check_full_update_type(self.capture_mode, self.capture_mode_full_update_type)
+        check_start_position(self.snapshot_mode, self.start_position_key)
+
+    @property
+    def start_position_key(self) -> str | None:
+        """The key that sets where a stream without a copy starts (one of START_POSITION_KEYS), if any."""
+        values = (self.capture_start_op_time, self.capture_start_resume_token)
+        given = [key for key, value in zip(START_POSITION_KEYS, values, strict=True) if value is not None]
+        return given[0] if given else None
 
     @property
     def flattening(self) -> FlatteningOptions:

@@ -7,8 +7,11 @@ is the same bound written for the configuration reference page (``mongo_cdc.conf
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 from typing import Any, Protocol
+
+from bson import Timestamp
 
 from mongo_cdc.config.field_rules import FieldRule, parse_rules
 from mongo_cdc.transform.flatten_options import added_field
@@ -229,3 +232,103 @@ class AddedFields:
             except ValueError as exc:
                 raise SourceConfigError(f"{path}: {exc}") from None
         return items
+
+
+# A BSON Timestamp's two halves are unsigned 32-bit integers.
+_MAX_UINT32 = 2**32 - 1
+_OP_TIME_TEXT = re.compile(r"(\d+):(\d+)")
+
+
+def op_time_text(op_time: Timestamp) -> str:
+    """``<seconds>:<increment>``: an op-time as ``capture.start.op.time`` accepts it back."""
+    return f"{op_time.time}:{op_time.inc}"
+
+
+OP_TIME_FORMATS = (
+    "epoch seconds (`1767225600`), ISO-8601 with a zone (`2026-01-01T00:00:00Z`) or "
+    "`<seconds>:<increment>` (`1767225600:3`)"
+)
+
+
+def parse_op_time(value: Any) -> Timestamp:
+    """A cluster time from epoch seconds, an ISO-8601 date and time with a zone, or
+    ``<seconds>:<increment>`` (OP_TIME_FORMATS); ValueError saying what is wrong, if anything more
+    than the format.
+
+    Seconds and ISO times start at the second's first operation (increment 0). An ISO time with a
+    fraction of a second is refused: operations are ordered within a second by their increment, not
+    by a fraction, so a fraction could only be rounded, and a rounded start is another start."""
+    if isinstance(value, bool):
+        raise ValueError("")
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value.strip())
+    if isinstance(value, int):
+        seconds, increment = value, 0
+    elif isinstance(value, str) and (match := _OP_TIME_TEXT.fullmatch(value.strip())):
+        seconds, increment = int(match[1]), int(match[2])
+    else:
+        moment = _moment(value)
+        if moment is None:
+            raise ValueError("")
+        if moment.tzinfo is None:
+            raise ValueError("an ISO-8601 time needs its zone, e.g. Z or +02:00")
+        if moment.microsecond:
+            raise ValueError("whole seconds only: op-times do not count fractions")
+        seconds, increment = int(moment.timestamp()), 0
+    if not (1 <= seconds <= _MAX_UINT32 and increment <= _MAX_UINT32):
+        raise ValueError(f"seconds from 1 to {_MAX_UINT32}, increment from 0 to {_MAX_UINT32}")
+    return Timestamp(seconds, increment)
+
+
+def _moment(value: Any) -> dt.datetime | None:
+    """An ISO-8601 date and time (YAML reads an unquoted one as a datetime itself); None if not one."""
+    if isinstance(value, dt.datetime):
+        return value
+    if isinstance(value, str) and "T" in value.upper():
+        try:
+            return dt.datetime.fromisoformat(value.strip())
+        except ValueError:
+            return None
+    return None
+
+
+def op_time_moment(op_time: Timestamp) -> str:
+    """The op-time's second as an ISO-8601 UTC time, for people reading a message."""
+    return dt.datetime.fromtimestamp(op_time.time, tz=dt.timezone.utc).isoformat(timespec="seconds")
+
+
+class OpTime:
+    """A cluster time (``bson.Timestamp``) in one of OP_TIME_FORMATS (``parse_op_time``); epoch seconds
+    are Debezium's ``capture.start.op.time``."""
+
+    allowed = OP_TIME_FORMATS
+
+    def parse(self, path: str, key: str, value: Any) -> Timestamp:
+        try:
+            return parse_op_time(value)
+        except ValueError as exc:
+            why = f" ({exc})" if str(exc) else ""
+            raise SourceConfigError(
+                f"{path}: key '{key}' is {value!r}; allowed: {self.allowed.replace('`', '')}{why}"
+            ) from None
+
+
+class ResumeTokenData:
+    """A change stream resume token's ``_data``: the hex string a change event's ``_id`` holds. Every
+    token since MongoDB 4.2 is one, starting with ``82`` (its cluster time comes first)."""
+
+    allowed = "a resume token's `_data`: hex starting with `82` (`826B1523B0000000122B0229296E04`)"
+
+    def parse(self, path: str, key: str, value: Any) -> str:
+        text = value.strip() if isinstance(value, str) else ""
+        if len(text) < 18 or len(text) % 2 or not text.startswith("82") or not _is_hex(text):
+            raise SourceConfigError(
+                f"{path}: key '{key}' is {value!r}; allowed: the _data string of a change stream's "
+                "resume token (an event's _id), an even number of hex digits starting with 82, e.g. "
+                "826B1523B0000000122B0229296E04"
+            )
+        return text.upper()
+
+
+def _is_hex(text: str) -> bool:
+    return all(character in "0123456789abcdefABCDEF" for character in text)

@@ -44,7 +44,7 @@ from pathlib import Path
 import bson
 from pymongo import MongoClient
 
-from mongo_cdc.capture.snapshot import start_without_snapshot
+from mongo_cdc.capture.stream_start import start_without_snapshot
 from mongo_cdc.lake.landing import SourceLake
 from mongo_cdc.lake.storage import LakeLocation
 from mongo_cdc_dev.bench import data, peers

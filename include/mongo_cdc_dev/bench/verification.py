@@ -17,7 +17,7 @@ from pymongo import MongoClient
 from mongo_cdc import lake as lake_layout
 from mongo_cdc.capture.document_ids import document_keys
 from mongo_cdc.capture.raw_tables import raw_documents
-from mongo_cdc.capture.snapshot import start_without_snapshot
+from mongo_cdc.capture.stream_start import start_without_snapshot
 from mongo_cdc.lake.storage import LakeLocation
 from mongo_cdc.transform.raw_events import event_keys
 from mongo_cdc_dev.bench.worker import bench_config
