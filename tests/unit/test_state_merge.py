@@ -1,14 +1,18 @@
 """``transform.state_merge``: the state's rule run by delta-rs' MERGE (``merge_into``, on a real
-Delta table), by pyarrow over a small table (``merged_rows``) and file by file (``merge_files``)
-gives the same rows, for stated cases and for random ones (ties of position, deletions, copies' and
-drops' positions, files of unknown key ranges); a small table's ``rewrite`` writes those rows of its
-files as one new file."""
+Delta table), by pyarrow over a small table (``merged_rows``), file by file (``merge_files``) and by
+ranges of keys as Spark's tasks run it (``merge_ranges.merge_ranges`` planned from the files' key
+bounds, each range's ``merge_range`` here in turn; tests/e2e/test_executor_merge.py runs them on
+Spark) gives the same rows, for stated cases and for random ones (ties of position, deletions,
+copies' and drops' positions, files of unknown key ranges, overlapping files); a small table's
+``rewrite`` writes those rows of its files as one new file."""
 
 from __future__ import annotations
 
+import json
 import random
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 from deltalake import CommitProperties, DeltaTable, write_deltalake
@@ -17,9 +21,25 @@ from mongo_cdc.lake.storage import LakeLocation
 from mongo_cdc.transform import whole_collection
 from mongo_cdc.transform.column_survey import NO_CHANGES
 from mongo_cdc.transform.data_files import DataFile, write_data_file
+from mongo_cdc.transform.merge_ranges import (
+    MergeRange,
+    key_groups,
+    merge_range,
+    merge_ranges,
+    merged_together,
+    source_key_bounds,
+)
 from mongo_cdc.transform.slice_tasks import write_state_file
-from mongo_cdc.transform.state_merge import Gone, Rewrite, merge_files, merge_into, merged_rows, rewrite
-from mongo_cdc.transform.stored_rows import KeyedFile
+from mongo_cdc.transform.state_merge import (
+    Gone,
+    MergedFiles,
+    Rewrite,
+    merge_files,
+    merge_into,
+    merged_rows,
+    rewrite,
+)
+from mongo_cdc.transform.stored_rows import KeyedFile, keyed_files
 from mongo_cdc.transform.table_formats import DELETED_FLAG
 from mongo_cdc.transform.table_layout import TableLayout
 from mongo_cdc.transform.task_contract import Output, StateOutput, StateSpec
@@ -78,6 +98,54 @@ def file_by_file(tmp_path, stored: pa.Table, source: pa.Table, gone: list[Gone],
     return after.sort_by("__key").to_pylist()
 
 
+def stored_in_files(
+    location: LakeLocation, stored: pa.Table, files: int, overlapping: bool = False
+) -> tuple[KeyedFile, ...]:
+    """``stored`` written as ``files`` files of disjoint key ranges under ``state`` (and, if
+    ``overlapping``, every third row moved to one more file spanning them), with the key bounds of
+    their footer statistics, as a Delta log would hold them (``keyed_files``)."""
+    ordered = stored.sort_by("__key")
+    spanning = pa.array([overlapping and index % 3 == 1 for index in range(ordered.num_rows)])
+    parts = [ordered.filter(pc.invert(spanning))]
+    size = -(-parts[0].num_rows // files) or 1
+    parts = [parts[0].slice(start, size) for start in range(0, parts[0].num_rows, size)]
+    parts += [ordered.filter(spanning)] if overlapping else []
+    written = [write_data_file(location, "state", part) for part in parts if part.num_rows]
+    actions = pa.table(
+        {
+            "path": [file.path for file in written],
+            "min": [{"__key": source_key_bounds(file)[0]} for file in written],
+            "max": [{"__key": source_key_bounds(file)[1]} for file in written],
+        }
+    )
+    return keyed_files(actions, "state")
+
+
+def by_ranges(
+    tmp_path, stored: pa.Table, source: pa.Table, gone: list[Gone], files: int = 3, tasks: int = 3, **kw
+) -> tuple[list, MergedFiles, tuple[KeyedFile, ...]]:
+    """The table's rows after the MERGE by ranges (``stored`` as ``stored_in_files``, ``source``
+    staged in files of 4 rows, as the slices' tasks stage theirs: unsorted across files), sorted by
+    key; what the ranges' tasks wrote, summed; the stored files. No two ranges read one file."""
+    location = LakeLocation(str(tmp_path))
+    stored_files = stored_in_files(location, stored, files, **kw)
+    staged = [
+        write_data_file(location, "staging", source.slice(start, 4)) for start in range(0, len(source), 4)
+    ]
+    parts = merge_ranges(stored_files, staged, gone, tasks)
+    assert len(parts) <= tasks
+    read = [file.path for part in parts for file in part.stored]
+    assert len(read) == len(set(read)), "a stored file is in two ranges"
+    outputs = [merge_range(location, "state", "staging", SCHEMA, part, gone) for part in parts]
+    merged = merged_together(outputs)
+    kept = [file for file in stored_files if file.path not in merged.removed]
+    tables = [pq.read_table(tmp_path / file.path) for file in kept]
+    tables += [pq.read_table(tmp_path / "state" / file.path) for file in merged.written]
+    after = pa.concat_tables([SCHEMA.empty_table(), *(table.cast(SCHEMA) for table in tables)])
+    assert merged.rows_added - merged.rows_removed == after.num_rows - stored.num_rows
+    return after.sort_by("__key").to_pylist(), merged, stored_files
+
+
 def test_newer_versions_win_deletions_delete_and_copies_remove_what_they_did_not_find(tmp_path):
     stored = rows(
         SCHEMA,
@@ -106,6 +174,9 @@ def test_newer_versions_win_deletions_delete_and_copies_remove_what_they_did_not
     )
     merged, in_memory = both_engines(tmp_path / "t", stored, source, [Gone("rs0", 20, "")])
     assert merged == in_memory == file_by_file(tmp_path / "f", stored, source, [Gone("rs0", 20, "")])
+    for files, tasks in [(1, 1), (3, 2), (8, 3)]:
+        ranged, _, _ = by_ranges(tmp_path / f"r{files}", stored, source, [Gone("rs0", 20, "")], files, tasks)
+        assert ranged == in_memory
     assert {row["__key"]: row["v"] for row in in_memory} == {
         "updated": 10,
         "older update": 2,
@@ -144,6 +215,16 @@ def test_both_engines_give_the_same_rows_for_random_runs(tmp_path, seed):
     gone = [Gone(draw.choice(["rs0", "rs1"]), *position()) for _ in range(draw.randint(0, 2))]
     merged, in_memory = both_engines(tmp_path / "t", stored, source, gone)
     assert merged == in_memory == file_by_file(tmp_path / "f", stored, source, gone, draw.randint(1, 4))
+    ranged, _, _ = by_ranges(
+        tmp_path / "r",
+        stored,
+        source,
+        gone,
+        draw.randint(1, 6),
+        draw.randint(1, 4),
+        overlapping=seed % 3 == 0,
+    )
+    assert ranged == in_memory
 
 
 def test_a_rewrite_writes_the_rows_after_the_run_of_every_file_of_the_table_as_one_new_file(tmp_path):
@@ -213,3 +294,70 @@ def test_rows_too_many_to_write_whole_are_all_staged_for_the_drivers_merge(tmp_p
     (held_file,) = handed[0].output.files
     assert pq.read_table(tmp_path / "staging" / held_file.path).to_pylist() == held.to_pylist()
     assert handed[1] == outputs[1] and (tmp_path / "staging" / staged_file.path).exists()
+
+
+def test_a_merge_by_ranges_rewrites_only_the_files_whose_range_holds_a_source_key(tmp_path):
+    stored = rows(SCHEMA, [(f"k{index:02}", 10, "b", "rs0", index) for index in range(40)])
+    source = rows(
+        SOURCE_SCHEMA,
+        [
+            ("k05", 11, "a", "rs0", 500, False),
+            ("k051", 11, "a", "rs0", 510, False),  # new, between two stored keys of one file
+            ("k33", 11, "a", "rs0", None, True),
+        ],
+    )
+    merged, in_memory = both_engines(tmp_path / "t", stored, source, [])
+    ranged, written, stored_files = by_ranges(tmp_path / "r", stored, source, [], files=8, tasks=4)
+
+    assert ranged == merged == in_memory
+    holding = {
+        file.path
+        for file in stored_files
+        if any(file.min_key <= key <= file.max_key for key in ("k05", "k33"))
+    }
+    assert len(stored_files) == 8 and len(holding) == 2
+    assert set(written.removed) == holding
+    assert (
+        written.rows_removed == 10 and written.rows_added == 10
+    )  # k05's file again with k051, k33's without
+
+
+def test_ranges_are_cut_between_groups_of_overlapping_files_and_reach_only_what_the_source_may_hold():
+    def stored_file(name: str, low: str | None, high: str | None) -> KeyedFile:
+        return KeyedFile(f"state/{name}", low, high)
+
+    def staged(low: str, high: str) -> DataFile:
+        stats = json.dumps({"numRecords": 1, "minValues": {"__key": low}, "maxValues": {"__key": high}})
+        return DataFile(f"{low}-{high}.parquet", 1, 1, (), stats, 0)
+
+    a, b, c, d = (stored_file("a", "a", "c"), stored_file("b", "b", "e"), stored_file("c", "f", "g"),
+                  stored_file("d", "m", "p"))  # fmt: skip
+    assert [[file.path for file in group] for group in key_groups([d, c, b, a])] == [
+        ["state/a", "state/b"],
+        ["state/c"],
+        ["state/d"],
+    ]
+    # a source file between two groups belongs to the lower one's range: its keys are new there
+    plan = merge_ranges([a, b, c, d], [staged("h", "i")], [], 4)
+    assert [(part.low, part.high, [f.path for f in part.stored]) for part in plan] == [
+        ("f", "m", ["state/c"])
+    ]
+    # one task: the groups reached, from the first one's range to the last one's; c's is not reached
+    plan = merge_ranges([a, b, c, d], [staged("a", "a"), staged("z", "z")], [], 1)
+    assert [(part.low, part.high, [f.path for f in part.stored], len(part.source)) for part in plan] == [
+        (None, None, ["state/a", "state/b", "state/d"], 2)
+    ]
+    # a copy's or a drop's position may delete any stored row: every file is some range's
+    plan = merge_ranges([a, b, c, d], [], [Gone("rs0", 1, "")], 8)
+    assert sorted(file.path for part in plan for file in part.stored) == [
+        "state/a",
+        "state/b",
+        "state/c",
+        "state/d",
+    ]
+    assert [(part.low, part.high) for part in plan] == [(None, "f"), ("f", "m"), ("m", None)]
+    # a file of unknown bounds may hold any key: one range, every file
+    plan = merge_ranges([a, stored_file("u", None, None), d], [staged("n", "n")], [], 4)
+    assert [(part.low, part.high, len(part.stored)) for part in plan] == [(None, None, 3)]
+    # no stored file: the source's keys are all new, one range
+    assert merge_ranges([], [staged("n", "n")], [], 4) == [MergeRange(None, None, (), (staged("n", "n"),))]
