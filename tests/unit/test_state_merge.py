@@ -1,21 +1,20 @@
-"""``transform.state_merge``: the state's rule run by delta-rs' MERGE (``merge_into``, on a real
-Delta table), by pyarrow over a small table (``merged_rows``), file by file (``merge_files``) and by
+"""``transform.state_merge``: the state's rule run by delta-rs' MERGE (``merge_into``, on a real Delta
+table), by pyarrow over a small table (``merged_rows``), file by file (``merge_files``) and by
 ranges of keys as Spark's tasks run it (``merge_ranges.merge_ranges`` planned from the files' key
-bounds, each range's ``merge_range`` here in turn; tests/e2e/test_executor_merge.py runs them on
-Spark) gives the same rows, for stated cases and for random ones (ties of position, deletions,
-copies' and drops' positions, files of unknown key ranges, overlapping files); a small table's
-``rewrite`` writes those rows of its files as one new file."""
+bounds, each range's ``merge_range`` here in turn; tests/e2e/test_executor_merge.py runs the same
+cases, tests/support/merge_cases.py, on Spark) gives the same rows, for stated cases and for random
+ones (ties of position, deletions, copies' and drops' positions, files of unknown key ranges,
+overlapping files); a small table's ``rewrite`` writes those rows of its files as one new file."""
 
 from __future__ import annotations
 
 import json
-import random
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
-from deltalake import CommitProperties, DeltaTable, write_deltalake
+from deltalake import DeltaTable, write_deltalake
+from merge_cases import SCHEMA, SOURCE_SCHEMA, by_merge_into, by_ranges, random_case, rows, stated_case
 
 from mongo_cdc.lake.storage import LakeLocation
 from mongo_cdc.transform import whole_collection
@@ -24,50 +23,25 @@ from mongo_cdc.transform.data_files import DataFile, write_data_file
 from mongo_cdc.transform.merge_ranges import (
     MergeRange,
     key_groups,
-    merge_range,
     merge_ranges,
-    merged_together,
-    source_key_bounds,
 )
 from mongo_cdc.transform.slice_tasks import write_state_file
 from mongo_cdc.transform.state_merge import (
     Gone,
-    MergedFiles,
     Rewrite,
     merge_files,
-    merge_into,
     merged_rows,
     rewrite,
 )
-from mongo_cdc.transform.stored_rows import KeyedFile, keyed_files
-from mongo_cdc.transform.table_formats import DELETED_FLAG
+from mongo_cdc.transform.stored_rows import KeyedFile
 from mongo_cdc.transform.table_layout import TableLayout
 from mongo_cdc.transform.task_contract import Output, StateOutput, StateSpec
 from mongo_cdc.transform.whole_collection import rewritten_whole
 
-SCHEMA = pa.schema(
-    [
-        ("__key", pa.string()),
-        ("__cluster_time", pa.int64()),
-        ("__event_order", pa.string()),
-        ("__rs", pa.string()),
-        ("v", pa.int64()),
-    ]
-)
-SOURCE_SCHEMA = SCHEMA.append(pa.field(DELETED_FLAG, pa.bool_()))
-
-
-def rows(schema: pa.Schema, items: list[tuple]) -> pa.Table:
-    return pa.Table.from_pylist([dict(zip(schema.names, item, strict=True)) for item in items], schema=schema)
-
 
 def both_engines(tmp_path, stored: pa.Table, source: pa.Table, gone: list[Gone]) -> tuple[list, list]:
     """The table's rows after the MERGE, and after ``merged_rows``, each sorted by key."""
-    write_deltalake(tmp_path, stored, mode="overwrite")
-    table = DeltaTable(tmp_path)
-    merge_into(table, source, gone, CommitProperties())
-    merged = table.to_pyarrow_table().cast(SCHEMA).sort_by("__key").to_pylist()
-    assert table.version() == DeltaTable(tmp_path).version()  # the object is at the new version
+    merged = by_merge_into(tmp_path, stored, source, gone)
     return merged, merged_rows(stored, source, gone).sort_by("__key").to_pylist()
 
 
@@ -98,84 +72,12 @@ def file_by_file(tmp_path, stored: pa.Table, source: pa.Table, gone: list[Gone],
     return after.sort_by("__key").to_pylist()
 
 
-def stored_in_files(
-    location: LakeLocation, stored: pa.Table, files: int, overlapping: bool = False
-) -> tuple[KeyedFile, ...]:
-    """``stored`` written as ``files`` files of disjoint key ranges under ``state`` (and, if
-    ``overlapping``, every third row moved to one more file spanning them), with the key bounds of
-    their footer statistics, as a Delta log would hold them (``keyed_files``)."""
-    ordered = stored.sort_by("__key")
-    spanning = pa.array([overlapping and index % 3 == 1 for index in range(ordered.num_rows)])
-    parts = [ordered.filter(pc.invert(spanning))]
-    size = -(-parts[0].num_rows // files) or 1
-    parts = [parts[0].slice(start, size) for start in range(0, parts[0].num_rows, size)]
-    parts += [ordered.filter(spanning)] if overlapping else []
-    written = [write_data_file(location, "state", part) for part in parts if part.num_rows]
-    actions = pa.table(
-        {
-            "path": [file.path for file in written],
-            "min": [{"__key": source_key_bounds(file)[0]} for file in written],
-            "max": [{"__key": source_key_bounds(file)[1]} for file in written],
-        }
-    )
-    return keyed_files(actions, "state")
-
-
-def by_ranges(
-    tmp_path, stored: pa.Table, source: pa.Table, gone: list[Gone], files: int = 3, tasks: int = 3, **kw
-) -> tuple[list, MergedFiles, tuple[KeyedFile, ...]]:
-    """The table's rows after the MERGE by ranges (``stored`` as ``stored_in_files``, ``source``
-    staged in files of 4 rows, as the slices' tasks stage theirs: unsorted across files), sorted by
-    key; what the ranges' tasks wrote, summed; the stored files. No two ranges read one file."""
-    location = LakeLocation(str(tmp_path))
-    stored_files = stored_in_files(location, stored, files, **kw)
-    staged = [
-        write_data_file(location, "staging", source.slice(start, 4)) for start in range(0, len(source), 4)
-    ]
-    parts = merge_ranges(stored_files, staged, gone, tasks)
-    assert len(parts) <= tasks
-    read = [file.path for part in parts for file in part.stored]
-    assert len(read) == len(set(read)), "a stored file is in two ranges"
-    outputs = [merge_range(location, "state", "staging", SCHEMA, part, gone) for part in parts]
-    merged = merged_together(outputs)
-    kept = [file for file in stored_files if file.path not in merged.removed]
-    tables = [pq.read_table(tmp_path / file.path) for file in kept]
-    tables += [pq.read_table(tmp_path / "state" / file.path) for file in merged.written]
-    after = pa.concat_tables([SCHEMA.empty_table(), *(table.cast(SCHEMA) for table in tables)])
-    assert merged.rows_added - merged.rows_removed == after.num_rows - stored.num_rows
-    return after.sort_by("__key").to_pylist(), merged, stored_files
-
-
 def test_newer_versions_win_deletions_delete_and_copies_remove_what_they_did_not_find(tmp_path):
-    stored = rows(
-        SCHEMA,
-        [
-            ("updated", 10, "b", "rs0", 1),
-            ("older update", 10, "b", "rs0", 2),
-            ("deleted", 10, "b", "rs0", 3),
-            ("older deletion", 10, "b", "rs0", 4),
-            ("not found by the copy", 10, "b", "rs0", 5),
-            ("after the copy", 30, "", "rs0", 6),
-            ("of another replica set", 10, "b", "rs1", 7),
-            ("named, not newer", 10, "b", "rs0", 8),
-        ],
-    )
-    source = rows(
-        SOURCE_SCHEMA,
-        [
-            ("updated", 10, "c", "rs0", 10, False),  # same time, later order: newer
-            ("older update", 10, "a", "rs0", 20, False),
-            ("deleted", 11, "", "rs0", None, True),
-            ("older deletion", 9, "z", "rs0", None, True),
-            ("inserted", 12, "a", "rs0", 90, False),
-            ("deleted, never stored", 12, "a", "rs0", None, True),
-            ("named, not newer", 10, "b", "rs0", 80, False),  # the same position: not after
-        ],
-    )
-    merged, in_memory = both_engines(tmp_path / "t", stored, source, [Gone("rs0", 20, "")])
-    assert merged == in_memory == file_by_file(tmp_path / "f", stored, source, [Gone("rs0", 20, "")])
+    stored, source, gone = stated_case()
+    merged, in_memory = both_engines(tmp_path / "t", stored, source, gone)
+    assert merged == in_memory == file_by_file(tmp_path / "f", stored, source, gone)
     for files, tasks in [(1, 1), (3, 2), (8, 3)]:
-        ranged, _, _ = by_ranges(tmp_path / f"r{files}", stored, source, [Gone("rs0", 20, "")], files, tasks)
+        ranged, _, _ = by_ranges(tmp_path / f"r{files}", stored, source, gone, files, tasks)
         assert ranged == in_memory
     assert {row["__key"]: row["v"] for row in in_memory} == {
         "updated": 10,
@@ -190,29 +92,7 @@ def test_newer_versions_win_deletions_delete_and_copies_remove_what_they_did_not
 
 @pytest.mark.parametrize("seed", range(12))
 def test_both_engines_give_the_same_rows_for_random_runs(tmp_path, seed):
-    draw = random.Random(seed)
-
-    def position() -> tuple[int, str]:
-        return draw.randint(1, 4), draw.choice(["", "a", "b"])
-
-    keys = [f"k{index}" for index in range(30)]
-    stored = rows(
-        SCHEMA,
-        [
-            (key, *position(), draw.choice(["rs0", "rs1"]), index)
-            for index, key in enumerate(keys)
-            if draw.random() < 0.6
-        ],
-    )
-    source = rows(
-        SOURCE_SCHEMA,
-        [
-            (key, *position(), draw.choice(["rs0", "rs1"]), 100 + index, draw.random() < 0.3)
-            for index, key in enumerate(keys)
-            if draw.random() < 0.5
-        ],
-    )
-    gone = [Gone(draw.choice(["rs0", "rs1"]), *position()) for _ in range(draw.randint(0, 2))]
+    stored, source, gone, draw = random_case(seed)
     merged, in_memory = both_engines(tmp_path / "t", stored, source, gone)
     assert merged == in_memory == file_by_file(tmp_path / "f", stored, source, gone, draw.randint(1, 4))
     ranged, _, _ = by_ranges(

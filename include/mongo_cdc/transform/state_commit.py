@@ -419,7 +419,7 @@ class StateRun:
             parts, lambda part: merge_range(location, table_path, staging, schema, part, gone)
         )
         log.info(
-            "%s state merge: %d Spark tasks over %d of the table's %d files (%.1fs)",
+            "%s state merge: %d Spark tasks handed %d of the table's %d files (%.1fs)",
             run.namespace, len(parts), sum(len(part.stored) for part in parts), len(self.state_files),
             time.monotonic() - started,
         )  # fmt: skip
