@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import os
 import re
-import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
-import pytest
 from cdc_support import spark_job
 from deltalake import DeltaTable
 from hypothesis import HealthCheck, given, settings
@@ -33,22 +31,6 @@ from mongo_cdc_dev.testing.lake import database_source, memory_keeper
 
 # above state_merge.REWRITE_MAX_ROWS: the state is MERGEd, not written again whole
 DOCUMENTS = REWRITE_MAX_ROWS + 500
-
-
-@pytest.fixture(scope="module")
-def spark_context() -> Iterator:
-    from pyspark import SparkConf, SparkContext
-
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    context = SparkContext(
-        conf=SparkConf()
-        .setMaster("local[2]")
-        .setAppName("executor-merge")
-        .set("spark.ui.enabled", "false")
-        .set("spark.ui.showConsoleProgress", "false")
-    )
-    yield context
-    context.stop()
 
 
 def on_spark(context):

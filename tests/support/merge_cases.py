@@ -1,13 +1,17 @@
 """The state merge's test cases and the MERGE by ranges run over them, for the unit tier (its tasks
 run in turn here) and the e2e tier (its tasks run on Spark): a table's stored rows and a run's
 source rows as ``state_merge``'s rule takes them, the stored rows written as files with their key
-bounds, the source staged in files as the slices' tasks stage theirs."""
+bounds, the source staged in files as the slices' tasks stage theirs; and the model-based suite's
+check of a job's every MERGE against the reference (``merges_by_ranges_checked``)."""
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
+from unittest import mock
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -15,7 +19,9 @@ import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 
 from mongo_cdc.lake.storage import LakeLocation
-from mongo_cdc.transform.data_files import write_data_file
+from mongo_cdc.lake.table_reads import plain
+from mongo_cdc.transform import state_commit
+from mongo_cdc.transform.data_files import DataFile, staged_rows, write_data_file
 from mongo_cdc.transform.merge_ranges import (
     MergeRange,
     merge_range,
@@ -23,9 +29,12 @@ from mongo_cdc.transform.merge_ranges import (
     merged_together,
     source_key_bounds,
 )
+from mongo_cdc.transform.raw_slices import lake_path
+from mongo_cdc.transform.state_commit import StateRun
 from mongo_cdc.transform.state_merge import Gone, MergedFiles, merge_into
 from mongo_cdc.transform.stored_rows import KeyedFile, keyed_files
-from mongo_cdc.transform.table_formats import DELETED_FLAG
+from mongo_cdc.transform.table_formats import DELETED_FLAG, staged_schema
+from mongo_cdc.transform.table_layout import TableLayout
 
 SCHEMA = pa.schema(
     [
@@ -37,6 +46,8 @@ SCHEMA = pa.schema(
     ]
 )
 SOURCE_SCHEMA = SCHEMA.append(pa.field(DELETED_FLAG, pa.bool_()))
+# the state's columns the merge rule decides by, and the document: which version each key kept
+MERGED_COLUMNS = ["__key", "__doc_bson", "__cluster_time", "__event_order", "__rs"]
 
 # How a MERGE's ranges run: in turn in this process, or as Spark tasks (e2e).
 RunRanges = Callable[[Sequence[MergeRange], Callable[[MergeRange], MergedFiles]], list[MergedFiles]]
@@ -172,3 +183,50 @@ def by_ranges(
     after = pa.concat_tables([SCHEMA.empty_table(), *(table.cast(SCHEMA) for table in tables)])
     assert merged.rows_added - merged.rows_removed == after.num_rows - stored.num_rows
     return after.sort_by("__key").to_pylist(), merged, stored_files
+
+
+@contextmanager
+def merges_by_ranges_checked() -> Iterator[None]:
+    """Every update of an existing state table in this process by the MERGE on Spark's tasks (no
+    table is small enough to write again whole), each checked against ``merge_into``."""
+    by_tasks = StateRun.merged_by_tasks
+
+    def checked(run: StateRun, layout: TableLayout, files: list[DataFile], gone: list[Gone]) -> MergedFiles:
+        merged = by_tasks(run, layout, files, gone)
+        assert_the_reference_merge_agrees(run, layout, files, gone, merged)
+        return merged
+
+    with (
+        mock.patch.object(state_commit, "REWRITE_MAX_ROWS", -1),
+        mock.patch.object(StateRun, "merged_by_tasks", checked),
+    ):
+        yield
+
+
+def assert_the_reference_merge_agrees(
+    run: StateRun, layout: TableLayout, files: list[DataFile], gone: list[Gone], merged: MergedFiles
+) -> None:
+    """The rows the tasks' files give (the table's files as read, less those ``merged`` removes, and
+    those it wrote) are those delta-rs' MERGE gives from the same stored and staged source rows."""
+    assert run.table is not None
+    location, state_path = run.collection_run.location, run.collection_run.state_path
+    filesystem, base = location.filesystem()
+    source = staged_rows(location, run.directory, files, staged_schema(layout.schema)).read_all()
+    stored = plain(run.table.to_pyarrow_table(columns=MERGED_COLUMNS))
+    with tempfile.TemporaryDirectory() as reference:
+        write_deltalake(reference, stored)
+        table = DeltaTable(reference)
+        merge_into(table, plain(source.select([*MERGED_COLUMNS, DELETED_FLAG])), gone, CommitProperties())
+        expected = _by_key(table.to_pyarrow_table(columns=MERGED_COLUMNS))
+    kept = [file.path for file in run.state_files if file.path not in merged.removed]
+    written = [f"{state_path}/{file.path}" for file in merged.written]
+    parts = [
+        plain(pq.read_table(lake_path(base, path), filesystem=filesystem, columns=MERGED_COLUMNS))
+        for path in kept + written
+    ]
+    after = _by_key(pa.concat_tables(parts)) if parts else []
+    assert after == expected, f"{run.collection_run.namespace}: the MERGE by ranges is not merge_into's"
+
+
+def _by_key(rows: pa.Table) -> list[dict]:
+    return plain(rows).sort_by("__key").to_pylist()
