@@ -7,10 +7,9 @@ or before a document's stored position changes nothing. A committed snapshot man
 rename in the new batches also deletes the documents of that replica set sitting before it. A MERGE
 rewrites only the data files holding changed documents, run by Spark's tasks, a range of keys each
 (``merge_ranges``: the driver plans from the files' key bounds and commits the files the tasks
-wrote); a small table (``state_merge.REWRITE_MAX_ROWS``)
-is written again whole, which costs a tenth of a MERGE (by the task of a job shared by small
-collections, when it ran the collection's whole run: the driver then only commits). A new table is
-one commit of the files the tasks wrote.
+wrote); a small table (``state_merge.REWRITE_MAX_ROWS``) is written again whole, which costs a tenth
+of a MERGE (by the task of a job shared by small collections, when it ran the collection's whole
+run: the driver then only commits). A new table is one commit of the files the tasks wrote.
 
 How a run goes: ``plan`` (which documents are folded apart: more than one new event, or an update
 without ``after``), the tasks' writes (``slice_tasks.transform_slice``), ``fold`` (the documents
