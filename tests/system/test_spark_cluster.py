@@ -16,9 +16,9 @@ where the Airflow worker submits the job. The lake is a local directory, which t
 machine share; or (the ``s3`` case) on moto's S3, whose credentials reach the executors only inside
 the Spark tasks the driver sends them, never in their environment, a command line or a log.
 
-A state table too large to write again whole is MERGEd by the executors (issue 51): the driver's log
-says the merge ran as Spark tasks, the table's history holds no delta-rs MERGE, and the executors,
-which have no deltalake, wrote the files.
+A state table too large to write again whole is MERGEd by the executors (issue 51): the driver's
+Spark event log shows the MERGE's job and its tasks, the table's history holds no delta-rs MERGE, and
+the executors, which have no deltalake, wrote the files.
 """
 
 from __future__ import annotations
@@ -279,10 +279,16 @@ def test_transform_runs_on_a_standalone_cluster_whose_executors_lack_mongo_cdc(
 
 
 def test_a_state_merge_of_several_files_runs_on_the_executors(
-    spark_cluster, executor_python, probe, cdc_source, replica_set, db_name, monkeypatch, capfd
+    spark_cluster, executor_python, probe, cdc_source, replica_set, db_name, monkeypatch, tmp_path
 ):
     assert probe["deltalake"] is False  # the executors could not run a delta-rs MERGE
-    conf = cluster_conf(executor_python)
+    # the driver's event log: each Spark job it ran, with its description and its tasks
+    events = tmp_path / "spark-events"
+    events.mkdir()
+    conf = {**cluster_conf(executor_python), "spark.eventLog.enabled": "true"}
+    # one plain JSON file a run (Spark 4 rolls and compresses it by default)
+    conf |= {"spark.eventLog.dir": str(events), "spark.eventLog.compress": "false"}
+    conf["spark.eventLog.rolling.enabled"] = "false"
     monkeypatch.setenv(
         "AIRFLOW_CONN_SPARK_DEFAULT",
         json.dumps({"conn_type": "spark", "host": spark_cluster.url, "extra": {"conf": conf}}),
@@ -300,18 +306,26 @@ def test_a_state_merge_of_several_files_runs_on_the_executors(
         files = keyed_files(file_actions(state), "")
         changed = ('["s","a00007"]', '["s","b003"]')
         holding = {file.path for file in files if any(file.min_key <= key <= file.max_key for key in changed)}
-        assert len(files) >= 2 and len(holding) == 2
+        assert len(files) >= 2 and len(holding) == 2, (files, state.history())  # a..., b...: two at least
 
         items.update_many({"_id": {"$in": ["a00007", "b003"]}}, {"$set": {"n": -1}})
-        capfd.readouterr()
+        logs_before = set(events.iterdir())
         source.run()
-        driver_log = "".join(capfd.readouterr())
         assert_state_equals_collection(source, client, "items")
 
     state.update_incremental()
     kept = {file.path for file in keyed_files(file_actions(state), "")}
     assert {file.path for file in files} - kept == holding  # only those files were written again
-    tasks = re.search(rf"{db_name}\.items state merge: (\d+) Spark tasks handed", driver_log)
-    assert tasks is not None and int(tasks.group(1)) >= 2, driver_log[-3000:]
-    assert f"{db_name}.items state merge: 2 files read again" in driver_log
     assert "MERGE" not in {entry.get("operation") for entry in state.history()}  # no delta-rs MERGE
+    (driver_log,) = set(events.iterdir()) - logs_before  # the last run's driver
+    lines = driver_log.read_text().splitlines()
+    merges = [
+        sum(stage["Number of Tasks"] for stage in event["Stage Infos"])
+        for event in map(json.loads, lines)
+        if event["Event"] == "SparkListenerJobStart"
+        and re.fullmatch(
+            rf"{db_name}\.items: state MERGE of \d+ key ranges",
+            event.get("Properties", {}).get("spark.job.description", ""),
+        )
+    ]
+    assert len(merges) == 1 and merges[0] >= 2, merges  # one Spark job of a task per key range

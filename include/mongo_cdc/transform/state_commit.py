@@ -414,9 +414,15 @@ class StateRun:
         run, started = self.collection_run, time.monotonic()
         parts = merge_ranges(self.state_files, files, gone, run.task_count(self.state_files))
         location, table_path, staging, schema = run.location, run.state_path, self.directory, layout.schema
-        outputs = run.run_tasks(
-            parts, lambda part: merge_range(location, table_path, staging, schema, part, gone)
-        )
+        # the job's name in Spark's UI and event log (this thread's jobs only: the collections' threads
+        # each have their own)
+        run.context.setJobDescription(f"{run.namespace}: state MERGE of {len(parts)} key ranges")
+        try:
+            outputs = run.run_tasks(
+                parts, lambda part: merge_range(location, table_path, staging, schema, part, gone)
+            )
+        finally:
+            run.context.setJobDescription(None)  # type: ignore[arg-type]  # None: no description
         log.info(
             "%s state merge: %d Spark tasks handed %d of the table's %d files (%.1fs)",
             run.namespace, len(parts), sum(len(part.stored) for part in parts), len(self.state_files),
