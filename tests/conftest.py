@@ -137,3 +137,22 @@ def spark() -> Iterator:
     )
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="module")
+def spark_context(request: pytest.FixtureRequest) -> Iterator:
+    """A local SparkContext (2 cores) in this process for a module that runs the Spark job's code in
+    process (its Python workers import mongo_cdc like this process); gone before the next module."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark import SparkConf, SparkContext
+
+    context = SparkContext(
+        conf=SparkConf()
+        .setMaster("local[2]")
+        .setAppName(request.module.__name__)
+        .set("spark.ui.enabled", "false")
+        .set("spark.ui.showConsoleProgress", "false")
+    )
+    context.setLogLevel("WARN")
+    yield context
+    context.stop()

@@ -18,9 +18,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
-import os
 import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -38,19 +36,6 @@ from mongo_cdc.transform.state_commit import StateRun
 from mongo_cdc.transform.work import source_work
 
 LOST_RACE = "lost a commit race"
-
-
-@pytest.fixture(scope="module")
-def spark_context() -> Iterator:
-    """The job's SparkContext in this process (its Python workers import mongo_cdc like this process)."""
-    from pyspark import SparkConf, SparkContext
-
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    conf = SparkConf().setMaster("local[2]").setAppName("concurrent-writers").set("spark.ui.enabled", "false")
-    context = SparkContext(conf=conf)
-    context.setLogLevel("WARN")
-    yield context
-    context.stop()
 
 
 def transform(

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 import time
 import uuid
 from unittest import mock
@@ -50,22 +49,10 @@ from mongo_cdc.capture.topology import make_client
 CI_EXAMPLES = int(os.environ.get("MODEL_EXAMPLES", "34"))
 SOAK_MINUTES = float(os.environ.get("MODEL_SOAK_MINUTES", "0"))
 SOAK_ROUND = 10
-
-
-@pytest.fixture(scope="module")
-def spark_context():
-    from pyspark import SparkConf, SparkContext
-
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    context = SparkContext(
-        conf=SparkConf()
-        .setMaster("local[2]")
-        .setAppName("model-based")
-        .set("spark.ui.enabled", "false")
-        .set("spark.ui.showConsoleProgress", "false")
-    )
-    yield context
-    context.stop()
+# The modes whose sequences update every state table by the MERGE on Spark's tasks, each MERGE
+# checked against delta-rs' (model_support.merges_by_ranges_checked); the others write small state
+# tables again whole, as a run does.
+MERGED_BY_RANGES = MODES[1::2]
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +72,16 @@ def sequence(replica_set, spark_context, tmp_path_factory):
         database = f"model_{uuid.uuid4().hex[:12]}"
         databases.append(database)
         lake_root = tmp_path_factory.mktemp("model_lake")
-        return Sequence(client, spark_context, spark_job().main, lake_root, database, mode, full_update_type)
+        return Sequence(
+            client,
+            spark_context,
+            spark_job().main,
+            lake_root,
+            database,
+            mode,
+            full_update_type,
+            merge_by_ranges=(mode, full_update_type) in MERGED_BY_RANGES,
+        )
 
     yield make
     poll.stop()

@@ -13,6 +13,12 @@ job's ``main`` on a caller's SparkContext, and after every ``Run`` asserts:
   order of every row but the snapshot reads, in order; the snapshot reads of each (re-)snapshot are
   the documents the model held then. Deletes are rows (``delete.tombstone.handling.mode`` rewrite,
   the default); drops and renames have none.
+
+A sequence made with ``merge_by_ranges`` updates even its small state tables by the large tables'
+MERGE on Spark's tasks (``StateRun.merged_by_tasks``), never written again whole, and checks each
+such MERGE against the reference: from the same stored rows (the table as the run read it) and
+source rows (the run's staged files), delta-rs' MERGE (``state_merge.merge_into``) gives the rows the
+tasks' files give.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 from collections import defaultdict
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +35,7 @@ import bson
 import pyarrow as pa
 from bson import Int64
 from bson.raw_bson import RawBSONDocument
+from merge_cases import merges_by_ranges_checked
 from pymongo import MongoClient
 from pymongo.client_session import ClientSession
 
@@ -254,6 +262,7 @@ class Sequence:
     maintenance_hours: int = 0
     versions_before_job: dict[tuple[str, str], int | None] = field(default_factory=dict)
     run_id: str = ""  # the last run's, which its job records in the applied mark
+    merge_by_ranges: bool = False  # every state update by the MERGE on Spark's tasks, checked
 
     def __post_init__(self) -> None:
         self.config = database_source(
@@ -270,7 +279,8 @@ class Sequence:
     def check(self, steps: list[Any]) -> None:
         for name in COLLECTIONS[:2]:
             self._create(name)
-        with self.db.watch(max_await_time_ms=20) as stream:
+        merges = merges_by_ranges_checked() if self.merge_by_ranges else nullcontext()
+        with merges, self.db.watch(max_await_time_ms=20) as stream:
             self.stream = stream
             for step in [*steps, *([] if steps and isinstance(steps[-1], Run) else [Run()])]:
                 self.apply(step)

@@ -15,6 +15,10 @@ The driver runs in client mode in this process's Python (which has the package),
 where the Airflow worker submits the job. The lake is a local directory, which the executors on this
 machine share; or (the ``s3`` case) on moto's S3, whose credentials reach the executors only inside
 the Spark tasks the driver sends them, never in their environment, a command line or a log.
+
+A state table too large to write again whole is MERGEd by the executors (issue 51): the driver's
+Spark event log shows the MERGE's job and its tasks, the table's history holds no delta-rs MERGE, and
+the executors, which have no deltalake, wrote the files.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -36,8 +41,13 @@ import pyspark
 import pytest
 from cdc_support import assert_state_equals_collection
 from datagen import COLLECTIONS, FALLBACK_FIELDS, load
+from deltalake import DeltaTable
 from s3_support import SECRET_LAKE_CONN_ID
 
+from mongo_cdc.lake import table_uri
+from mongo_cdc.lake.storage import file_actions
+from mongo_cdc.transform.state_merge import REWRITE_MAX_ROWS
+from mongo_cdc.transform.stored_rows import keyed_files
 from mongo_cdc_dev.testing.mongod import free_ports
 
 SPARK_HOME = os.path.dirname(os.path.abspath(pyspark.__file__))
@@ -172,7 +182,7 @@ PROBE = textwrap.dedent(
     import importlib.util, json, sys
     from pyspark.sql import SparkSession
 
-    modules = ("mongo_cdc", *sys.argv[1].split(","))
+    modules = ("mongo_cdc", "deltalake", *sys.argv[1].split(","))
 
     def probe(_):
         return {"python": sys.executable, **{m: importlib.util.find_spec(m) is not None for m in modules}}
@@ -227,6 +237,7 @@ def test_transform_runs_on_a_standalone_cluster_whose_executors_lack_mongo_cdc(
     assert probe == {
         "python": executor_python,
         "mongo_cdc": False,
+        "deltalake": False,
         **dict.fromkeys(EXECUTOR_PACKAGES, True),
         "app": probe["app"],
     }
@@ -265,3 +276,56 @@ def test_transform_runs_on_a_standalone_cluster_whose_executors_lack_mongo_cdc(
         ]
         assert logs and not [log for log in logs if secret.encode() in log.read_bytes()]
         assert not (tmp_path / "lake").exists()
+
+
+def test_a_state_merge_of_several_files_runs_on_the_executors(
+    spark_cluster, executor_python, probe, cdc_source, replica_set, db_name, monkeypatch, tmp_path
+):
+    assert probe["deltalake"] is False  # the executors could not run a delta-rs MERGE
+    # the driver's event log: each Spark job it ran, with its description and its tasks
+    events = tmp_path / "spark-events"
+    events.mkdir()
+    conf = {**cluster_conf(executor_python), "spark.eventLog.enabled": "true"}
+    # one plain JSON file a run (Spark 4 rolls and compresses it by default)
+    conf |= {"spark.eventLog.dir": str(events), "spark.eventLog.compress": "false"}
+    conf["spark.eventLog.rolling.enabled"] = "false"
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_SPARK_DEFAULT",
+        json.dumps({"conn_type": "spark", "host": spark_cluster.url, "extra": {"conf": conf}}),
+    )
+    source = cdc_source(db_name)
+    with replica_set.client() as client:
+        items = client[db_name].items
+        # zero-padded string _ids sort as inserted: the snapshot's files and the next run's new
+        # documents hold key ranges of their own (above REWRITE_MAX_ROWS: the state is MERGEd)
+        items.insert_many([{"_id": f"a{n:05}", "n": n} for n in range(REWRITE_MAX_ROWS + 500)])
+        source.run()
+        items.insert_many([{"_id": f"b{n:03}", "n": n} for n in range(50)])
+        source.run()
+        state = DeltaTable(table_uri(source.location, "state", source.prefix, db_name, "items"))
+        files = keyed_files(file_actions(state), "")
+        changed = ('["s","a00007"]', '["s","b003"]')
+        holding = {file.path for file in files if any(file.min_key <= key <= file.max_key for key in changed)}
+        assert len(files) >= 2 and len(holding) == 2, (files, state.history())  # a..., b...: two at least
+
+        items.update_many({"_id": {"$in": ["a00007", "b003"]}}, {"$set": {"n": -1}})
+        logs_before = set(events.iterdir())
+        source.run()
+        assert_state_equals_collection(source, client, "items")
+
+    state.update_incremental()
+    kept = {file.path for file in keyed_files(file_actions(state), "")}
+    assert {file.path for file in files} - kept == holding  # only those files were written again
+    assert "MERGE" not in {entry.get("operation") for entry in state.history()}  # no delta-rs MERGE
+    (driver_log,) = set(events.iterdir()) - logs_before  # the last run's driver
+    lines = driver_log.read_text().splitlines()
+    merges = [
+        sum(stage["Number of Tasks"] for stage in event["Stage Infos"])
+        for event in map(json.loads, lines)
+        if event["Event"] == "SparkListenerJobStart"
+        and re.fullmatch(
+            rf"{db_name}\.items: state MERGE of \d+ key ranges",
+            event.get("Properties", {}).get("spark.job.description", ""),
+        )
+    ]
+    assert len(merges) == 1 and merges[0] >= 2, merges  # one Spark job of a task per key range

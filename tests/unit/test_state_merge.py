@@ -1,53 +1,47 @@
-"""``transform.state_merge``: the state's rule run by delta-rs' MERGE (``merge_into``, on a real
-Delta table), by pyarrow over a small table (``merged_rows``) and file by file (``merge_files``)
-gives the same rows, for stated cases and for random ones (ties of position, deletions, copies' and
-drops' positions, files of unknown key ranges); a small table's ``rewrite`` writes those rows of its
-files as one new file."""
+"""``transform.state_merge``: the state's rule run by delta-rs' MERGE (``merge_into``, on a real Delta
+table), by pyarrow over a small table (``merged_rows``), file by file (``merge_files``) and by
+ranges of keys as Spark's tasks run it (``merge_ranges.merge_ranges`` planned from the files' key
+bounds, each range's ``merge_range`` here in turn; tests/e2e/test_executor_merge.py runs the same
+cases, tests/support/merge_cases.py, on Spark) gives the same rows, for stated cases and for random
+ones (ties of position, deletions, copies' and drops' positions, files of unknown key ranges,
+overlapping files); a small table's ``rewrite`` writes those rows of its files as one new file."""
 
 from __future__ import annotations
 
-import random
+import json
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from deltalake import CommitProperties, DeltaTable, write_deltalake
+from deltalake import DeltaTable, write_deltalake
+from merge_cases import SCHEMA, SOURCE_SCHEMA, by_merge_into, by_ranges, random_case, rows, stated_case
 
 from mongo_cdc.lake.storage import LakeLocation
 from mongo_cdc.transform import whole_collection
 from mongo_cdc.transform.column_survey import NO_CHANGES
 from mongo_cdc.transform.data_files import DataFile, write_data_file
+from mongo_cdc.transform.merge_ranges import (
+    MergeRange,
+    key_groups,
+    merge_ranges,
+)
 from mongo_cdc.transform.slice_tasks import write_state_file
-from mongo_cdc.transform.state_merge import Gone, Rewrite, merge_files, merge_into, merged_rows, rewrite
+from mongo_cdc.transform.state_merge import (
+    Gone,
+    Rewrite,
+    merge_files,
+    merged_rows,
+    rewrite,
+)
 from mongo_cdc.transform.stored_rows import KeyedFile
-from mongo_cdc.transform.table_formats import DELETED_FLAG
 from mongo_cdc.transform.table_layout import TableLayout
 from mongo_cdc.transform.task_contract import Output, StateOutput, StateSpec
 from mongo_cdc.transform.whole_collection import rewritten_whole
 
-SCHEMA = pa.schema(
-    [
-        ("__key", pa.string()),
-        ("__cluster_time", pa.int64()),
-        ("__event_order", pa.string()),
-        ("__rs", pa.string()),
-        ("v", pa.int64()),
-    ]
-)
-SOURCE_SCHEMA = SCHEMA.append(pa.field(DELETED_FLAG, pa.bool_()))
-
-
-def rows(schema: pa.Schema, items: list[tuple]) -> pa.Table:
-    return pa.Table.from_pylist([dict(zip(schema.names, item, strict=True)) for item in items], schema=schema)
-
 
 def both_engines(tmp_path, stored: pa.Table, source: pa.Table, gone: list[Gone]) -> tuple[list, list]:
     """The table's rows after the MERGE, and after ``merged_rows``, each sorted by key."""
-    write_deltalake(tmp_path, stored, mode="overwrite")
-    table = DeltaTable(tmp_path)
-    merge_into(table, source, gone, CommitProperties())
-    merged = table.to_pyarrow_table().cast(SCHEMA).sort_by("__key").to_pylist()
-    assert table.version() == DeltaTable(tmp_path).version()  # the object is at the new version
+    merged = by_merge_into(tmp_path, stored, source, gone)
     return merged, merged_rows(stored, source, gone).sort_by("__key").to_pylist()
 
 
@@ -79,33 +73,12 @@ def file_by_file(tmp_path, stored: pa.Table, source: pa.Table, gone: list[Gone],
 
 
 def test_newer_versions_win_deletions_delete_and_copies_remove_what_they_did_not_find(tmp_path):
-    stored = rows(
-        SCHEMA,
-        [
-            ("updated", 10, "b", "rs0", 1),
-            ("older update", 10, "b", "rs0", 2),
-            ("deleted", 10, "b", "rs0", 3),
-            ("older deletion", 10, "b", "rs0", 4),
-            ("not found by the copy", 10, "b", "rs0", 5),
-            ("after the copy", 30, "", "rs0", 6),
-            ("of another replica set", 10, "b", "rs1", 7),
-            ("named, not newer", 10, "b", "rs0", 8),
-        ],
-    )
-    source = rows(
-        SOURCE_SCHEMA,
-        [
-            ("updated", 10, "c", "rs0", 10, False),  # same time, later order: newer
-            ("older update", 10, "a", "rs0", 20, False),
-            ("deleted", 11, "", "rs0", None, True),
-            ("older deletion", 9, "z", "rs0", None, True),
-            ("inserted", 12, "a", "rs0", 90, False),
-            ("deleted, never stored", 12, "a", "rs0", None, True),
-            ("named, not newer", 10, "b", "rs0", 80, False),  # the same position: not after
-        ],
-    )
-    merged, in_memory = both_engines(tmp_path / "t", stored, source, [Gone("rs0", 20, "")])
-    assert merged == in_memory == file_by_file(tmp_path / "f", stored, source, [Gone("rs0", 20, "")])
+    stored, source, gone = stated_case()
+    merged, in_memory = both_engines(tmp_path / "t", stored, source, gone)
+    assert merged == in_memory == file_by_file(tmp_path / "f", stored, source, gone)
+    for files, tasks in [(1, 1), (3, 2), (8, 3)]:
+        ranged, _, _ = by_ranges(tmp_path / f"r{files}", stored, source, gone, files, tasks)
+        assert ranged == in_memory
     assert {row["__key"]: row["v"] for row in in_memory} == {
         "updated": 10,
         "older update": 2,
@@ -119,31 +92,19 @@ def test_newer_versions_win_deletions_delete_and_copies_remove_what_they_did_not
 
 @pytest.mark.parametrize("seed", range(12))
 def test_both_engines_give_the_same_rows_for_random_runs(tmp_path, seed):
-    draw = random.Random(seed)
-
-    def position() -> tuple[int, str]:
-        return draw.randint(1, 4), draw.choice(["", "a", "b"])
-
-    keys = [f"k{index}" for index in range(30)]
-    stored = rows(
-        SCHEMA,
-        [
-            (key, *position(), draw.choice(["rs0", "rs1"]), index)
-            for index, key in enumerate(keys)
-            if draw.random() < 0.6
-        ],
-    )
-    source = rows(
-        SOURCE_SCHEMA,
-        [
-            (key, *position(), draw.choice(["rs0", "rs1"]), 100 + index, draw.random() < 0.3)
-            for index, key in enumerate(keys)
-            if draw.random() < 0.5
-        ],
-    )
-    gone = [Gone(draw.choice(["rs0", "rs1"]), *position()) for _ in range(draw.randint(0, 2))]
+    stored, source, gone, draw = random_case(seed)
     merged, in_memory = both_engines(tmp_path / "t", stored, source, gone)
     assert merged == in_memory == file_by_file(tmp_path / "f", stored, source, gone, draw.randint(1, 4))
+    ranged, _, _ = by_ranges(
+        tmp_path / "r",
+        stored,
+        source,
+        gone,
+        draw.randint(1, 6),
+        draw.randint(1, 4),
+        overlapping=seed % 3 == 0,
+    )
+    assert ranged == in_memory
 
 
 def test_a_rewrite_writes_the_rows_after_the_run_of_every_file_of_the_table_as_one_new_file(tmp_path):
@@ -213,3 +174,70 @@ def test_rows_too_many_to_write_whole_are_all_staged_for_the_drivers_merge(tmp_p
     (held_file,) = handed[0].output.files
     assert pq.read_table(tmp_path / "staging" / held_file.path).to_pylist() == held.to_pylist()
     assert handed[1] == outputs[1] and (tmp_path / "staging" / staged_file.path).exists()
+
+
+def test_a_merge_by_ranges_rewrites_only_the_files_whose_range_holds_a_source_key(tmp_path):
+    stored = rows(SCHEMA, [(f"k{index:02}", 10, "b", "rs0", index) for index in range(40)])
+    source = rows(
+        SOURCE_SCHEMA,
+        [
+            ("k05", 11, "a", "rs0", 500, False),
+            ("k051", 11, "a", "rs0", 510, False),  # new, between two stored keys of one file
+            ("k33", 11, "a", "rs0", None, True),
+        ],
+    )
+    merged, in_memory = both_engines(tmp_path / "t", stored, source, [])
+    ranged, written, stored_files = by_ranges(tmp_path / "r", stored, source, [], files=8, tasks=4)
+
+    assert ranged == merged == in_memory
+    holding = {
+        file.path
+        for file in stored_files
+        if any(file.min_key <= key <= file.max_key for key in ("k05", "k33"))
+    }
+    assert len(stored_files) == 8 and len(holding) == 2
+    assert set(written.removed) == holding
+    assert (
+        written.rows_removed == 10 and written.rows_added == 10
+    )  # k05's file again with k051, k33's without
+
+
+def test_ranges_are_cut_between_groups_of_overlapping_files_and_reach_only_what_the_source_may_hold():
+    def stored_file(name: str, low: str | None, high: str | None) -> KeyedFile:
+        return KeyedFile(f"state/{name}", low, high)
+
+    def staged(low: str, high: str) -> DataFile:
+        stats = json.dumps({"numRecords": 1, "minValues": {"__key": low}, "maxValues": {"__key": high}})
+        return DataFile(f"{low}-{high}.parquet", 1, 1, (), stats, 0)
+
+    a, b, c, d = (stored_file("a", "a", "c"), stored_file("b", "b", "e"), stored_file("c", "f", "g"),
+                  stored_file("d", "m", "p"))  # fmt: skip
+    assert [[file.path for file in group] for group in key_groups([d, c, b, a])] == [
+        ["state/a", "state/b"],
+        ["state/c"],
+        ["state/d"],
+    ]
+    # a source file between two groups belongs to the lower one's range: its keys are new there
+    plan = merge_ranges([a, b, c, d], [staged("h", "i")], [], 4)
+    assert [(part.low, part.high, [f.path for f in part.stored]) for part in plan] == [
+        ("f", "m", ["state/c"])
+    ]
+    # one task: the groups reached, from the first one's range to the last one's; c's is not reached
+    plan = merge_ranges([a, b, c, d], [staged("a", "a"), staged("z", "z")], [], 1)
+    assert [(part.low, part.high, [f.path for f in part.stored], len(part.source)) for part in plan] == [
+        (None, None, ["state/a", "state/b", "state/d"], 2)
+    ]
+    # a copy's or a drop's position may delete any stored row: every file is some range's
+    plan = merge_ranges([a, b, c, d], [], [Gone("rs0", 1, "")], 8)
+    assert sorted(file.path for part in plan for file in part.stored) == [
+        "state/a",
+        "state/b",
+        "state/c",
+        "state/d",
+    ]
+    assert [(part.low, part.high) for part in plan] == [(None, "f"), ("f", "m"), ("m", None)]
+    # a file of unknown bounds may hold any key: one range, every file
+    plan = merge_ranges([a, stored_file("u", None, None), d], [staged("n", "n")], [], 4)
+    assert [(part.low, part.high, len(part.stored)) for part in plan] == [(None, None, 3)]
+    # no stored file: the source's keys are all new, one range
+    assert merge_ranges([], [staged("n", "n")], [], 4) == [MergeRange(None, None, (), (staged("n", "n"),))]

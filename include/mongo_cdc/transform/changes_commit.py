@@ -79,7 +79,7 @@ class ChangesRun:
                 "%s: writing the change rows of %d tasks again", self.collection_run.namespace, len(misfits)
             )
             location, forced = self.collection_run.location, self.spec(layout, staged)
-            again = self.collection_run.run_slices(
+            again = self.collection_run.run_tasks(
                 [slices[index] for index in misfits],
                 lambda raw_slice: transform_slice(location, raw_slice, None, forced, frozenset()).changes,
             )
@@ -156,7 +156,7 @@ class ChangesRun:
         files = [file for file in collection_run.files if file.hour in hours]
         slices = collection_run.slices([self.window], files)
         spec, location = self.spec(staged=True), collection_run.location
-        outputs = collection_run.run_slices(
+        outputs = collection_run.run_tasks(
             slices,
             lambda raw_slice: transform_slice(location, raw_slice, None, spec, frozenset()).changes,
         )

@@ -11,8 +11,8 @@ Driver only: imports deltalake, and is given the SparkContext.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from deltalake import CommitProperties, DeltaTable, Transaction
 
@@ -29,9 +29,12 @@ from mongo_cdc.transform.table_commits import LostCommitRace
 if TYPE_CHECKING:
     from pyspark import SparkContext
 
-# How many Spark tasks per core run a collection's slices (``CollectionRun.slice_task_count``): more
-# than one, so that a core whose tasks finish early takes another.
-SLICE_TASKS_PER_CORE = 2
+# How many Spark tasks per core run a collection's slices or MERGE ranges (``CollectionRun.task_count``):
+# more than one, so that a core whose tasks finish early takes another.
+TASKS_PER_CORE = 2
+
+Item = TypeVar("Item")
+Result = TypeVar("Result")
 
 
 class CollectionRun:
@@ -136,13 +139,13 @@ class CollectionRun:
         ]
         return raw_slices(self.location, chosen, self.context.defaultParallelism)
 
-    def slice_task_count(self, slices: list[Any]) -> int:
-        """How many Spark tasks run ``slices``, each taking its share in turn: a task's round trip
-        costs a tenth of a second or more, as much as planning a slice."""
-        return max(1, min(len(slices), self.context.defaultParallelism * SLICE_TASKS_PER_CORE))
+    def task_count(self, items: Sequence[Any]) -> int:
+        """How many Spark tasks run ``items`` (slices, a MERGE's key ranges), each taking its share in
+        turn: a task's round trip costs a tenth of a second or more, as much as planning a slice."""
+        return max(1, min(len(items), self.context.defaultParallelism * TASKS_PER_CORE))
 
-    def run_slices(self, slices: list[RawSlice], task: Callable[[RawSlice], Any]) -> list[Any]:
-        """``task`` of each slice (``slice_task_count`` Spark tasks); the results in slice order."""
-        if not slices:
+    def run_tasks(self, items: Sequence[Item], task: Callable[[Item], Result]) -> list[Result]:
+        """``task`` of each of ``items`` (``task_count`` Spark tasks); the results in their order."""
+        if not items:
             return []
-        return self.context.parallelize(slices, self.slice_task_count(slices)).map(task).collect()
+        return self.context.parallelize(items, self.task_count(items)).map(task).collect()

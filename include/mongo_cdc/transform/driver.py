@@ -13,7 +13,7 @@ it applies and how each commit records them, how its slices go to Spark), which 
 
 1. the raw files that may hold new rows are cut into slices of about ``raw_slices.SLICE_ROWS``
    rows (``raw_slices.raw_slices``), read as Arrow tables (``raw_slices.read_slice``) one at a time
-   by a few Spark tasks per core (``CollectionRun.slice_task_count``);
+   by a few Spark tasks per core (``CollectionRun.task_count``);
 2. plan (``slice_tasks.plan_slice``, ``folded_keys``, column-wise, without reading the documents):
    each piece's range of document keys; where they overlap, each state event's document key summed
    per slice and then per bucket of keys; documents with more than one new event, or an update
@@ -267,7 +267,7 @@ class CollectionTransform:
         if state is not None:
             outputs = state.transformed(slices, state.spec(), changes_spec)
         else:
-            outputs = self.collection_run.run_slices(
+            outputs = self.collection_run.run_tasks(
                 slices,
                 lambda raw_slice: transform_slice(location, raw_slice, None, changes_spec, frozenset()),
             )

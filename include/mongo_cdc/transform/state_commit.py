@@ -5,10 +5,11 @@ version where an update without ``after`` needs it, then applied to the table in
 (``state_merge``'s rule): newer versions update, deletions delete, new documents insert; an event at
 or before a document's stored position changes nothing. A committed snapshot manifest, drop or
 rename in the new batches also deletes the documents of that replica set sitting before it. A MERGE
-rewrites only the data files holding changed documents; a small table (``state_merge.REWRITE_MAX_ROWS``)
-is written again whole, which costs a tenth of a MERGE (by the task of a job shared by small
-collections, when it ran the collection's whole run: the driver then only commits). A new table is
-one commit of the files the tasks wrote.
+rewrites only the data files holding changed documents, run by Spark's tasks, a range of keys each
+(``merge_ranges``: the driver plans from the files' key bounds and commits the files the tasks
+wrote); a small table (``state_merge.REWRITE_MAX_ROWS``) is written again whole, which costs a tenth
+of a MERGE (by the task of a job shared by small collections, when it ran the collection's whole
+run: the driver then only commits). A new table is one commit of the files the tasks wrote.
 
 How a run goes: ``plan`` (which documents are folded apart: more than one new event, or an update
 without ``after``), the tasks' writes (``slice_tasks.transform_slice``), ``fold`` (the documents
@@ -20,7 +21,8 @@ documents folded apart are found by a Spark aggregation of the slices' keys (the
 count) and reach each task as its slice's share (``slice_inputs``); each task reads the deletion
 markers and stored versions of its own documents from the tables' files (``stored_rows.keyed_rows``,
 files skipped by their key range) and stages its deletion marker rows as a file, which the driver's
-MERGE streams like the state rows. The driver handles files, batches and counts only.
+MERGE of the markers streams; the state's MERGE reads the staged state rows in the tasks of its key
+ranges, never in the driver. The driver handles files, batches and counts only.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from mongo_cdc.lake.storage import file_actions, row_count, table_if_exists
 from mongo_cdc.transform.collection_run import CollectionRun
 from mongo_cdc.transform.data_files import DataFile, add_actions, delete_data_files, staged_rows
 from mongo_cdc.transform.folded_keys import folded_keys, slice_key_buckets
+from mongo_cdc.transform.merge_ranges import merge_range, merge_ranges, merged_together
 from mongo_cdc.transform.raw_slices import SLICE_ROWS, RawSlice
 from mongo_cdc.transform.slice_tasks import (
     fold_documents,
@@ -52,9 +55,10 @@ from mongo_cdc.transform.slice_tasks import (
 from mongo_cdc.transform.state_merge import (
     REWRITE_MAX_BYTES,
     REWRITE_MAX_ROWS,
+    Gone,
+    MergedFiles,
     Rewrite,
     gone_positions,
-    merge_files,
     position_after,
     rewrite,
 )
@@ -150,7 +154,7 @@ class StateRun:
         context, location, window, started = (
             self.collection_run.context, self.collection_run.location, self.window, time.monotonic(),
         )  # fmt: skip
-        planned = self.collection_run.run_slices(
+        planned = self.collection_run.run_tasks(
             slices, lambda raw_slice: plan_slice(location, raw_slice, window)
         )
         self.new_events = sum(plan.rows for plan in planned)
@@ -218,10 +222,10 @@ class StateRun:
 
     def slice_inputs(self, slices: list[RawSlice]) -> RDD:
         """Each slice with its index and its keys of documents folded apart: without any, the slices
-        of a partition in turn (``CollectionRun.slice_task_count``), else one partition per slice."""
+        of a partition in turn (``CollectionRun.task_count``), else one partition per slice."""
         context, indexed = self.collection_run.context, list(enumerate(slices))
         if self.folded_by_slice is None:
-            return context.parallelize(indexed, self.collection_run.slice_task_count(slices)).map(
+            return context.parallelize(indexed, self.collection_run.task_count(slices)).map(
                 lambda item: (item[0], item[1], frozenset())
             )
         return (
@@ -365,16 +369,16 @@ class StateRun:
 
     def merge(self, layout: TableLayout, files: list[DataFile]) -> int:
         """Apply the staged rows to the table in one commit (``state_merge``'s rule); its rows after.
-        A small table is written again whole (``rewrite``); a large one file by file
-        (``merge_files``), after a commit of its new columns, if it has any."""
+        A small table is written again whole (``rewrite``); a large one by Spark's tasks, a range of
+        keys each (``merge_ranges``), after a commit of its new columns, if it has any."""
         assert self.table is not None and self.stored_files is not None
         if self.shared_rewrite is not None:
             return self.commit_rewrite(self.shared_rewrite, self.layout)
         gone = gone_positions(self.manifests, self.drops)
-        schema = staged_schema(layout.schema)
-        source = staged_rows(self.collection_run.location, self.directory, files, schema).read_all()
         target = self.rewrite_target(layout)
-        if target is not None and source.num_rows <= REWRITE_MAX_ROWS:
+        if target is not None and sum(file.rows for file in files) <= REWRITE_MAX_ROWS:
+            schema = staged_schema(layout.schema)
+            source = staged_rows(self.collection_run.location, self.directory, files, schema).read_all()
             return self.commit_rewrite(rewrite(self.collection_run.location, target, source, gone), layout)
         if layout is not self.layout:
             # new columns first (a commit of its own: Delta's add actions cannot change the schema),
@@ -387,8 +391,7 @@ class StateRun:
                 schema_mode="merge",
                 commit_properties=self.collection_run.commit_properties("state", applied),
             )
-        location, table_path = self.collection_run.location, self.collection_run.state_path
-        merged = merge_files(location, table_path, self.state_files, layout.schema, source, gone)
+        merged = self.merged_by_tasks(layout, files, gone)
         self.table.create_write_transaction(
             [
                 *self.removes(merged.removed),
@@ -404,6 +407,28 @@ class StateRun:
             merged.rows_added,
         )  # fmt: skip
         return row_count(self.table) - merged.rows_removed + merged.rows_added
+
+    def merged_by_tasks(self, layout: TableLayout, files: list[DataFile], gone: list[Gone]) -> MergedFiles:
+        """The MERGE's files written by Spark's tasks, a range of keys each (``merge_ranges``), planned
+        from the table's and the staged files' key bounds; what they wrote, summed."""
+        run, started = self.collection_run, time.monotonic()
+        parts = merge_ranges(self.state_files, files, gone, run.task_count(self.state_files))
+        location, table_path, staging, schema = run.location, run.state_path, self.directory, layout.schema
+        # the job's name in Spark's UI and event log (this thread's jobs only: the collections' threads
+        # each have their own)
+        run.context.setJobDescription(f"{run.namespace}: state MERGE of {len(parts)} key ranges")
+        try:
+            outputs = run.run_tasks(
+                parts, lambda part: merge_range(location, table_path, staging, schema, part, gone)
+            )
+        finally:
+            run.context.setJobDescription(None)  # type: ignore[arg-type]  # None: no description
+        log.info(
+            "%s state merge: %d Spark tasks handed %d of the table's %d files (%.1fs)",
+            run.namespace, len(parts), sum(len(part.stored) for part in parts), len(self.state_files),
+            time.monotonic() - started,
+        )  # fmt: skip
+        return merged_together(outputs)
 
     def removes(self, paths: Iterable[str]) -> list[RemoveAction]:
         """Remove actions of the table's files at ``paths`` (under the lake root, as ``state_files``)."""

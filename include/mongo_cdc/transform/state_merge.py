@@ -9,13 +9,14 @@ collection was dropped since.
 
 ``merged_rows`` runs the rule in pyarrow over a set of stored rows. ``merge_files`` runs it file by
 file over a large table: only the files whose key range may hold a source key are read, each one
-that changes is written again (``write_data_file``: the table's own types, full statistics), and
-the source's new keys go to new files of disjoint key ranges; the driver commits them in one Delta
-commit. ``rewrite`` writes a small table's rows after the run (``REWRITE_MAX_ROWS``) as one new file,
-for the driver to commit in place of the table's files; a shared job's task runs it for its
-collection (``whole_collection``), so the driver of many small collections only commits. ``merge_into``
-runs the rule as a delta-rs MERGE (DataFusion): the reference the other two are tested against
-(tests/unit/test_state_merge.py), not used by a run, since a MERGE writes its files'
+that changes is written again (``write_data_file``: the table's own types, full statistics), and the
+source's new keys go to new files of disjoint key ranges; each Spark task of a large table's MERGE
+runs it over its range of keys (``merge_ranges``), and the driver commits every task's files in one
+Delta commit. ``rewrite`` writes a small table's rows after the run (``REWRITE_MAX_ROWS``) as one
+new file, for the driver to commit in place of the table's files; a shared job's task runs it for
+its collection (``whole_collection``), so the driver of many small collections only commits.
+``merge_into`` runs the rule as a delta-rs MERGE (DataFusion): the reference the other two are
+tested against (tests/unit/test_state_merge.py), not used by a run, since a MERGE writes its files'
 text as ``string_view``, which no pyarrow filter of the table can compare with the table's
 ``string``. Executor side: no deltalake import at run time.
 """
@@ -111,7 +112,7 @@ def merge_files(
     filesystem, base = location.filesystem()
     source = in_order(source, ["__key"])
     keys = source.column("__key")
-    claimed = pa.array([False] * source.num_rows)
+    claimed = pa.array([False] * source.num_rows, pa.bool_())  # typed: a range may have no source row
     removed, written, rows_removed, rows_added = [], [], 0, 0
     for path, low, high in stored:
         if not gone and low is not None and high is not None:
