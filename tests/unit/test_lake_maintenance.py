@@ -37,6 +37,7 @@ def test_maintain_compacts_vacuums_and_keeps_retained_versions(where: str, tmp_p
     assert done["optimized"] and (done["files_removed"], done["files_added"]) == (12, 2)
     assert done["files_vacuumed"] == 0  # the small files were removed just now: still retained
     assert len(after.file_uris()) == 2
+    assert done["version"] == after.version()  # what a run reports: the compaction's commit included
     assert sorted(read_table(uri, options).column("id").to_pylist()) == list(range(12))
     assert after.metadata().configuration["delta.deletedFileRetentionDuration"] == "interval 1 hours"
     assert sorted(read_table(uri, options, version=5).column("id").to_pylist()) == list(range(6))
@@ -49,6 +50,7 @@ def test_maintain_compacts_vacuums_and_keeps_retained_versions(where: str, tmp_p
     assert (
         later["optimized"] and later["files_removed"] == 2
     )  # hour 00's compacted file + the new one (id 12)
+    assert later["version"] == DeltaTable(uri, storage_options=options).version()
 
     # retention 0: every removed file goes; old versions can no longer be read, the latest can
     gone = maintain_table(uri, lake, optimize_interval_hours=0, retention_hours=0, now=now)

@@ -191,7 +191,6 @@ def normalize_last_commit(table: DeltaTable, location: LakeLocation) -> int:
             files.append(stored)
     if files:
         rewrite_files(table, location, [[stored] for stored in files], None, "normalize")
-        table.update_incremental()
     return len(files)
 
 
@@ -252,6 +251,9 @@ def rewrite_files(
         partition_by=partitions or None,
         commit_properties=CommitProperties(custom_metadata={OPERATION_METADATA: operation}),
     )
+    # delta-rs moves a table object past its own operations, not past create_write_transaction: the
+    # caller's next step (a vacuum, the version a run reports) must see this commit
+    table.update_incremental()
     return len(adds)
 
 
