@@ -39,6 +39,7 @@ from mongo_cdc.capture.offsets import offset_key
 from mongo_cdc_airflow import local_env
 from mongo_cdc_airflow.assets import table_asset_uri
 from mongo_cdc_airflow.demo import inventory_documents, load_inventory
+from mongo_cdc_airflow.params import resnapshot_params
 from mongo_cdc_dev.testing import ReplicaSet
 
 pytestmark = pytest.mark.slow
@@ -313,7 +314,8 @@ def airflow(
 
 
 HEALTH = ("MetaDatabase", "Scheduler", "Triggerer", "Dag Processor")
-PARAM_TITLES = ["Re-snapshot", "Collections to re-snapshot", "Shards to re-snapshot", "Verify"]
+# the trigger form's fields, in the order the DAG declares its params
+PARAM_TITLES = [param.schema["title"] for param in resnapshot_params().values()]
 BROWSER_FAILURES = Path(local_env.REPO_ROOT) / ".local" / "browser-test"
 
 
@@ -350,7 +352,7 @@ def trigger_from_the_dag_page(page: Page, stack: Airflow, dag_id: str, collectio
     dialog = page.get_by_role("dialog")
     # the accordion's content (its aria-labelledby holds a space, so it has no accessible name)
     params = dialog.locator('[data-part="item-content"][id$=":content:Run Parameters"]')
-    # the four params, none marked required (a required field's label has data-required and a "*")
+    # every param, none marked required (a required field's label has data-required and a "*")
     labels = params.locator('[data-part="label"]')
     labels.filter(has_text=PARAM_TITLES[-1]).wait_for()  # the form is drawn after the DAG's params load
     assert [text.strip() for text in labels.all_inner_texts()] == PARAM_TITLES
