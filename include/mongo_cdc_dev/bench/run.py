@@ -19,6 +19,8 @@ Starts its own single-member replica set in a temporary directory and, section b
 * ``verify_replica_set`` over the ``--small`` collection against a matching state and one with
   ``DRIFTED`` documents spread over its key range, next to a bare cursor read (``bench.verification``
   writes the states);
+* the state table at scale (``bench.state_scale``): spread and recent changes on a ``--state`` and a
+  ``--scaled-state`` state, their time, CPU, state files rewritten and driver peak;
 * the transform driver's peak RSS for first builds of ``--driver-events`` and 4 times as many events
   (``bench.transform.driver_memory``): it must not grow with the run;
 * many small collections against one of as many documents (``bench.many``): first run, a change in
@@ -50,6 +52,7 @@ from mongo_cdc.lake.storage import LakeLocation
 from mongo_cdc_dev.bench import data, peers
 from mongo_cdc_dev.bench.context import DB, RS, Bench, Measured, alternated, best
 from mongo_cdc_dev.bench.many import many_collections
+from mongo_cdc_dev.bench.state_scale import state_scale
 from mongo_cdc_dev.bench.table import Row, render
 from mongo_cdc_dev.bench.transform import HOT_DOCS, driver_memory, transform
 from mongo_cdc_dev.bench.verification import write_state
@@ -83,6 +86,7 @@ SIZES = {
     "events": 300_000,
     "large": 8_000,
     "state": 1_000_000,
+    "scaled_state": 4_000_000,
     "small_state": 100_000,
     "changes": 1_000,
     "spread_changes": 100_000,
@@ -98,6 +102,7 @@ SMOKE_SIZES = {
     "events": 2_000,
     "large": 20,
     "state": 2_000,
+    "scaled_state": 8_000,
     "small_state": 500,
     "changes": 100,
     "spread_changes": 200,
@@ -377,6 +382,7 @@ SECTIONS: dict[str, Callable[[Bench], list[Row]]] = {
     "chunks": chunks,
     "transform": transform,
     "driver-memory": driver_memory,
+    "state-scale": state_scale,
     "verify": verification,
     "many-collections": many_collections,
 }
@@ -410,6 +416,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"--changes must be at most --small-state and {HOT_DOCS:,}")
     if args.spread_changes > args.state:
         parser.error("--spread-changes must be at most --state")
+    if args.scaled_state <= args.state:
+        parser.error("--scaled-state must be larger than --state: the state-scale section compares the two")
     args.sections = args.only.split(",") if args.only else list(SECTIONS)
     unknown = set(args.sections) - set(SECTIONS)
     if unknown:
