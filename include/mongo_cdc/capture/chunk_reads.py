@@ -113,11 +113,11 @@ class _RawBatchCursor(RawBatchCursor):
 
 
 def _raw_batches(
-    collection: Collection, fetch_size: int, chunk: Chunk, query: Mapping[str, Any]
+    collection: Collection, fetch_size: int, chunk: Chunk, query: Mapping[str, Any] | None = None
 ) -> Generator[bytes, None, None]:
     """A chunk's documents as raw batches (concatenated BSON): the index range between its bounds
     (``chunking``), or the whole collection in natural order; of those, the ones ``query`` (a
-    filtered re-snapshot's filter, ``snapshot_filters``; empty: all) matches.
+    filtered re-snapshot's filter, ``snapshot_filters``; None: all) matches.
 
     The cursor is an exhaust cursor: the server sends every batch without waiting for a getMore,
     reading the next one while the client takes this one (a snapshot reads a replica set member,
@@ -127,6 +127,7 @@ def _raw_batches(
     def exhaust_cursor(query: Mapping[str, Any]) -> _RawBatchCursor:
         return _RawBatchCursor(collection, query, batch_size=fetch_size, cursor_type=CursorType.EXHAUST)
 
+    query = query or {}
     cursor = exhaust_cursor(query)
     if chunk.key is not None:
         cursor = cursor.hint(list(chunk.key))
@@ -190,7 +191,7 @@ class ChunkReads:
     def _start(self, chunk: Chunk) -> _Read:
         db, name = Namespace.parse(chunk.namespace)
         collection = self.client[db].get_collection(name)
-        query = self.filters.get(chunk.namespace, {})
+        query = self.filters.get(chunk.namespace)
         batches = _raw_batches(collection, _fetch_size(self.config, chunk), chunk, query)
         return _Read(chunk, batches, self._fetcher.submit(next, batches, None))
 
