@@ -176,9 +176,10 @@ def table_if_exists(table_uri: str, storage_options: Mapping[str, str] | None = 
     from deltalake.exceptions import TableNotFoundError
 
     try:
-        return DeltaTable(table_uri, storage_options=dict(storage_options or {}))
+        table = DeltaTable(table_uri, storage_options=dict(storage_options or {}))
     except TableNotFoundError:
         return None
+    return refusing_deletion_vectors(table)
 
 
 def row_count(table: DeltaTable | None) -> int:
@@ -224,9 +225,30 @@ def open_table(
     from deltalake import DeltaTable
 
     if isinstance(version, int) or version is None:
-        return DeltaTable(table_uri, storage_options=dict(storage_options or {}), version=version)
-    table = DeltaTable(table_uri, storage_options=dict(storage_options or {}))
-    table.load_as_version(version)
+        table = DeltaTable(table_uri, storage_options=dict(storage_options or {}), version=version)
+    else:
+        table = DeltaTable(table_uri, storage_options=dict(storage_options or {}))
+        table.load_as_version(version)
+    return refusing_deletion_vectors(table)
+
+
+class DeletionVectorsError(RuntimeError):
+    """A table lets its writers mark rows deleted in deletion vectors, which mongo-cdc cannot apply."""
+
+
+def refusing_deletion_vectors(table: DeltaTable) -> DeltaTable:
+    """``table``, unless its protocol enables deletion vectors: another engine (Databricks, Spark with
+    delta-spark, Trino) may then have deleted rows in a file's vector, and mongo-cdc reads and
+    rewrites each data file whole (the transform's MERGE, compaction, ``readers.spark_table``), so
+    those rows would come back, silently. Refused at the table's opening, naming the way back."""
+    if "deletionVectors" in (table.protocol().reader_features or []):
+        raise DeletionVectorsError(
+            f"the Delta table {table.table_uri} has deletion vectors enabled (reader feature "
+            "deletionVectors): another engine may have marked rows of its files deleted, and mongo-cdc, "
+            "which reads and rewrites whole files, would bring them back. Drop the feature with that "
+            "engine (Delta Lake 3.1+: ALTER TABLE delta.`<table>` DROP FEATURE deletionVectors, which "
+            'purges them first), or rebuild the table (docs/reading.md, "Deletion vectors")'
+        )
     return table
 
 
