@@ -19,6 +19,8 @@ Starts its own single-member replica set in a temporary directory and, section b
 * ``verify_replica_set`` over the ``--small`` collection against a matching state and one with
   ``DRIFTED`` documents spread over its key range, next to a bare cursor read (``bench.verification``
   writes the states);
+* a lost oplog's healing recovery of the ``--small`` collection, 1% of it missed, against its full
+  re-snapshot: time and bytes to the lake (``bench.oplog_recovery``);
 * the transform driver's peak RSS for first builds of ``--driver-events`` and 4 times as many events
   (``bench.transform.driver_memory``): it must not grow with the run;
 * many small collections against one of as many documents (``bench.many``): first run, a change in
@@ -50,6 +52,7 @@ from mongo_cdc.lake.storage import LakeLocation
 from mongo_cdc_dev.bench import data, peers
 from mongo_cdc_dev.bench.context import DB, RS, Bench, Measured, alternated, best
 from mongo_cdc_dev.bench.many import many_collections
+from mongo_cdc_dev.bench.oplog_recovery import oplog_recovery
 from mongo_cdc_dev.bench.table import Row, render
 from mongo_cdc_dev.bench.transform import HOT_DOCS, driver_memory, transform
 from mongo_cdc_dev.bench.verification import write_state
@@ -378,6 +381,7 @@ SECTIONS: dict[str, Callable[[Bench], list[Row]]] = {
     "transform": transform,
     "driver-memory": driver_memory,
     "verify": verification,
+    "oplog-recovery": oplog_recovery,
     "many-collections": many_collections,
 }
 
