@@ -9,7 +9,8 @@ spread over the key range). The recovery is ``verify_replica_set`` with ``recove
 the re-snapshot is ``run_snapshot`` of the collection. Bytes are those each adds to its lake (raw
 files and logs); time is each one's wall time. The capture side only: the transform that follows
 (a MERGE of the healed rows; a rewrite of the state and a read row per document after a copy) is
-not in either figure.
+not in either figure, so the time budget, meant for the whole recovery, is missed here: the heal
+reads MongoDB and the whole state (about twice a bare read), the copy MongoDB only.
 """
 
 from __future__ import annotations
