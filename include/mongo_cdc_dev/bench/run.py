@@ -19,8 +19,9 @@ Starts its own single-member replica set in a temporary directory and, section b
 * ``verify_replica_set`` over the ``--small`` collection against a matching state and one with
   ``DRIFTED`` documents spread over its key range, next to a bare cursor read (``bench.verification``
   writes the states);
-* a lost oplog's healing recovery of the ``--small`` collection, 1% of it missed, against its full
-  re-snapshot: time and bytes to the lake (``bench.oplog_recovery``);
+* a lost oplog's healing recovery of a ``--small``-document collection whose lake missed 1% of its
+  documents' changes, against its full re-snapshot, each with its transform: time and bytes to the
+  lake (``bench.oplog_recovery``);
 * the transform driver's peak RSS for first builds of ``--driver-events`` and 4 times as many events
   (``bench.transform.driver_memory``): it must not grow with the run;
 * many small collections against one of as many documents (``bench.many``): first run, a change in

@@ -102,16 +102,13 @@ def pull(client: MongoClient, task: dict[str, Any]) -> int:
 
 
 def verify(client: MongoClient, task: dict[str, Any]) -> int:
-    """``verify_replica_set`` (``verify.on.drift: repair``; a lost oplog's healing with ``recovery``)
-    from the offset the bench committed with the state; it must find ``expected_drift`` drifted
-    documents. The documents it read."""
+    """``verify_replica_set`` (``verify.on.drift: repair``) from the offset the bench committed with
+    the state; it must find ``expected_drift`` drifted documents. The documents it read."""
     config = bench_config(task)
     store = MemoryOffsetStore()
     store.values.update(task["offsets"])
     result = verify_replica_set(
-        ReplicaSetCapture(client, config, memory_keeper(config, task["rs"], store)),
-        REPAIR,
-        recovery=task.get("recovery", False),
+        ReplicaSetCapture(client, config, memory_keeper(config, task["rs"], store)), REPAIR
     )
     if result.failed or result.skipped or result.drift != task["expected_drift"]:
         found = f"{result.drift} drifted documents, not {task['expected_drift']}"
