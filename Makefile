@@ -6,6 +6,8 @@ PYSPARK_VERSION := 4.3.0
 UV_VERSION := 0.13.9
 UV := $(VENV)/bin/uv pip install --python $(VENV)/bin/python --compile-bytecode
 PYTEST_ARGS ?=
+# make bench's options (python -m mongo_cdc_dev.bench --help), e.g. BENCH_ARGS="--only state-scale"
+BENCH_ARGS ?=
 # make test's pytest processes (pytest-xdist): each test file runs whole in one of them, the files in
 # collection order (tests/conftest.py puts the slowest tiers first; xdist would put the files of
 # most tests first, the unit tier)
@@ -132,7 +134,7 @@ demo: $(STAMP) $(PYSPARK_BYTECODE) $(SPARK_CLASSES) bytecode
 	$(VENV)/bin/python -m mongo_cdc_airflow.demo
 
 bench: $(STAMP) $(PYSPARK_BYTECODE) bytecode
-	$(VENV)/bin/python -m mongo_cdc_dev.bench
+	$(VENV)/bin/python -m mongo_cdc_dev.bench $(BENCH_ARGS)
 
 # The configuration reference page, rendered from the key declarations (mongo_cdc.config.reference).
 docs: $(STAMP)

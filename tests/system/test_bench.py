@@ -1,7 +1,7 @@
 """``make bench`` runs to the end on tiny sizes and prints its one table (no timing is asserted).
 
-The smoke run is the bench itself: its own replica set, every section (five real spark-submit runs of
-the transform among them), each run checked by the bench (rows landed, events applied, state rows
+The smoke run is the bench itself: its own replica set, every section (real spark-submit runs of the
+transform among them), each run checked by the bench (rows landed, events applied, state rows
 equal to the collection's documents)."""
 
 from __future__ import annotations
@@ -73,6 +73,14 @@ def test_smoke_run_prints_every_row_of_the_table() -> None:
         r"first build, 100 nested docs, less the empty job\s+"
         r"(?:[\d,.]+ MB/s\s+[\d.]+x|unavailable)\s+landing\s+>= 0.25x",
         r"200 changes spread over 2,000 docs\s+[\d.]+ s\s+[\d.]+x\s+100 changes\s+<= 2.00x",
+        # issue 51: the state at scale, the 8,000-document state against the 2,000 one
+        r"state at scale\s+80 spread changes, 2,000 docs: wall\s+[\d.]+ s",
+        r"80 spread changes, 8,000 docs: state files rewritten\s+[\d.]+ MB",
+        r"80 spread changes, 8,000 docs: Python driver peak\s+[\d,.]+ MiB",
+        r"80 spread changes: wall, 8,000 vs 2,000 docs\s+[\d.]+x\s+2,000 docs\s+<= 4.00x",
+        r"80 spread changes: state files rewritten, 8,000 vs 2,000 docs\s+[\d.]+x",
+        r"100 recent changes: wall, 8,000 vs 2,000 docs\s+[\d.]+x\s+2,000 docs\s+<= 1.20x",
+        r"100 recent changes: Python driver peak, 8,000 vs 2,000 docs\s+[\d.]+x\s+2,000 docs\s+<= 1.10x",
         r"3 collections x 2 docs\s+first run, 1 collection\s+[\d.]+ s",
         r"first run, 3 collections\s+[\d.]+ s\s+[\d.]+x\s+1 x 6 docs\s+<= 2.00x",
         r"one change in every collection, 3 collections\s+[\d.]+ s\s+[\d.]+x\s+1 x 6 docs\s+<= 2.00x",

@@ -14,20 +14,31 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable, write_deltalake
-from merge_cases import SCHEMA, SOURCE_SCHEMA, by_merge_into, by_ranges, random_case, rows, stated_case
+from merge_cases import (
+    SCHEMA,
+    SOURCE_SCHEMA,
+    by_merge_into,
+    by_ranges,
+    random_case,
+    rows,
+    stated_case,
+    stored_in_files,
+)
 
 from mongo_cdc.lake.storage import LakeLocation
-from mongo_cdc.transform import whole_collection
+from mongo_cdc.transform import state_merge, whole_collection
 from mongo_cdc.transform.column_survey import NO_CHANGES
 from mongo_cdc.transform.data_files import DataFile, write_data_file
 from mongo_cdc.transform.merge_ranges import (
     MergeRange,
     key_groups,
     merge_ranges,
+    source_key_bounds,
 )
 from mongo_cdc.transform.slice_tasks import write_state_file
 from mongo_cdc.transform.state_merge import (
     Gone,
+    MergedFiles,
     Rewrite,
     merge_files,
     merged_rows,
@@ -241,3 +252,55 @@ def test_ranges_are_cut_between_groups_of_overlapping_files_and_reach_only_what_
     assert [(part.low, part.high, len(part.stored)) for part in plan] == [(None, None, 3)]
     # no stored file: the source's keys are all new, one range
     assert merge_ranges([], [staged("n", "n")], [], 4) == [MergeRange(None, None, (), (staged("n", "n"),))]
+
+
+def written_bounds(merged: MergedFiles) -> list[tuple[str | None, str | None]]:
+    return [source_key_bounds(file) for file in merged.written]
+
+
+def test_a_merge_keeps_the_files_key_ranges_disjoint(tmp_path):
+    """New keys inside a file's range join that file, the others go to files between the stored ones:
+    a later run touching one range of keys then rewrites only that range's files (issue 51)."""
+    location = LakeLocation(str(tmp_path))
+    stored = rows(SCHEMA, [(key, 10, "b", "rs0", 1) for key in ["b", "c", "d", "f", "g", "h", "k", "l", "m"]])
+    files = stored_in_files(location, stored, 3)  # [b, d], [f, h], [k, m]
+    source = rows(
+        SOURCE_SCHEMA,
+        [
+            ("c5", 11, "a", "rs0", 2, False),  # new, inside the first file's range
+            ("g", 11, "a", "rs0", 3, False),  # an update in the second
+            ("e", 11, "a", "rs0", 4, False),  # new, between the first two files
+            ("i", 11, "a", "rs0", 5, False),  # new, between the second and the third
+            ("z", 11, "a", "rs0", 6, False),  # new, past the last
+        ],
+    )
+    merged = merge_files(location, "state", files, SCHEMA, source, [])
+    assert sorted(merged.removed) == sorted(file.path for file in files[:2])  # the third is untouched
+    kept = [(files[2].min_key, files[2].max_key)]
+    ranges = sorted(written_bounds(merged) + kept)
+    assert ranges == [("b", "d"), ("e", "e"), ("f", "h"), ("i", "i"), ("k", "m"), ("z", "z")]
+    after = pa.concat_tables(
+        [pq.read_table(tmp_path / "state" / file.path).cast(SCHEMA) for file in merged.written]
+        + [pq.read_table(tmp_path / files[2].path).cast(SCHEMA)]
+    )
+    assert after.sort_by("__key").to_pylist() == merged_rows(stored, source, []).sort_by("__key").to_pylist()
+
+
+def test_a_file_grown_by_new_keys_is_written_as_files_of_bounded_size(tmp_path, monkeypatch):
+    monkeypatch.setattr(state_merge, "NEW_FILE_ROWS", 2)
+    location = LakeLocation(str(tmp_path))
+    files = stored_in_files(location, rows(SCHEMA, [(key, 10, "b", "rs0", 1) for key in "bdf"]), 1)
+    source = rows(SOURCE_SCHEMA, [(key, 11, "a", "rs0", 2, False) for key in ["c", "e"]])
+    merged = merge_files(location, "state", files, SCHEMA, source, [])
+    # the file held 3 rows, more than the bound: its 5 rows are written as files of at most 3
+    assert [file.rows for file in merged.written] == [3, 2]
+    assert written_bounds(merged) == [("b", "d"), ("e", "f")]
+
+
+def test_files_of_overlapping_ranges_keep_their_rows_and_new_keys_go_to_new_files(tmp_path):
+    location = LakeLocation(str(tmp_path))
+    stored = rows(SCHEMA, [(key, 10, "b", "rs0", 1) for key in "bcdefg"])
+    files = stored_in_files(location, stored, 2, overlapping=True)
+    source = rows(SOURCE_SCHEMA, [("cc", 11, "a", "rs0", 2, False)])
+    merged = merge_files(location, "state", files, SCHEMA, source, [])
+    assert merged.removed == () and [file.rows for file in merged.written] == [1]

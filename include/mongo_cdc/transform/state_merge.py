@@ -24,6 +24,7 @@ text as ``string_view``, which no pyarrow filter of the table can compare with t
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from itertools import pairwise
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import pyarrow as pa
@@ -107,33 +108,73 @@ def merge_files(
     ``__key`` bounds, None where unknown: ``state_commit.keyed_files``), ``source`` (rows of
     ``schema`` and ``DELETED_FLAG``, one per key). A file is read when a source key may be in it
     (every file when ``gone`` may delete any stored row) and written again when the rule changes its
-    rows; the source's other keys are written in new files of at most ``NEW_FILE_ROWS``, in key
-    order. Nothing is committed."""
+    rows. Nothing is committed.
+
+    The files stay clustered by key: when ``stored`` have known, disjoint key ranges, a new key
+    inside a file's range is written with that file's rows, and the others go to new files cut at
+    the stored files' bounds, so every file keeps a key range of its own and a later run that
+    touches a range of keys rewrites only the files of that range. Each file written holds at most
+    ``NEW_FILE_ROWS`` rows, or as many as the file it replaces held. Files of unknown or overlapping
+    ranges (a lake written before its statistics, until compaction sorts it) keep the rows they
+    hold, and every new key goes to new files."""
     filesystem, base = location.filesystem()
     source = in_order(source, ["__key"])
     keys = source.column("__key")
+    clustered = _disjoint(stored)
     claimed = pa.array([False] * source.num_rows, pa.bool_())  # typed: a range may have no source row
     removed, written, rows_removed, rows_added = [], [], 0, 0
     for path, low, high in stored:
-        if not gone and low is not None and high is not None:
-            if not pc.any(pc.and_(pc.greater_equal(keys, low), pc.less_equal(keys, high))).as_py():
-                continue
+        known = low is not None and high is not None
+        in_range = pc.and_(pc.greater_equal(keys, low), pc.less_equal(keys, high)) if known else None
+        if not gone and in_range is not None and not pc.any(in_range).as_py():
+            continue
         rows = _stored_rows(filesystem, base, path, schema)
-        in_file = pc.is_in(keys, value_set=rows.column("__key"))
-        claimed = pc.or_(claimed, in_file)
-        after = merged_rows(rows, source.filter(in_file), gone)
+        taken = pc.is_in(keys, value_set=rows.column("__key"))
+        if clustered and in_range is not None:
+            taken = pc.or_(taken, in_range)  # disjoint ranges: a key in this one is stored here or new
+        claimed = pc.or_(claimed, taken)
+        after = merged_rows(rows, source.filter(taken), gone)
         if _same_versions(rows, after):
             continue
         removed.append(path)
         rows_removed += rows.num_rows
-        if after.num_rows:
-            written.append(write_data_file(location, table_path, in_order(after, ["__key"])))
-            rows_added += after.num_rows
+        for part in _parts(in_order(after, ["__key"]), max(rows.num_rows, NEW_FILE_ROWS)):
+            written.append(write_data_file(location, table_path, part))
+            rows_added += part.num_rows
     new = source.filter(pc.and_(pc.invert(claimed), pc.invert(source.column(DELETED_FLAG))))
     new = new.drop_columns([DELETED_FLAG])
-    for start in range(0, new.num_rows, NEW_FILE_ROWS):
-        written.append(write_data_file(location, table_path, new.slice(start, NEW_FILE_ROWS)))
+    cuts = sorted(low for _, low, _ in stored) if clustered else []
+    for between in _cut(new, cuts):
+        for part in _parts(between, NEW_FILE_ROWS):
+            written.append(write_data_file(location, table_path, part))
     return MergedFiles(tuple(removed), tuple(written), rows_removed, rows_added + new.num_rows)
+
+
+def _disjoint(stored: Sequence[KeyedFile]) -> bool:
+    """Whether every file's key bounds are known and no two files' ranges overlap."""
+    if any(low is None or high is None for _, low, high in stored):
+        return False
+    ranges = sorted((low, high) for _, low, high in stored)
+    return all(high < following for (_, high), (following, _) in pairwise(ranges))
+
+
+def _cut(rows: pa.Table, cuts: Sequence[str]) -> Iterable[pa.Table]:
+    """``rows`` (in key order) in runs that no key of ``cuts`` falls inside: the new keys between
+    two stored files go to files of their own, which overlap neither."""
+    keys, start = rows.column("__key"), 0
+    for cut in cuts:
+        end = pc.sum(pc.less(keys, cut)).as_py() or 0
+        if end > start:
+            yield rows.slice(start, end - start)
+            start = end
+    if start < rows.num_rows:
+        yield rows.slice(start)
+
+
+def _parts(rows: pa.Table, most: int) -> Iterable[pa.Table]:
+    """``rows`` in slices of at most ``most`` rows, in order."""
+    for start in range(0, rows.num_rows, most):
+        yield rows.slice(start, most)
 
 
 def _stored_rows(filesystem: Any, base: str, path: str, schema: pa.Schema) -> pa.Table:

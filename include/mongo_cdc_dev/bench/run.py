@@ -19,6 +19,8 @@ Starts its own single-member replica set in a temporary directory and, section b
 * ``verify_replica_set`` over the ``--small`` collection against a matching state and one with
   ``DRIFTED`` documents spread over its key range, next to a bare cursor read (``bench.verification``
   writes the states);
+* the state table at scale (``bench.state_scale``): spread and recent changes on a ``--state`` and a
+  ``--scaled-state`` state, their time, CPU, state files rewritten and driver peak;
 * a lost oplog's healing recovery of a ``--small``-document collection whose lake missed 1% of its
   documents' changes, against its full re-snapshot, each with its transform: time and bytes to the
   lake (``bench.oplog_recovery``);
@@ -54,6 +56,7 @@ from mongo_cdc_dev.bench import data, peers
 from mongo_cdc_dev.bench.context import DB, RS, Bench, Measured, alternated, best
 from mongo_cdc_dev.bench.many import many_collections
 from mongo_cdc_dev.bench.oplog_recovery import oplog_recovery
+from mongo_cdc_dev.bench.state_scale import state_scale
 from mongo_cdc_dev.bench.table import Row, render
 from mongo_cdc_dev.bench.transform import HOT_DOCS, driver_memory, transform
 from mongo_cdc_dev.bench.verification import write_state
@@ -87,6 +90,7 @@ SIZES = {
     "events": 300_000,
     "large": 8_000,
     "state": 1_000_000,
+    "scaled_state": 4_000_000,
     "small_state": 100_000,
     "changes": 1_000,
     "spread_changes": 100_000,
@@ -102,6 +106,7 @@ SMOKE_SIZES = {
     "events": 2_000,
     "large": 20,
     "state": 2_000,
+    "scaled_state": 8_000,
     "small_state": 500,
     "changes": 100,
     "spread_changes": 200,
@@ -381,6 +386,7 @@ SECTIONS: dict[str, Callable[[Bench], list[Row]]] = {
     "chunks": chunks,
     "transform": transform,
     "driver-memory": driver_memory,
+    "state-scale": state_scale,
     "verify": verification,
     "oplog-recovery": oplog_recovery,
     "many-collections": many_collections,
@@ -415,6 +421,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"--changes must be at most --small-state and {HOT_DOCS:,}")
     if args.spread_changes > args.state:
         parser.error("--spread-changes must be at most --state")
+    if args.scaled_state <= args.state:
+        parser.error("--scaled-state must be larger than --state: the state-scale section compares the two")
     args.sections = args.only.split(",") if args.only else list(SECTIONS)
     unknown = set(args.sections) - set(SECTIONS)
     if unknown:

@@ -467,79 +467,85 @@ class Results:
 
 
 @contextmanager
-def _step(name: str) -> Iterator[None]:
+def step(name: str) -> Iterator[None]:
+    """Print a step's name, then its seconds."""
     print(f"transform: {name}", flush=True)
     started = time.perf_counter()
     yield
     print(f"  {time.perf_counter() - started:.1f}s", flush=True)
 
 
+@contextmanager
+def quiet_oplog_warnings() -> Iterator[None]:
+    """The bench's mongod has a small oplog: its headroom warnings say nothing about the transform."""
+    oplog_log = logging.getLogger("mongo_cdc.capture.oplog_window")
+    level = oplog_log.level
+    oplog_log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        oplog_log.setLevel(level)
+
+
 def transform(bench: Bench) -> list[Row]:
     """Every step of the module docstring; the section's rows (its peak RSS row goes with the others)."""
     args = bench.args
     results = Results(args.state, args.small_state, args.changes, args.spread_changes, args.nested_state)
-    with _step("empty PySpark job"):
+    with step("empty PySpark job"):
         results.empty_job_seconds = run_empty_job()
-    # the bench's mongod has a small oplog: its headroom warnings say nothing about the transform
-    oplog_log = logging.getLogger("mongo_cdc.capture.oplog_window")
-    level = oplog_log.level
-    oplog_log.setLevel(logging.ERROR)
     client = bench.rs.client(datetime_conversion=extjson.DECODE_OPTIONS.datetime_conversion)
-    try:
+    with client, quiet_oplog_warnings():
         lake = bench.lake("transform")
         large = Source("large", client, bench.rs.name, lake, args.state)
         small = Source("small", client, bench.rs.name, lake, args.small_state)
         for source in (large, small):
-            with _step(f"loading {source.documents:,} documents into {source.namespace}"):
+            with step(f"loading {source.documents:,} documents into {source.namespace}"):
                 load(source.collection, source.documents, small_documents)
-        with _step(f"snapshot of {large.namespace}"):
+        with step(f"snapshot of {large.namespace}"):
             results.landed_rate = args.state / large.snapshot()
-        with _step(f"snapshot of {small.namespace}"):
+        with step(f"snapshot of {small.namespace}"):
             small.snapshot()
         for source in (large, small):
-            with _step(f"first build of {source.namespace}"):
+            with step(f"first build of {source.namespace}"):
                 run = results.runs[f"first {source.name}"] = source.transform()
-            _check(run, source, source.documents)
+            check_run(run, source, source.documents)
         state, wanted = large.state_uri, middle_id(large.state_uri)
         results.lookups["the first build"] = files_opened(state, "_id", wanted)
         for seed, source in enumerate((large, small), start=1):
             rows = source.pull(apply_changes(source.collection, args.changes, source.documents, seed))
-            with _step(f"{args.changes:,} changes on {source.namespace}"):
+            with step(f"{args.changes:,} changes on {source.namespace}"):
                 run = results.runs[f"changes {source.name}"] = source.transform()
-            _check(run, source, rows)
+            check_run(run, source, rows)
         rows = large.pull(add_a_field(large.collection, args.changes, seed=3))
         before = large.change_files()
-        with _step(f"{args.changes:,} updates adding a field on {large.namespace}"):
+        with step(f"{args.changes:,} updates adding a field on {large.namespace}"):
             run = results.runs["new field large"] = large.transform()
-        _check(run, large, rows)
+        check_run(run, large, rows)
         after = large.change_files()
         results.removed_change_files = len(before - after)
         results.added_change_files = len(after - before)
         first_new = large.documents + args.changes // 5
         rows = large.pull(spread_changes(large.collection, args.spread_changes, first_new, seed=4))
-        with _step(f"{args.spread_changes:,} changes spread over {large.namespace}"):
+        with step(f"{args.spread_changes:,} changes spread over {large.namespace}"):
             run = results.runs["spread large"] = large.transform()
-        _check(run, large, rows)
-        with _step(f"compaction of {large.namespace}'s state"):
+        check_run(run, large, rows)
+        with step(f"compaction of {large.namespace}'s state"):
             compact(LakeLocation(large.lake), state)
         results.lookups["compaction"] = files_opened(state, "_id", wanted)
         nested = Source("nested", client, bench.rs.name, lake, args.nested_state)
-        with _step(f"loading {nested.documents:,} nested documents into {nested.namespace}"):
+        with step(f"loading {nested.documents:,} nested documents into {nested.namespace}"):
             load(nested.collection, nested.documents, nested_documents)
         results.nested_mb = nested.collection.database.command("collStats", COLLECTION)["size"] / 1e6
-        with _step(f"snapshot of {nested.namespace}"):
+        with step(f"snapshot of {nested.namespace}"):
             results.nested_landed_mb_s = results.nested_mb / nested.snapshot()
-        with _step(f"first build of {nested.namespace}"):
+        with step(f"first build of {nested.namespace}"):
             run = results.runs["first nested"] = nested.transform()
-        _check(run, nested, nested.documents)
-    finally:
-        client.close()
-        oplog_log.setLevel(level)
+        check_run(run, nested, nested.documents)
     bench.peak_rows.append(results.peak_row())
     return results.rows()
 
 
-def _check(run: TransformRun, source: Source, events: int) -> None:
+def check_run(run: TransformRun, source: Source, events: int) -> None:
     summary = run.summary["collections"][source.namespace]
     if summary["new_events"] != events:
         raise AssertionError(
@@ -562,25 +568,19 @@ def driver_memory(bench: Bench) -> list[Row]:
     build's Python driver at most DRIVER_RSS_GROWTH_MAX times the smaller one's."""
     events = bench.args.driver_events
     client = bench.rs.client(datetime_conversion=extjson.DECODE_OPTIONS.datetime_conversion)
-    oplog_log = logging.getLogger("mongo_cdc.capture.oplog_window")
-    level = oplog_log.level
-    oplog_log.setLevel(logging.ERROR)
     runs = {}
-    try:
+    with client, quiet_oplog_warnings():
         lake = bench.lake("driver-memory")
         for size in (events, events * DRIVER_GROWTH):
             source = Source(f"driver{size}", client, bench.rs.name, lake, size)
-            with _step(f"loading {size:,} documents into {source.namespace}"):
+            with step(f"loading {size:,} documents into {source.namespace}"):
                 load(source.collection, size, small_documents)
-            with _step(f"snapshot of {source.namespace}"):
+            with step(f"snapshot of {source.namespace}"):
                 source.snapshot()
-            with _step(f"first build of {source.namespace}"):
+            with step(f"first build of {source.namespace}"):
                 runs[size] = source.transform()
-            _check(runs[size], source, size)
+            check_run(runs[size], source, size)
             source.collection.drop()  # its lake stays: the next one's load has the memory
-    finally:
-        client.close()
-        oplog_log.setLevel(level)
     small, large = runs[events], runs[events * DRIVER_GROWTH]
     section = "transform driver peak RSS"
     rows = [
