@@ -17,6 +17,7 @@ from typing import Any
 from airflow.sdk import Param
 
 from mongo_cdc.capture.shard_lifecycle import ResnapshotRequest
+from mongo_cdc.capture.snapshot_filters import filter_text, filters_of_param
 from mongo_cdc.capture.stream_move import StreamMoveRequest
 from mongo_cdc.config.values import OP_TIME_FORMATS, parse_op_time
 from mongo_cdc.namespace import Namespace
@@ -41,6 +42,17 @@ def resnapshot_params() -> dict[str, Param]:
             title="Collections to re-snapshot",
             description="<db>.<collection> names, one per line. Empty: every captured collection. "
             "With names, streaming goes on from its stored position, so the other collections miss nothing.",
+        ),
+        "filters": Param(
+            {},
+            type=["object", "null"],
+            title="Filters of a re-snapshot",
+            description='{"<db>.<collection>": <MongoDB filter>}, in Extended JSON ({"$oid": ...}, '
+            '{"$numberLong": ...}, {"$date": ...}): only the matching documents are copied again and '
+            "upserted into the state; nothing else is deleted. An _id range, exactly "
+            '{"_id": {"$gte": <low>, "$lt": <high>}} (either bound optional; $gt and $lte too), also '
+            "deletes the state documents in that range the copy did not find. Needs Re-snapshot; without "
+            "collections above, only these collections are copied, with them they must be among them.",
         ),
         "shards": Param(
             [],
@@ -102,6 +114,8 @@ def resnapshot_request(
         if not isinstance(value, list) or not all(isinstance(item, str) and item for item in value):
             problems.append(f'param "{name}" must be a list of {what}, got {value!r}')
     collections, shards = _or_default(params, "collections", []), _or_default(params, "shards", [])
+    filters, filter_problems = filters_of_param(params.get("filters"))
+    problems.extend(filter_problems)
     stream_from = params.get("stream_from")
     if stream_from is not None:
         try:
@@ -122,6 +136,14 @@ def resnapshot_request(
             )
         if not resnapshot and collections:
             problems.append('param "collections" chooses what to re-snapshot; set "resnapshot" to true too')
+        if not resnapshot and filters:
+            problems.append('param "filters" narrows a re-snapshot; set "resnapshot" to true too')
+        outside = sorted(set(filters) - set(collections)) if collections else []
+        if outside:
+            problems.append(
+                f'param "filters" names {", ".join(outside)}, which "collections" does not: add it there, '
+                'or leave "collections" empty to re-snapshot just the filtered collections'
+            )
         if not resnapshot and stream_from is None and shards:
             problems.append(
                 'param "shards" chooses what to re-snapshot or move; set "resnapshot" to true or give '
@@ -139,7 +161,19 @@ def resnapshot_request(
         if _or_default(params, "skip_unread", False) and stream_from is None:
             problems.append('param "skip_unread" applies to a move; give "stream_from" too')
     _fail(problems)
-    return ResnapshotRequest(tuple(collections), tuple(shards)) if resnapshot else None
+    if not resnapshot:
+        return None
+    # filters alone re-snapshot just their collections, never every one
+    return ResnapshotRequest(tuple(collections or sorted(filters)), tuple(shards))
+
+
+def resnapshot_filters(params: Mapping[str, Any]) -> dict[str, str] | None:
+    """The trigger's re-snapshot filters as the snapshot plan records them (``filter_text``), once
+    ``resnapshot_request`` checked them; None when the trigger asks for no re-snapshot."""
+    if _or_default(params, "resnapshot", False) is not True:
+        return None
+    filters, _ = filters_of_param(params.get("filters"))
+    return {name: filter_text(query) for name, query in filters.items()}
 
 
 def stream_move_request(params: Mapping[str, Any]) -> StreamMoveRequest | None:

@@ -140,6 +140,10 @@ The state tables are reconciled: documents that no longer exist disappear.
   `{resnapshot_some}`
 * On a sharded cluster leave **Shards** empty: chunk migrations emit no events, so a one-shard
   re-snapshot can drop documents a migration moved off that shard.
+* **Filters of a re-snapshot** (`{{"<db>.<collection>": <filter>}}`, Extended JSON) copy only the
+  matching documents of those collections and upsert them: nothing else is deleted, except by an
+  `_id` range filter (`{{"_id": {{"$gte": <low>, "$lt": <high>}}}}`), which also deletes the state
+  documents of that range the copy did not find. A wrong filter fails `discover`.
 
 ## Move a stream
 

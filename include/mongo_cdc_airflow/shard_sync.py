@@ -29,7 +29,12 @@ from mongo_cdc.config import SourceConfig
 from mongo_cdc_airflow import task_ids
 from mongo_cdc_airflow.failures import deterministic_failures, fail_at_once
 from mongo_cdc_airflow.hooks import MongoCdcHook
-from mongo_cdc_airflow.params import resnapshot_request, stream_move_request, verify_requested
+from mongo_cdc_airflow.params import (
+    resnapshot_filters,
+    resnapshot_request,
+    stream_move_request,
+    verify_requested,
+)
 from mongo_cdc_airflow.variables import offset_keeper
 
 log = logging.getLogger(__name__)
@@ -178,11 +183,14 @@ class ShardSync:
                 if plan.start_without_copy:
                     start_without_snapshot(client, self.shard.rs, self.keeper, self.config)
                     return result
+                filters = resnapshot_filters(get_current_context()["params"])
                 if self.shard.via_source:
-                    started = start_snapshot(self.capture(client), only=plan.snapshot)
+                    started = start_snapshot(self.capture(client), only=plan.snapshot, filters=filters)
                 else:
                     with self.hook.source_client() as cluster:
-                        started = start_snapshot(self.capture(client), cluster, self.shard.id, plan.snapshot)
+                        started = start_snapshot(
+                            self.capture(client), cluster, self.shard.id, plan.snapshot, filters
+                        )
         except ConnectionFailure as exc:
             raise unreachable(self.shard, exc) from None
         copied = self.keeper.lake.copied_chunks(started.rs, started.seq)

@@ -26,7 +26,7 @@ from mongo_cdc_airflow.assets import TABLE_ZONES, emit_table_events
 from mongo_cdc_airflow.failures import deterministic_failures, fail_at_once
 from mongo_cdc_airflow.hooks import MongoCdcHook
 from mongo_cdc_airflow.lake_storage import source_lake
-from mongo_cdc_airflow.params import check_known, resnapshot_request, stream_move_request
+from mongo_cdc_airflow.params import check_known, resnapshot_filters, resnapshot_request, stream_move_request
 from mongo_cdc_airflow.shard_sync import is_backfill, unreachable
 from mongo_cdc_airflow.variables import (
     offset_keeper,
@@ -70,6 +70,7 @@ def _discover(config: SourceConfig) -> list[dict]:
         collections = request.collections if request else ()
         captured = captured_collections(config, hook, live_shards) if collections else None
         check_known(config.name, named_shards, collections, [shard.id for shard in live_shards], captured)
+        check_filters(hook, resnapshot_filters(context["params"]))
     if not is_backfill():  # the live sync owns the topology it drains
         store_topology(config.name, shards)
     for shard in shards:
@@ -90,6 +91,18 @@ def captured_collections(config: SourceConfig, hook: MongoCdcHook, shards: list[
         except ConnectionFailure as exc:
             raise unreachable(shard, exc) from None
     return known
+
+
+def check_filters(hook: MongoCdcHook, filters: dict[str, str] | None) -> None:
+    """The server accepts every filter of the trigger's re-snapshot (``snapshot_filters``)."""
+    from mongo_cdc.capture.snapshot_filters import refused_filters
+
+    if not filters:
+        return
+    with hook.source_client() as client:
+        refused = refused_filters(client, filters)
+    if refused:
+        fail_at_once("; ".join(refused))
 
 
 def committed_batches(config: SourceConfig) -> dict[str, int]:

@@ -128,9 +128,9 @@ def test_a_run_cut_short_re_reads_only_the_chunks_that_did_not_commit(
         read: list[str] = []
         raw_batches = chunk_reads._raw_batches
 
-        def reading(collection, fetch_size, chunk):
+        def reading(collection, fetch_size, chunk, query=None):
             read.append(chunk.label)
-            return raw_batches(collection, fetch_size, chunk)
+            return raw_batches(collection, fetch_size, chunk, query)
 
         monkeypatch.setattr(chunk_reads, "_raw_batches", reading)
         write_chunk = SourceLake.write_chunk
@@ -262,10 +262,10 @@ def test_one_copier_reads_the_next_chunk_while_this_one_commits(replica_set, db_
     raw_batches, write_chunk = chunk_reads._raw_batches, SourceLake.write_chunk
     fetch_sizes = []
 
-    def reading(collection, fetch_size, chunk):
+    def reading(collection, fetch_size, chunk, query=None):
         events.append(f"read {chunk.index}")
         fetch_sizes.append(fetch_size)
-        return raw_batches(collection, fetch_size, chunk)
+        return raw_batches(collection, fetch_size, chunk, query)
 
     def committing(lake, rs, seq, chunk, data):
         write_chunk(lake, rs, seq, chunk, data)

@@ -9,38 +9,19 @@ vanish from the state in both re-snapshots.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
-from airflow.models import Variable
-from cdc_support import assert_state_equals_collection, overwrite_the_oplog_past
+from cdc_support import (
+    assert_state_equals_collection,
+    overwrite_the_oplog_past,
+    stored_offset,
+    stream_past_everything_written_so_far,
+)
 from conftest import make_source
 from datagen import FALLBACK_FIELDS, load
 
 from mongo_cdc import extjson
-from mongo_cdc.capture.change_cursor import token_cluster_time
-from mongo_cdc.capture.offsets import Offset, offset_key, parse_offset
-from mongo_cdc.capture.snapshot import current_position
-from mongo_cdc.lake.batch_log import Batch
 
 COUNTS = {"customers": 300, "orders": 300}
-
-
-def _offset(source, rs: str) -> Offset:
-    key = offset_key(source.name, rs)
-    return parse_offset(key, Variable.get(key))
-
-
-def _stream_past_everything_written_so_far(source, client, rs: str) -> None:
-    """Move the committed resume position to now (in the lake's batch log, then the Variable), as if
-    every write so far had been streamed: the pipeline never sees those writes (like changes that
-    left the oplog during an outage)."""
-    offset = _offset(source, rs)
-    token = current_position(client)
-    seq = offset.batch_seq + 1
-    source.lake.commit(Batch(rs, seq, "position", token, token_cluster_time(token)))
-    moved = replace(offset, resume_token=token, cluster_time=token_cluster_time(token), batch_seq=seq)
-    Variable.set(offset_key(source.name, rs), moved.to_json())
 
 
 def _state_ids(source, collection: str) -> set[str]:
@@ -72,10 +53,10 @@ def test_resnapshot_of_one_collection_drops_its_unseen_deletes_and_leaves_the_ot
     deleted = list(db.customers.find({}, {"_id": 1}).limit(40))
     db.customers.delete_many({"_id": {"$in": [d["_id"] for d in deleted]}})
     db.customers.update_one({}, {"$set": {"name": "renamed while nobody streamed"}})
-    _stream_past_everything_written_so_far(source, client, "rs0")
+    stream_past_everything_written_so_far(source, client, "rs0")
     # After the blind spot: streamed only if the re-snapshot keeps the stored position.
     db.orders.insert_one({"_id": 10**6, "status": "new", "mixed": 1})
-    seq_before = _offset(source, "rs0").batch_seq
+    seq_before = stored_offset(source, "rs0").batch_seq
 
     source.run(conf={"resnapshot": True, "collections": [f"{source.database}.customers"]})
 
@@ -85,7 +66,7 @@ def test_resnapshot_of_one_collection_drops_its_unseen_deletes_and_leaves_the_ot
     new_order = extjson.encode_str(10**6)
     orders_after = [row for row in source.state_rows("orders") if row["__id"] != new_order]
     assert sorted(orders_after, key=_by_id) == sorted(orders_before, key=_by_id)
-    snapshot = _offset(source, "rs0").snapshot
+    snapshot = stored_offset(source, "rs0").snapshot
     assert snapshot["collections"] == [f"{source.database}.customers"] and snapshot["seq"] > seq_before
 
 
@@ -105,14 +86,14 @@ def test_resnapshot_of_one_collection_drops_its_unseen_deletes_and_leaves_the_ot
 )
 def test_an_unknown_collection_or_shard_fails_discover_naming_the_known_ones(scenario, capfd, conf, message):
     source, client = scenario
-    seq_before = _offset(source, "rs0").batch_seq
+    seq_before = stored_offset(source, "rs0").batch_seq
     capfd.readouterr()
     run = source.run(conf=conf, expect="failed", skip_spark=True)
     states = {ti.task_id: ti.state for ti in run.get_task_instances()}
     assert states["discover"] == "failed" and states["shard_sync.snapshot"] == "upstream_failed"
     assert states["plan_transform"] == "failed" and states["transform"] == "upstream_failed"  # no Spark
     assert message in "".join(capfd.readouterr())
-    assert _offset(source, "rs0").batch_seq == seq_before
+    assert stored_offset(source, "rs0").batch_seq == seq_before
     assert_state_equals_collection(source, client, "customers")
     assert_state_equals_collection(source, client, "orders", FALLBACK_FIELDS["orders"])
 
@@ -134,7 +115,7 @@ def test_oplog_loss_fails_initial_with_the_fix_and_when_needed_resnapshots(
         db.customers.delete_many({"_id": {"$in": [d["_id"] for d in deleted]}})
         db.orders.delete_many({"_id": {"$in": [d["_id"] for d in deleted]}})
         db.orders.update_one({}, {"$set": {"status": "updated while nobody streamed"}})
-        overwrite_the_oplog_past(client, _offset(source, "rs_small").cluster_time)
+        overwrite_the_oplog_past(client, stored_offset(source, "rs_small").cluster_time)
 
         capfd.readouterr()
         run = source.run(expect="failed", skip_spark=True)  # snapshot.mode initial
@@ -144,12 +125,12 @@ def test_oplog_loss_fails_initial_with_the_fix_and_when_needed_resnapshots(
         assert "is no longer in the oplog" in output
         assert 'trigger the DAG with the params {"resnapshot": true}' in output
 
-        seq_before = _offset(source, "rs_small").batch_seq
+        seq_before = stored_offset(source, "rs_small").batch_seq
         # the full copy is the resnapshot recovery's (heal, the default, is test_oplog_recovery's)
         settings = {"snapshot.mode": "when_needed", "oplog.lost.recovery": "resnapshot"}
         source = make_source(tmp_path, small_oplog.uri, "oplog_lost", **settings)
         source.run()
-        assert _offset(source, "rs_small").snapshot["seq"] > seq_before
+        assert stored_offset(source, "rs_small").snapshot["seq"] > seq_before
         assert not _ids(deleted) & (_state_ids(source, "customers") | _state_ids(source, "orders"))
         assert_state_equals_collection(source, client, "customers")
         assert_state_equals_collection(source, client, "orders", FALLBACK_FIELDS["orders"])

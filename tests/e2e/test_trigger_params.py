@@ -22,8 +22,8 @@ DEFAULTS = {"resnapshot": False, "collections": [], "shards": []}
     [
         (
             {"resnapshot": True, "colections": ["shop.orders"]},
-            'unknown param "colections"; the params are: resnapshot, collections, shards, stream_from, '
-            "skip_unread, verify",
+            'unknown param "colections"; the params are: resnapshot, collections, filters, shards, '
+            "stream_from, skip_unread, verify",
         ),
         ({"resnapshot": "yes"}, "param \"resnapshot\" must be true or false, got 'yes'"),
         ({"resnapshot": True, "collections": "shop.orders"}, 'param "collections" must be a list'),

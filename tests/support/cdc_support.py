@@ -232,6 +232,37 @@ class CdcSource:
         ]
 
 
+def stored_offset(source: CdcSource, rs: str) -> Any:
+    """The replica set's offset as its Airflow Variable holds it."""
+    from airflow.models import Variable
+
+    from mongo_cdc.capture.offsets import offset_key, parse_offset
+
+    key = offset_key(source.name, rs)
+    return parse_offset(key, Variable.get(key))
+
+
+def stream_past_everything_written_so_far(source: CdcSource, client, rs: str) -> None:
+    """Move the committed resume position to now (in the lake's batch log, then the Variable), as if
+    every write so far had been streamed: the pipeline never sees those writes (like changes that
+    left the oplog during an outage)."""
+    from dataclasses import replace
+
+    from airflow.models import Variable
+
+    from mongo_cdc.capture.change_cursor import token_cluster_time
+    from mongo_cdc.capture.offsets import offset_key
+    from mongo_cdc.capture.snapshot import current_position
+    from mongo_cdc.lake.batch_log import Batch
+
+    offset = stored_offset(source, rs)
+    token = current_position(client)
+    seq = offset.batch_seq + 1
+    source.lake.commit(Batch(rs, seq, "position", token, token_cluster_time(token)))
+    moved = replace(offset, resume_token=token, cluster_time=token_cluster_time(token), batch_seq=seq)
+    Variable.set(offset_key(source.name, rs), moved.to_json())
+
+
 def overwrite_the_oplog_past(client, cluster_time: int) -> None:
     """Write large documents (to a database no source captures) until the oplog's first entry is
     newer than ``cluster_time`` (on a replica set started like conftest's ``small_oplog``)."""

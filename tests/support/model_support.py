@@ -43,6 +43,7 @@ from mongo_cdc import extjson
 from mongo_cdc.capture.change_cursor import token_cluster_time
 from mongo_cdc.capture.replica_set import ReplicaSetCapture
 from mongo_cdc.capture.snapshot import run_snapshot
+from mongo_cdc.capture.snapshot_filters import filter_text
 from mongo_cdc.capture.streaming import pull_changes
 from mongo_cdc.lake import RENAMED_COPY_ORDER, deletions_uri, pack_cluster_time, table_uri
 from mongo_cdc.lake.landing import SourceLake
@@ -167,6 +168,28 @@ class Resnapshot:
     """A re-snapshot of one collection (its stream position kept)."""
 
     coll: str
+
+
+@dataclass
+class FilteredResnapshot:
+    """A re-snapshot of the documents of one collection a filter matches (its stream position
+    kept): those holding ``n`` (a field filter: nothing deleted), or with ``low``, those whose _id
+    is in [low, high) (an _id range, which also deletes the state's documents of that range the
+    copy did not read)."""
+
+    coll: str
+    low: int | None = None
+    high: int | None = None
+
+    def query(self) -> dict:
+        if self.low is None:
+            return {"n": {"$exists": True}}
+        return {"_id": {"$gte": self.low, "$lt": self.high}}
+
+    def matches(self, key: int, document: dict) -> bool:
+        if self.low is None:
+            return "n" in document
+        return self.low <= key < (self.high if self.high is not None else key + 1)
 
 
 WRITES = (Insert, Replace, Set, Inc, Unset, Push, RenameField, Delete)
@@ -304,9 +327,9 @@ class Sequence:
             if step.coll in self.model and step.coll != step.to:
                 self.db[step.coll].rename(step.to, dropTarget=True)
                 self.model[step.to] = self.model.pop(step.coll)
-        elif isinstance(step, Resnapshot):
+        elif isinstance(step, (Resnapshot, FilteredResnapshot)):
             if self.snapshotted_at is not None and step.coll in self.model:
-                self._resnapshot(step.coll)
+                self._resnapshot(step.coll, step if isinstance(step, FilteredResnapshot) else None)
         elif isinstance(step, Maintain):
             self._maintain()
         elif isinstance(step, Run):
@@ -331,15 +354,24 @@ class Sequence:
         else:
             documents[write.key] = after
 
-    def _resnapshot(self, name: str) -> None:
-        self._snapshot(only=(f"{self.database}.{name}",))
+    def _resnapshot(self, name: str, filtered: FilteredResnapshot | None) -> None:
+        self._snapshot(only=(f"{self.database}.{name}",), filtered=filtered)
 
-    def _snapshot(self, only: tuple[str, ...] = ()) -> None:
-        result = run_snapshot(ReplicaSetCapture(self.client, self.config, self.keeper), only=only)
+    def _snapshot(self, only: tuple[str, ...] = (), filtered: FilteredResnapshot | None = None) -> None:
+        filters = {only[0]: filter_text(filtered.query())} if filtered is not None else None
+        result = run_snapshot(
+            ReplicaSetCapture(self.client, self.config, self.keeper), only=only, filters=filters
+        )
         for name in [n.partition(".")[2] for n in only] or sorted(self.model):
-            self.snapshot_reads.append(SnapshotRead(name, result.cluster_time, sorted(self.model[name])))
+            ids = self._matching(name, filtered)
+            self.snapshot_reads.append(SnapshotRead(name, result.cluster_time, ids))
         if self.snapshotted_at is None:
             self.snapshotted_at = result.cluster_time
+
+    def _matching(self, name: str, filtered: FilteredResnapshot | None) -> list[int]:
+        """The _ids of the model's documents of ``name`` a copy reads (``filtered``: through its filter)."""
+        documents = self.model.get(name, {})
+        return sorted(key for key, doc in documents.items() if filtered is None or filtered.matches(key, doc))
 
     def _run(self) -> None:
         self.runs += 1
@@ -503,30 +535,40 @@ class DagSequence(Sequence):
     spark-submit); a re-snapshot is the next run's, through its trigger params."""
 
     source: Any = None  # tests/support/cdc_support.py's CdcSource
-    requested: list[str] = field(default_factory=list)
+    requested: dict[str, FilteredResnapshot | None] = field(default_factory=dict)
     batches_seen: int = 0
 
-    def _resnapshot(self, name: str) -> None:
-        self.requested.append(f"{self.database}.{name}")
+    def _resnapshot(self, name: str, filtered: FilteredResnapshot | None) -> None:
+        self.requested[name] = filtered  # the last one asked for a collection before a run
 
     def _pipeline_run(self) -> None:
-        ids = {name: sorted(documents) for name, documents in self.model.items()}
         # (a collection dropped or renamed since it was asked for is not there to copy)
-        requested = sorted({n for n in self.requested if n.partition(".")[2] in self.model})
-        self.requested = []
-        conf = {"resnapshot": True, "collections": requested} if requested else None
+        requested = {name: filtered for name, filtered in self.requested.items() if name in self.model}
+        ids = {name: self._matching(name, requested.get(name)) for name in self.model}
+        self.requested = {}
+        conf = None
+        if requested:
+            filters = {f"{self.database}.{n}": f.query() for n, f in requested.items() if f is not None}
+            collections = sorted(f"{self.database}.{name}" for name in requested)
+            conf = {"resnapshot": True, "collections": collections, "filters": filters}
         self.run_id = self.source.run(conf=conf).run_id
-        # the snapshots this run took (not a rename's copy: the checks leave those out)
+        # the snapshots this run took (not a rename's copy: the checks leave those out); a filtered
+        # copy is in no manifest unless of an _id range, yet its reads are there
         batches = self.source.lake.batches()
         for batch in batches[self.batches_seen :]:
-            manifest = batch.manifest
-            if manifest is None or manifest.event_order == RENAMED_COPY_ORDER:
+            if batch.kind != "snapshot" or batch.snapshot_cluster_time is None:
                 continue
-            for namespace in manifest.collections:
+            manifest = batch.manifest
+            if manifest is not None and manifest.event_order == RENAMED_COPY_ORDER:
+                continue
+            copied = set(manifest.collections if manifest is not None else ())
+            if self.snapshotted_at is not None:
+                copied |= {f"{self.database}.{name}" for name, f in requested.items() if f is not None}
+            for namespace in sorted(copied):
                 name = namespace.partition(".")[2]
-                self.snapshot_reads.append(SnapshotRead(name, manifest.cluster_time, ids.get(name, [])))
+                self.snapshot_reads.append(SnapshotRead(name, batch.snapshot_cluster_time, ids.get(name, [])))
             if self.snapshotted_at is None:
-                self.snapshotted_at = manifest.cluster_time
+                self.snapshotted_at = batch.snapshot_cluster_time
         self.batches_seen = len(batches)
 
 

@@ -13,6 +13,7 @@ import json
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from bson import Int64
 from deltalake import DeltaTable, write_deltalake
 from merge_cases import (
     SCHEMA,
@@ -25,10 +26,14 @@ from merge_cases import (
     stored_in_files,
 )
 
+from mongo_cdc.id_ranges import IdRange
+from mongo_cdc.lake import SnapshotManifest
 from mongo_cdc.lake.storage import LakeLocation
 from mongo_cdc.transform import state_merge, whole_collection
 from mongo_cdc.transform.column_survey import NO_CHANGES
 from mongo_cdc.transform.data_files import DataFile, write_data_file
+from mongo_cdc.transform.document_state import DocumentVersion, reconcile_with_snapshots
+from mongo_cdc.transform.keys import document_key
 from mongo_cdc.transform.merge_ranges import (
     MergeRange,
     key_groups,
@@ -304,3 +309,28 @@ def test_files_of_overlapping_ranges_keep_their_rows_and_new_keys_go_to_new_file
     source = rows(SOURCE_SCHEMA, [("cc", 11, "a", "rs0", 2, False)])
     merged = merge_files(location, "state", files, SCHEMA, source, [])
     assert merged.removed == () and [file.rows for file in merged.written] == [1]
+
+
+def test_a_copy_of_an_id_range_removes_only_the_stored_documents_of_its_range(tmp_path):
+    """A filtered re-snapshot of ``{"_id": {"$gte": 3, "$lt": 6}}`` that read 4 deletes 3 and 5
+    (gone from MongoDB), never 1, 6, the string "4" (type bracketing) or another replica set's 5.5."""
+    id_range = IdRange({"$gte": 3, "$lt": 6})
+    key = document_key
+    stored = rows(
+        SCHEMA,
+        [(key(n), 10, "b", "rs0", n) for n in (1, 3, 4, 5, 6)] + [(key("4"), 10, "b", "rs0", 40)],
+    )
+    # another shard's document in the range: that shard's copy did not run
+    stored = pa.concat_tables([stored, rows(SCHEMA, [(key(Int64(5) + 0.5), 10, "b", "rs1", 51)])])
+    source = rows(SOURCE_SCHEMA, [(key(4), 20, "", "rs0", 4, False)])
+    gone = [Gone("rs0", 20, "", id_range.text)]
+    merged, in_memory = both_engines(tmp_path / "t", stored, source, gone)
+    assert merged == in_memory == file_by_file(tmp_path / "f", stored, source, gone)
+    ranged, _, _ = by_ranges(tmp_path / "r", stored, source, gone, 3, 2)
+    assert ranged == in_memory
+    assert sorted(row["v"] for row in in_memory) == [1, 4, 6, 40, 51]
+    # the fold of a document's events gives the same answer (``reconcile_with_snapshots``)
+    manifest = SnapshotManifest("rs0", 7, 20, ("shop.items",), "", id_range.text)
+    for value, deleted in [(3, True), (6, False), ("4", False)]:
+        version = DocumentVersion(key(value), "", b"doc", 10, "b", "rs0")
+        assert (reconcile_with_snapshots(version, [manifest]).document is None) is deleted

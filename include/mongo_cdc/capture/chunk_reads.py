@@ -112,9 +112,12 @@ class _RawBatchCursor(RawBatchCursor):
         return [reply]
 
 
-def _raw_batches(collection: Collection, fetch_size: int, chunk: Chunk) -> Generator[bytes, None, None]:
+def _raw_batches(
+    collection: Collection, fetch_size: int, chunk: Chunk, query: Mapping[str, Any] | None = None
+) -> Generator[bytes, None, None]:
     """A chunk's documents as raw batches (concatenated BSON): the index range between its bounds
-    (``chunking``), or the whole collection in natural order.
+    (``chunking``), or the whole collection in natural order; of those, the ones ``query`` (a
+    filtered re-snapshot's filter, ``snapshot_filters``; None: all) matches.
 
     The cursor is an exhaust cursor: the server sends every batch without waiting for a getMore,
     reading the next one while the client takes this one (a snapshot reads a replica set member,
@@ -124,7 +127,8 @@ def _raw_batches(collection: Collection, fetch_size: int, chunk: Chunk) -> Gener
     def exhaust_cursor(query: Mapping[str, Any]) -> _RawBatchCursor:
         return _RawBatchCursor(collection, query, batch_size=fetch_size, cursor_type=CursorType.EXHAUST)
 
-    cursor = exhaust_cursor({})
+    query = query or {}
+    cursor = exhaust_cursor(query)
     if chunk.key is not None:
         cursor = cursor.hint(list(chunk.key))
         low, high = chunk.bounds()
@@ -136,7 +140,7 @@ def _raw_batches(collection: Collection, fetch_size: int, chunk: Chunk) -> Gener
         yield from cursor
     extra = max_key_filter(chunk)
     if extra is not None:
-        with exhaust_cursor(extra) as cursor:
+        with exhaust_cursor({"$and": [extra, query]} if query else extra) as cursor:
             yield from cursor
 
 
@@ -169,17 +173,26 @@ class ChunkReads:
     """The raw batches of the chunks one copier copies in turn, read one batch ahead on a thread
     (socket I/O, no GIL) while the batch before is encoded; across chunks too: once a chunk's cursor
     is done, the next chunk's first batch is read while this chunk's file is written and committed.
+    ``filters``: the query of each namespace read through one (a filtered re-snapshot's).
     """
 
-    def __init__(self, client: MongoClient, config: SourceConfig) -> None:
+    def __init__(
+        self,
+        client: MongoClient,
+        config: SourceConfig,
+        filters: Mapping[str, Mapping[str, Any]] | None = None,
+    ) -> None:
         self.client = client
         self.config = config
+        self.filters = filters or {}
         self._fetcher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="snapshot-read")
         self._reading: _Read | None = None
 
     def _start(self, chunk: Chunk) -> _Read:
         db, name = Namespace.parse(chunk.namespace)
-        batches = _raw_batches(self.client[db].get_collection(name), _fetch_size(self.config, chunk), chunk)
+        collection = self.client[db].get_collection(name)
+        query = self.filters.get(chunk.namespace)
+        batches = _raw_batches(collection, _fetch_size(self.config, chunk), chunk, query)
         return _Read(chunk, batches, self._fetcher.submit(next, batches, None))
 
     def batches(self, chunk: Chunk, following: Chunk | None) -> Generator[bytes, None, None]:

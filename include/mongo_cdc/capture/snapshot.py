@@ -30,7 +30,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from itertools import chain
@@ -48,9 +48,11 @@ from mongo_cdc.capture.offsets import Offset, OffsetKeeper
 from mongo_cdc.capture.raw_rows import SourceInfo
 from mongo_cdc.capture.replica_set import ReplicaSetCapture
 from mongo_cdc.capture.snapshot_columns import SnapshotColumns
+from mongo_cdc.capture.snapshot_filters import manifest_of
 from mongo_cdc.capture.streaming import CHANGE_STREAM_HISTORY_LOST
 from mongo_cdc.capture.topology import owned_ranges
 from mongo_cdc.config import SourceConfig
+from mongo_cdc.id_ranges import loads
 from mongo_cdc.lake import RAW_SCHEMA
 from mongo_cdc.lake.batch_log import Batch
 from mongo_cdc.lake.landing import SourceLake
@@ -282,6 +284,7 @@ def start_snapshot(
     cluster: MongoClient | None = None,
     shard_id: str | None = None,
     only: Sequence[str] = (),
+    filters: Mapping[str, str] | None = None,
 ) -> SnapshotPlan:
     """Record the position, split the collections into chunks and record the plan; or, when the
     offset's running snapshot was asked for the same collections and can still be resumed (its plan
@@ -297,12 +300,17 @@ def start_snapshot(
     that already streams. Its resume position then stays where it is, so the other collections
     miss no event; for the copied ones the stream replays events older than the copy, which the
     state skips. Without a streaming position to keep, every captured collection is copied.
+
+    ``filters`` (``snapshot_filters.filter_text`` by namespace) read those of ``only`` through a
+    filter; without a streaming position to keep, none is (the copy must be complete). None: the
+    trigger asked for nothing, so an unfinished snapshot resumes with the filters it recorded.
     """
     client, config, rs, keeper = source.client, source.config, source.rs, source.keeper
     require_images(client, config, rs)
     stored = keeper.load_checked() or keeper.next_offset()
     requested = tuple(sorted(only))
-    resumed = _resumable(client, keeper, stored, requested)
+    asked = None if filters is None else {name: text for name, text in filters.items() if name in requested}
+    resumed = _resumable(client, keeper, stored, requested, asked)
     if resumed is not None:
         return resumed
     streams = stored.snapshot_complete and stored.resume_token is not None and not stored.retired_at
@@ -315,6 +323,7 @@ def start_snapshot(
     if only and not keeps_position:
         log.info("replica set %s has no streaming position to keep: snapshotting every collection", rs)
         requested = ()
+    filters = {name: text for name, text in (asked or {}).items() if name in requested}
     # a shard that returns after being retired starts afresh, its batch numbers still increasing
     offset = replace(stored, retired_at="")
     token = current_position(client)
@@ -364,6 +373,7 @@ def start_snapshot(
         started_at=dt.datetime.now(dt.timezone.utc).isoformat(),
         collections=tuple(f"{db}.{coll}" for db, coll in collections),
         chunks=tuple(chunks),
+        filters=filters,
     )
     keeper.lake.record_plan(plan)
     log.info(
@@ -374,9 +384,14 @@ def start_snapshot(
 
 
 def _resumable(
-    client: MongoClient, keeper: OffsetKeeper, stored: Offset, requested: tuple[str, ...]
+    client: MongoClient,
+    keeper: OffsetKeeper,
+    stored: Offset,
+    requested: tuple[str, ...],
+    filters: Mapping[str, str] | None,
 ) -> SnapshotPlan | None:
-    """The offset's running snapshot, if it copies ``requested`` and can go on where it stopped."""
+    """The offset's running snapshot, if it copies ``requested`` (with ``filters``, unless None)
+    and can go on where it stopped."""
     if stored.snapshot.get("status") != "running":
         return None
     plan = keeper.lake.snapshot_plan(keeper.rs, stored.snapshot["seq"])
@@ -386,6 +401,12 @@ def _resumable(
         log.info(
             "replica set %s: the unfinished snapshot %d copied %s, this one copies %s: starting anew",
             keeper.rs, plan.seq, list(plan.requested) or "everything", list(requested) or "everything",
+        )  # fmt: skip
+        return None
+    if filters is not None and dict(plan.filters) != filters:
+        log.info(
+            "replica set %s: the unfinished snapshot %d read with filters %s, this one %s: starting anew",
+            keeper.rs, plan.seq, dict(plan.filters) or "none", filters or "none",
         )  # fmt: skip
         return None
     if resume_position_lost(client, plan.resume_token):
@@ -424,6 +445,7 @@ def copy_chunks(
     )
     progress = _Progress(name, todo)
     source = SourceInfo(config.topic_prefix, plan.rs)
+    queries = {namespace: loads(text) for namespace, text in plan.filters.items()}
     pending = iter(todo)
     claiming = threading.Lock()
     failed = threading.Event()
@@ -461,7 +483,7 @@ def copy_chunks(
                 progress.add(0, chunk_done=True)
 
         try:
-            with ChunkReads(client, config) as reads:
+            with ChunkReads(client, config, queries) as reads:
                 chunk = claim(unrecorded)
                 while chunk is not None:
                     following = claim(unrecorded)
@@ -519,6 +541,7 @@ def commit_snapshot(keeper: OffsetKeeper, plan: SnapshotPlan) -> SnapshotResult:
     offset = keeper.load_checked() or keeper.next_offset()
     if offset.snapshot.get("seq") == seq and offset.snapshot_complete:
         return result  # a retry of a commit that went through
+    reconciled, id_ranges = manifest_of(plan.collections, plan.filters)
     batch = Batch(
         rs=rs,
         seq=seq,
@@ -526,7 +549,8 @@ def commit_snapshot(keeper: OffsetKeeper, plan: SnapshotPlan) -> SnapshotResult:
         resume_token=offset.resume_token if plan.keeps_position else plan.resume_token,
         cluster_time=offset.cluster_time if plan.keeps_position else plan.cluster_time,
         snapshot_cluster_time=plan.cluster_time,
-        collections=None if plan.back_from_retirement else plan.collections,
+        collections=None if plan.back_from_retirement else reconciled,
+        snapshot_id_ranges=id_ranges,
         namespaces=tuple(namespace for namespace in plan.collections if namespace in with_rows),
         open_transaction=offset.open_transaction if plan.keeps_position else None,
     )
@@ -553,8 +577,9 @@ def run_snapshot(
     cluster: MongoClient | None = None,
     shard_id: str | None = None,
     only: Sequence[str] = (),
+    filters: Mapping[str, str] | None = None,
 ) -> SnapshotResult:
     """The whole snapshot in this process (``start_snapshot``, ``copy_chunks``, ``commit_snapshot``)."""
-    plan = start_snapshot(source, cluster, shard_id, only)
+    plan = start_snapshot(source, cluster, shard_id, only, filters)
     copy_chunks(source.client, source.config, source.lake, plan)
     return commit_snapshot(source.keeper, plan)

@@ -43,6 +43,9 @@ BATCH_LOG_SCHEMA = pa.schema(
         # a batch of a rename's copy (capture.collection_events): the rename's resume token data and
         # the BSON (hex) of {_id: ...} of the last document copied so far, JSON; null in other batches
         pa.field("renamed_copy", pa.string()),
+        # a filtered re-snapshot's _id ranges, JSON {"<db>.<collection>": <the range filter's Extended
+        # JSON>}: of these manifest collections, only the documents in the range were copied (null: none)
+        pa.field("snapshot_id_ranges", pa.string()),
     ]
 )
 
@@ -62,6 +65,8 @@ class Batch:
     open_transaction: dict | None = None
     snapshot_event_order: str = ""
     renamed_copy: dict | None = None  # {"rename": <the rename's token data>, "after": <hex BSON {_id}>}
+    # (namespace, IdRange text) of the manifest's collections a filtered re-snapshot read a range of
+    snapshot_id_ranges: tuple[tuple[str, str], ...] = ()
 
     @property
     def manifest(self) -> SnapshotManifest | None:
@@ -70,6 +75,16 @@ class Batch:
         return SnapshotManifest(
             self.rs, self.seq, self.snapshot_cluster_time, self.collections, self.snapshot_event_order
         )
+
+    def manifest_of(self, namespace: str) -> SnapshotManifest | None:
+        """The manifest's word on ``namespace`` alone (None: it does not reconcile it), with the
+        ``_id`` range it copied, if it copied only one."""
+        manifest = self.manifest
+        if manifest is None or namespace not in manifest.collections:
+            return None
+        id_range = dict(self.snapshot_id_ranges).get(namespace)
+        return SnapshotManifest(manifest.rs, manifest.seq, manifest.cluster_time, (namespace,),
+                                manifest.event_order, id_range)  # fmt: skip
 
     def to_row(self) -> dict:
         return {
@@ -85,6 +100,9 @@ class Batch:
             "landed_at": dt.datetime.now(dt.timezone.utc),
             "snapshot_event_order": self.snapshot_event_order,
             "renamed_copy": json.dumps(self.renamed_copy) if self.renamed_copy else None,
+            "snapshot_id_ranges": json.dumps(dict(self.snapshot_id_ranges))
+            if self.snapshot_id_ranges
+            else None,
         }
 
     @classmethod
@@ -102,6 +120,7 @@ class Batch:
             open_transaction=json.loads(row["open_transaction"]) if row["open_transaction"] else None,
             snapshot_event_order=row.get("snapshot_event_order") or "",
             renamed_copy=json.loads(row["renamed_copy"]) if row.get("renamed_copy") else None,
+            snapshot_id_ranges=tuple(json.loads(row.get("snapshot_id_ranges") or "{}").items()),
         )
 
 

@@ -144,6 +144,9 @@ class SnapshotManifest:
     cluster_time: int
     collections: tuple[str, ...]  # "<db>.<collection>"
     event_order: str = ""  # RENAMED_COPY_ORDER for a rename's copy, "" for a snapshot
+    # a filtered re-snapshot of one collection read only the documents of this _id range
+    # (``id_ranges.IdRange.text``): the others are none of its business. None: the whole collection
+    id_range: str | None = None
 
     @property
     def position(self) -> tuple[int, str]:

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import bson
@@ -114,6 +115,9 @@ class SnapshotPlan:
     # every collection copied (its manifest): one a shard owns no range of has no chunk
     collections: tuple[str, ...]
     chunks: tuple[Chunk, ...]
+    # a filtered re-snapshot's filters (Extended JSON text, ``capture.snapshot_filters``) by
+    # namespace: a collection named here is read through its filter only
+    filters: Mapping[str, str] = field(default_factory=dict)
 
     def to_rows(self) -> list[dict]:
         now = dt.datetime.now(dt.timezone.utc)
@@ -125,6 +129,7 @@ class SnapshotPlan:
             "back_from_retirement": self.back_from_retirement,
             "started_at": self.started_at,
             "collections": list(self.collections),
+            "filters": dict(self.filters),
         }
         header = {"rs": self.rs, "seq": self.seq, "kind": SNAPSHOT, "namespace": "", "chunk": -1,
                   "snapshot": json.dumps(settings, sort_keys=True), "recorded_at": now}  # fmt: skip
@@ -174,4 +179,5 @@ class SnapshotPlan:
             started_at=settings["started_at"],
             collections=tuple(settings["collections"]),
             chunks=tuple(chunks),
+            filters=settings.get("filters", {}),  # none in plans recorded before filters existed
         )

@@ -60,8 +60,8 @@ class CollectionRun:
         self.committed: dict[str, int] = {}
         for batch in batches:
             self.committed[batch.rs] = max(batch.seq, self.committed.get(batch.rs, 0))
-        manifests = [batch.manifest for batch in batches if batch.manifest is not None]
-        self.manifests = [m for m in manifests if namespace in m.collections]
+        manifests = [batch.manifest_of(namespace) for batch in batches]
+        self.manifests = [m for m in manifests if m is not None]
         self.flattening = flattening
         self.rebuild_hours = rebuild_hours
         self.raw_path = lake.table_path("raw", source_lake.prefix, db, collection)

@@ -17,6 +17,8 @@ before P, and that the snapshot therefore did not read, was deleted while nobody
 oplog lost, a source reset). ``reconcile_with_snapshots`` turns it into a deletion at P. A drop
 or rename of the collection deletes the documents written before it (``drop_with_collection``). Only
 the snapshot's own replica set counts because a shard's snapshot sees that shard's documents only.
+A filtered re-snapshot of an ``_id`` range proves only the documents of its range gone
+(``SnapshotManifest.id_range``, ``id_ranges``).
 
 Updates apply to BSON elements (``mongo_cdc.bson_elements``), never to decoded values: every
 element an update does not touch keeps its bytes, and each value set is the element of the event's
@@ -47,6 +49,7 @@ from mongo_cdc.bson_elements import (
     document_bytes,
     element_bytes,
 )
+from mongo_cdc.id_ranges import IdRange
 from mongo_cdc.lake import SnapshotManifest
 from mongo_cdc.transform.raw_events import ChangeEvent, WholeDocument, as_dict
 
@@ -129,13 +132,16 @@ def reconcile_with_snapshots(
 ) -> DocumentVersion:
     """``version`` deleted at the latest snapshot of its replica set that did not read it, if any.
 
-    ``snapshots`` are complete snapshots of the document's collection whose events are already
-    folded into ``version``: a document one of them read sits at or after that snapshot's position.
+    ``snapshots`` are complete snapshots of the document's collection (or of an ``_id`` range of
+    it) whose events are already folded into ``version``: a document one of them read sits at or
+    after that snapshot's position.
     """
     missed_by = [
         snapshot.position
         for snapshot in snapshots
-        if snapshot.rs == version.rs and version.position < snapshot.position
+        if snapshot.rs == version.rs
+        and version.position < snapshot.position
+        and (snapshot.id_range is None or IdRange.of_text(snapshot.id_range).holds(version.key))
     ]
     if version.document is None or not missed_by:
         return version

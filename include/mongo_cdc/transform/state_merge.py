@@ -31,6 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from mongo_cdc.id_ranges import IdRange
 from mongo_cdc.lake import SnapshotManifest
 from mongo_cdc.lake.storage import LakeLocation
 from mongo_cdc.transform.data_files import DataFile, write_data_file
@@ -52,18 +53,21 @@ NEW_FILE_ROWS = 250_000
 
 
 class Gone(NamedTuple):
-    """Stored documents of ``rs`` before this position that no source row names are deleted."""
+    """Stored documents of ``rs`` before this position that no source row names are deleted; only
+    those whose ``_id`` is in ``id_range`` (``IdRange.text``) when there is one."""
 
     rs: str
     cluster_time: int
     event_order: str
+    id_range: str | None = None
 
 
 def gone_positions(
     manifests: Iterable[SnapshotManifest], drops: Iterable[tuple[tuple[int, str], str]]
 ) -> list[Gone]:
     """The ``Gone`` positions of a run's committed copies (``manifests``) and drops or renames."""
-    return [Gone(rs, *position) for position, rs in [(m.position, m.rs) for m in manifests] + list(drops)]
+    copies = [Gone(m.rs, *m.position, m.id_range) for m in manifests]
+    return copies + [Gone(rs, *position) for position, rs in drops]
 
 
 class Rewrite(NamedTuple):
@@ -218,7 +222,8 @@ def merge_into(
         merger = merger.when_not_matched_by_source_delete(
             predicate=" OR ".join(
                 f"(t.__rs = {sql_literal(g.rs)} AND (t.__cluster_time < {g.cluster_time} OR "
-                f"(t.__cluster_time = {g.cluster_time} AND t.__event_order < {sql_literal(g.event_order)})))"
+                f"(t.__cluster_time = {g.cluster_time} AND t.__event_order < {sql_literal(g.event_order)}))"
+                f"{_in_range_sql(table, g.id_range)})"
                 for g in gone
             )
         )
@@ -254,6 +259,16 @@ def merged_rows(stored: pa.Table, source: pa.Table, gone: Sequence[Gone]) -> pa.
     return pa.concat_tables([kept_stored, source.filter(kept_source).drop_columns([DELETED_FLAG])])
 
 
+def _in_range_sql(table: DeltaTable, id_range: str | None) -> str:
+    """SQL narrowing a ``Gone`` to the stored keys in its ``_id`` range: SQL has no MongoDB order
+    over normalised keys, so the reference lists the table's keys ``id_ranges`` places in it."""
+    if id_range is None:
+        return ""
+    keys = table.to_pyarrow_table(columns=["__key"]).column("__key")
+    held = keys.filter(IdRange.of_text(id_range).holds_keys(keys)).to_pylist()
+    return f" AND t.__key IN ({', '.join(map(sql_literal, held))})" if held else " AND FALSE"
+
+
 def position_after(left: str, right: str) -> str:
     """SQL: ``left``'s position is after ``right``'s."""
     return (
@@ -274,7 +289,7 @@ def _fired(predicate: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
 
 def _gone(stored: pa.Table, gone: Sequence[Gone]) -> pa.ChunkedArray | pa.Array:
     """Where the not-matched-by-source clause fires for each stored row: before a ``Gone`` position
-    of its replica set."""
+    of its replica set (and in its ``_id`` range, if it has one)."""
     time, order, rs = (stored.column(name) for name in ("__cluster_time", "__event_order", "__rs"))
     found = pa.nulls(stored.num_rows, pa.bool_()).fill_null(False)
     for g in gone:
@@ -282,5 +297,11 @@ def _gone(stored: pa.Table, gone: Sequence[Gone]) -> pa.ChunkedArray | pa.Array:
             pc.less(time, g.cluster_time),
             pc.and_kleene(pc.equal(time, g.cluster_time), pc.less(order, g.event_order)),
         )
-        found = pc.or_(found, _fired(pc.and_kleene(pc.equal(rs, g.rs), before)))
+        fires = _fired(pc.and_kleene(pc.equal(rs, g.rs), before))
+        if g.id_range is not None and pc.any(fires).as_py():
+            # only the rows the position condemns are placed in the range: a key at a time
+            candidates = pc.indices_nonzero(fires)
+            held = IdRange.of_text(g.id_range).holds_keys(stored.column("__key").take(candidates))
+            fires = pc.is_in(pa.array(range(stored.num_rows), pa.uint64()), value_set=candidates.filter(held))
+        found = pc.or_(found, fires)
     return found
