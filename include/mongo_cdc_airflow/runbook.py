@@ -46,7 +46,8 @@ FAILURES = (
         "The stored position left the oplog: re-snapshot every collection of every shard (the "
         "command under *Re-snapshot*). Only that moves the position; a re-snapshot of some "
         "collections keeps the lost one, and on a sharded cluster a one-shard re-snapshot can drop "
-        "documents a chunk migration moved. The state tables are reconciled.",
+        "documents a chunk migration moved. The state tables are reconciled. Under snapshot.mode "
+        "when_needed runs heal it by themselves (oplog.lost.recovery), copying only what differs.",
     ),
     (
         "older than the oplog's first entry",

@@ -124,6 +124,7 @@ class ShardSync:
         return self.hook.shard_client(self.shard)
 
     def plan(self) -> ShardPlan:
+        from mongo_cdc.capture.oplog_recovery import recovery_pending
         from mongo_cdc.capture.snapshot import newly_captured, resume_position_lost
 
         def position_lost(offset: Offset) -> bool:
@@ -142,6 +143,8 @@ class ShardSync:
             snapshot_mode=self.config.snapshot_mode,
             resnapshot=resnapshot_request(context["dag_run"].conf, context["params"], backfill=False),
             position_lost=position_lost,
+            oplog_lost_recovery=self.config.oplog_lost_recovery,
+            recovery_pending=lambda: recovery_pending(self.keeper.lake, self.shard.rs),
             newly_captured=new_collections,
         )
         log.info("shard %s (replica set %s): %s", self.shard.id, self.shard.rs, plan.reason)
@@ -156,6 +159,7 @@ class ShardSync:
         unfinished one to resume), commit where streaming without a copy starts, or record the capture
         filter the stream goes on with. The result carries the plan, and the chunks still to copy, to
         the next tasks."""
+        from mongo_cdc.capture.oplog_recovery import begin_recovery
         from mongo_cdc.capture.snapshot import record_capture_filter, skip_abandoned_snapshot, start_snapshot
         from mongo_cdc.capture.stream_start import start_without_snapshot
 
@@ -168,6 +172,9 @@ class ShardSync:
             move = stream_move_request(get_current_context()["params"])
             if move is not None and move.covers(self.shard.id):
                 self.move(plan, move)
+            if plan.recover:
+                with self.client() as client:
+                    begin_recovery(client, self.shard.rs, self.keeper)
             if plan.snapshot is None and not plan.start_without_copy:
                 skip_abandoned_snapshot(self.keeper)
                 record_capture_filter(self.keeper, self.config)
@@ -271,9 +278,12 @@ class ShardSync:
 
     def verify(self) -> dict:
         """Verify the shard's collections (``mongo_cdc.verify``) when the trigger asks for it or the
-        run is a scheduled one of every ``verify.interval.hours``; skipped otherwise. Its repairs are
-        a batch the transform of this run applies. Fails after healing when ``verify.on.drift`` is
-        ``fail`` and drift was found, and when a collection could not be verified (the others are)."""
+        run is a scheduled one of every ``verify.interval.hours``, and always while the shard recovers
+        from a lost oplog (``oplog_recovery``: then it heals, whatever ``verify.on.drift`` says);
+        skipped otherwise. Its repairs are a batch the transform of this run applies. Fails after
+        healing when ``verify.on.drift`` is ``fail`` and drift was found (not in a recovery, which
+        expects it), and when a collection could not be verified (the others are)."""
+        from mongo_cdc.capture.oplog_recovery import recovery_pending
         from mongo_cdc.verify.comparison import ShardScope
         from mongo_cdc.verify.verification import FAIL, verify_replica_set
 
@@ -290,7 +300,8 @@ class ShardSync:
         # the schedule is the scheduled runs': a manual run verifies when its trigger asks
         scheduled = context["dag_run"].run_type == "scheduled"
         due = scheduled and on_interval_hour(every, context.get("data_interval_start"))
-        if not verify_requested(context["params"]) and not due:
+        recovery = recovery_pending(self.keeper.lake, self.shard.rs)
+        if not verify_requested(context["params"]) and not due and not recovery:
             skip(
                 f"not asked (trigger param verify) and not a scheduled run of every {every} h "
                 "(verify.interval.hours)"
@@ -299,11 +310,15 @@ class ShardSync:
         try:
             with self.client() as client:
                 if self.shard.via_source:
-                    result = verify_replica_set(self.capture(client), self.config.verify_on_drift)
+                    result = verify_replica_set(
+                        self.capture(client), self.config.verify_on_drift, recovery=recovery
+                    )
                 else:  # the shard's part of the cluster: the ranges it owns
                     with self.hook.source_client() as cluster:
                         scope = ShardScope(cluster, self.shard.id)
-                        result = verify_replica_set(self.capture(client), self.config.verify_on_drift, scope)
+                        result = verify_replica_set(
+                            self.capture(client), self.config.verify_on_drift, scope, recovery=recovery
+                        )
         except ConnectionFailure as exc:
             raise unreachable(self.shard, exc) from None
         found = {**result.to_dict(), "seconds": round(time.monotonic() - started, 3)}
@@ -313,7 +328,7 @@ class ShardSync:
                 f"shard {self.shard.id}: verification failed for {', '.join(sorted(result.failed))} (see "
                 "the log above); the other collections were verified"
             )
-        if result.drift and self.config.verify_on_drift == FAIL:
+        if result.drift and self.config.verify_on_drift == FAIL and not recovery:
             fail_at_once(
                 f"shard {self.shard.id}: {result.drift} documents drifted from MongoDB (verify.on.drift: "
                 f"fail); they were healed by batch {result.repair_batch_seq}. The report is in "

@@ -2,8 +2,9 @@
 mongod, real Spark).
 
 An on-call re-snapshot through the trigger params and their validation, then a stored position
-that the oplog has lost: ``initial`` fails saying how to re-snapshot, ``when_needed`` re-snapshots
-by itself. Deletes the pipeline never saw must vanish from the state in both re-snapshots.
+that the oplog has lost: ``initial`` fails saying how to re-snapshot, ``when_needed`` with
+``oplog.lost.recovery`` ``resnapshot`` re-snapshots by itself. Deletes the pipeline never saw must
+vanish from the state in both re-snapshots.
 """
 
 from __future__ import annotations
@@ -125,7 +126,9 @@ def test_oplog_loss_fails_initial_with_the_fix_and_when_needed_resnapshots(
         assert 'trigger the DAG with the params {"resnapshot": true}' in output
 
         seq_before = stored_offset(source, "rs_small").batch_seq
-        source = make_source(tmp_path, small_oplog.uri, "oplog_lost", **{"snapshot.mode": "when_needed"})
+        # the full copy is the resnapshot recovery's (heal, the default, is test_oplog_recovery's)
+        settings = {"snapshot.mode": "when_needed", "oplog.lost.recovery": "resnapshot"}
+        source = make_source(tmp_path, small_oplog.uri, "oplog_lost", **settings)
         source.run()
         assert stored_offset(source, "rs_small").snapshot["seq"] > seq_before
         assert not _ids(deleted) & (_state_ids(source, "customers") | _state_ids(source, "orders"))

@@ -390,6 +390,10 @@ class Sequence:
             self._snapshot()
         else:
             pull_changes(ReplicaSetCapture(self.client, self.config, self.keeper))
+        self._transform()
+
+    def _transform(self) -> None:
+        """The Spark job's ``main`` on the shared context, over everything committed."""
         self.run_id = f"model-run-{self.runs}"
         code = self.transform_main(
             ["--lake-root", str(self.lake_root), "--topic-prefix", self.prefix, "--run-id", self.run_id],

@@ -93,6 +93,11 @@ def test_smoke_run_prints_every_row_of_the_table() -> None:
         r"mongo-cdc verify, 100 drifted, spread\s+[\d.]+ s\s+[\d.]+x\s+no drift\s+<= 1.20x",
         r"verify_replica_set, no drift .*MiB\s+< 500 MiB",
         r"verify_replica_set, 100 drifted .*MiB\s+< 500 MiB",
+        r"lost oplog, 3,000 docs, 30 changes missed\s+full re-snapshot \+ transform, time\s+[\d.]+ s",
+        r"heal \+ transform, time\s+[\d.]+ s\s+[\d.]+x\s+re-snapshot\s+<= 0.60x",
+        r"full re-snapshot \+ transform, bytes to the lake\s+[\d.]+ MB",
+        r"heal \+ transform, bytes to the lake\s+[\d.]+ MB\s+[\d.]+x\s+re-snapshot\s+<= 0.05x",
+        r"heal \+ transform, bytes to the lake: raw [\d.]+ MB, state [\d.]+ MB, changes [\d.]+ MB",
     ]
     for pattern in expected:
         assert re.search(pattern, table), f"no row matching {pattern!r} in:\n{table}"

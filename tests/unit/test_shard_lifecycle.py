@@ -17,11 +17,23 @@ RETIRED = Offset(
 
 
 def plan(
-    offset=None, mode="initial", retiring=False, resnapshot=None, lost=False, shard_id="rs0", new=()
+    offset=None,
+    mode="initial",
+    retiring=False,
+    resnapshot=None,
+    lost=False,
+    shard_id="rs0",
+    new=(),
+    recovery="resnapshot",
+    pending=False,
 ) -> ShardPlan:
     def position_lost(_: Offset) -> bool:
         assert mode == "when_needed", "the server is asked only when the answer matters"
         return lost
+
+    def recovery_pending() -> bool:
+        assert mode == "when_needed" and recovery == "heal", "the lake is asked only when it matters"
+        return pending
 
     def newly_captured(asked: Offset) -> tuple[str, ...]:
         assert asked.resume_token is not None and mode in ("initial", "when_needed")
@@ -34,6 +46,8 @@ def plan(
         snapshot_mode=mode,
         resnapshot=resnapshot,
         position_lost=position_lost,
+        oplog_lost_recovery=recovery,
+        recovery_pending=recovery_pending,
         newly_captured=newly_captured,
     )
 
@@ -81,6 +95,32 @@ def test_when_needed_resnapshots_a_lost_position_only():
     assert plan(STREAMING, "when_needed", lost=False).snapshot is None
 
 
+def test_when_needed_heals_a_lost_position_with_the_heal_recovery():
+    healed = plan(STREAMING, "when_needed", lost=True, recovery="heal")
+    assert (healed.snapshot, healed.start_without_copy, healed.stream, healed.recover) == (
+        None,
+        False,
+        True,
+        True,
+    )
+    assert "streaming from now and healing" in healed.reason
+    # the full copy stays the resnapshot recovery's, and never marks a recovery
+    copied = plan(STREAMING, "when_needed", lost=True, recovery="resnapshot")
+    assert (copied.snapshot, copied.recover) == ((), False)
+    assert not plan(STREAMING, "when_needed", lost=False, recovery="heal").recover
+
+
+def test_an_unfinished_recovery_heals_again_until_the_lake_says_it_is_over():
+    again = plan(STREAMING, "when_needed", recovery="heal", pending=True)
+    assert (again.snapshot, again.recover) == (None, True) and "unfinished" in again.reason
+    assert not plan(STREAMING, "when_needed", recovery="heal", pending=False).recover
+    # a requested re-snapshot copies everything: it goes first
+    requested = plan(STREAMING, "when_needed", recovery="heal", pending=True, resnapshot=ResnapshotRequest())
+    assert (requested.snapshot, requested.recover) == ((), False)
+    # other modes never recover (plan's position_lost and recovery_pending refuse to be asked)
+    assert not plan(STREAMING, "initial", recovery="heal").recover
+
+
 def test_a_trigger_resnapshots_the_shards_it_names():
     request = ResnapshotRequest(collections=("shop.orders",), shards=("shard01",))
     assert plan(STREAMING, resnapshot=request, shard_id="shard01").snapshot == ("shop.orders",)
@@ -107,5 +147,6 @@ def test_a_shard_back_from_retirement_starts_afresh(mode, copies):
 
 def test_the_plan_survives_its_xcom_round_trip():
     request = ResnapshotRequest(collections=("shop.orders",))
-    for shard_plan in (plan(), plan(STREAMING), plan(STREAMING, resnapshot=request)):
+    healing = plan(STREAMING, "when_needed", lost=True, recovery="heal")
+    for shard_plan in (plan(), plan(STREAMING), plan(STREAMING, resnapshot=request), healing):
         assert ShardPlan.from_dict(shard_plan.to_dict()) == shard_plan

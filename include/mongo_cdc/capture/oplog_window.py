@@ -205,7 +205,8 @@ def guard(
         f"({duration(interval_s)} each; oplog.headroom.warn.intervals). {describe(window)}. Raise this "
         f"replica set's oplog to at least {suggested_size_mb(window, threshold)} MB "
         "(db.adminCommand({replSetResizeOplog: 1, size: <MB>}) on each member) or run the DAG more "
-        "often; once the position is gone only a re-snapshot recovers."
+        "often; once the position is gone only a re-snapshot, or under snapshot.mode when_needed a "
+        "heal of what differs, recovers."
     )
     if config.oplog_headroom_fail:
         raise OplogHeadroomError(

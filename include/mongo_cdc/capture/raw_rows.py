@@ -49,8 +49,10 @@ class SourceInfo:
         lsid: str | None = None,
         txn_number: int | None = None,
         wall_time: int | None = None,
+        sequence: str | None = None,
     ) -> tuple[Any, ...]:
-        """The ``source`` block's values, in ``SOURCE_TYPE``'s order (``SOURCE_NAMES``)."""
+        """The ``source`` block's values, in ``SOURCE_TYPE``'s order (``SOURCE_NAMES``). ``sequence``
+        marks a row healed after a lost oplog (``oplog_recovery.RECOVERY_SEQUENCE``)."""
         return (
             VERSION,
             CONNECTOR,
@@ -64,8 +66,9 @@ class SourceInfo:
             lsid,
             txn_number,
             # Debezium's common source fields: sequence is for connectors with a multi-part position
-            # (never set by its MongoDB connector); ts_us/ts_ns are ts_ms at finer units
-            None,  # sequence
+            # (never set by its MongoDB connector, so free to mark a recovery's rows); ts_us/ts_ns
+            # are ts_ms at finer units
+            sequence,
             ts_ms * 1000,
             ts_ms * 1_000_000,
             wall_time,

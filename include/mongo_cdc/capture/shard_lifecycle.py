@@ -9,7 +9,9 @@ A shard (a plain replica set is one shard) is, in turn:
   the next run resumes it (``snapshot.start_snapshot`` keeps the chunks already copied);
 * **streaming**: its offset has a completed snapshot and a resume position; it snapshots again only
   under ``always``, when the trigger asks for a re-snapshot of it, or under ``when_needed`` when
-  its position has left the oplog. Under ``initial`` and ``when_needed``, collections the capture
+  its position has left the oplog (or, with ``oplog.lost.recovery`` ``heal``, the default, it is
+  healed instead: ``oplog_recovery``, also while an earlier run's recovery is unfinished). Under
+  ``initial`` and ``when_needed``, collections the capture
   filters newly match are copied too (their events since the stored position are streamed);
 * **retiring**: it left the cluster but its offset is not retired yet: its stream is drained to
   the end, then its offset is marked ``retired_at``; it is never snapshotted;
@@ -28,7 +30,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from mongo_cdc.capture.offsets import Offset
-from mongo_cdc.config.snapshot_mode_table import SNAPSHOT_MODES
+from mongo_cdc.config.snapshot_mode_table import HEAL_LOST_OPLOG, SNAPSHOT_MODES
 
 
 @dataclass(frozen=True)
@@ -51,7 +53,9 @@ class ShardPlan:
     streaming starts at a position of its own (``stream_start``: now, or the configured one).
     ``stream``: read the change stream after the copy. ``retire``: the shard left the cluster; after
     draining, its offset is retired. ``fresh``: a stored offset was retired, and does not count.
-    ``reason``: why, for the task log.
+    ``reason``: why, for the task log. ``recover``: the shard's position left the oplog (in this run
+    or an earlier one whose recovery is unfinished): its stream starts again at a new position if
+    it must and this run's verification heals every collection (``oplog_recovery``).
     """
 
     snapshot: tuple[str, ...] | None
@@ -60,6 +64,7 @@ class ShardPlan:
     retire: bool
     fresh: bool
     reason: str
+    recover: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -80,10 +85,14 @@ def plan_shard(
     snapshot_mode: str,
     resnapshot: ResnapshotRequest | None,
     position_lost: Callable[[Offset], bool],
+    oplog_lost_recovery: str,
+    recovery_pending: Callable[[], bool] = lambda: False,
     newly_captured: Callable[[Offset], tuple[str, ...]] = lambda offset: (),
 ) -> ShardPlan:
     """Decide one shard's sync. ``position_lost`` asks the server whether an offset's resume
-    position has left the oplog; it is called only when the answer matters (``when_needed``).
+    position has left the oplog; it is called only when the answer matters (``when_needed``), and
+    ``oplog_lost_recovery`` (``heal``, ``resnapshot``) says what follows. ``recovery_pending`` asks the
+    lake whether an earlier run's recovery is unfinished (``oplog_recovery.recovery_pending``).
     ``newly_captured`` lists the collections a streaming offset's capture filter did not match
     (``snapshot.newly_captured``); it is called only for such an offset."""
     mode = SNAPSHOT_MODES[snapshot_mode]
@@ -115,14 +124,17 @@ def plan_shard(
         # collections newly captured are copied with the requested ones
         collections = tuple(sorted(set(resnapshot.collections) | set(new))) if resnapshot.collections else ()
         return copy(collections, "re-snapshot requested by the trigger")
-    if (
-        mode.when_position_lost
-        and offset is not None
-        and offset.resume_token is not None
-        and position_lost(offset)
-    ):
+    heal = mode.when_position_lost and oplog_lost_recovery == HEAL_LOST_OPLOG
+    if mode.when_position_lost and streaming and position_lost(offset):
         lost = f"its stored resume position is no longer in the oplog (snapshot.mode {snapshot_mode})"
-        return copy((), lost)
+        if not heal:
+            return copy((), f"{lost}: copying every collection again (oplog.lost.recovery resnapshot)")
+        why = f"{lost}: streaming from now and healing what differs (oplog.lost.recovery heal)"
+        # collections newly captured have no state: the heal lands every document of theirs
+        return ShardPlan(None, False, stream, False, fresh, why, recover=True)
+    if heal and streaming and recovery_pending():
+        why = "an earlier run's recovery from a lost oplog is unfinished: healing what differs"
+        return ShardPlan(None, False, stream, False, fresh, why, recover=True)
     if new:
         return copy(
             new, f"the capture filters newly match {', '.join(new)}: copying them, streaming the rest"

@@ -442,7 +442,7 @@ def pull_changes(
                     "so changes since then cannot be streamed. Re-snapshot it: trigger the DAG with the "
                     'params {"resnapshot": true} (add "shards": ["<its shard id>"] to copy only this '
                     "shard); the state tables are reconciled. With snapshot.mode when_needed, runs "
-                    "re-snapshot by themselves."
+                    "heal it by themselves, reading again only the documents that differ."
                 ) from None
             if not _is_transient(exc):
                 raise

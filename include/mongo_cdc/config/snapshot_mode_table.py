@@ -33,6 +33,10 @@ SNAPSHOT_MODES = {
     "never": SnapshotMode(),
 }
 
+# What ``when_needed`` does for a shard whose position left the oplog (``oplog.lost.recovery``): heal
+# the lake by a verification (``capture.oplog_recovery``), or copy every collection again.
+HEAL_LOST_OPLOG, RESNAPSHOT_LOST_OPLOG = OPLOG_LOST_RECOVERIES = ("heal", "resnapshot")
+
 # The keys that set where a stream without a copy starts (``capture.stream_start``).
 START_POSITION_KEYS = ("capture.start.op.time", "capture.start.resume.token")
 

@@ -17,7 +17,13 @@ from mongo_cdc.config.dag_settings import DAG_SETTINGS, DagSettings
 from mongo_cdc.config.field_rules import FieldRule
 from mongo_cdc.config.oversize_mode_table import OVERSIZE_MODES
 from mongo_cdc.config.setting import Setting, declared_settings, required_setting, setting
-from mongo_cdc.config.snapshot_mode_table import SNAPSHOT_MODES, START_POSITION_KEYS, check_start_position
+from mongo_cdc.config.snapshot_mode_table import (
+    HEAL_LOST_OPLOG,
+    OPLOG_LOST_RECOVERIES,
+    SNAPSHOT_MODES,
+    START_POSITION_KEYS,
+    check_start_position,
+)
 from mongo_cdc.config.values import (
     AddedFields,
     Boolean,
@@ -205,11 +211,23 @@ class SourceConfig:
         "`initial`: snapshot when the replica set has no completed snapshot, then stream. If its "
         "stored position has left the oplog, the pull fails and says how to "
         "[re-snapshot](semantics.md#re-snapshots). `when_needed`: like `initial`, but a position that"
-        " has left the oplog re-snapshots that shard by itself. `always`: snapshot every shard at "
-        "every run, then stream. `initial_only`: snapshot, never stream. `no_data` and `never` "
+        " has left the oplog is recovered by itself (`oplog.lost.recovery`). `always`: snapshot every "
+        "shard at every run, then stream. `initial_only`: snapshot, never stream. `no_data` and `never` "
         "(identical here): copy nothing, and stream from the position of the first run, or from "
         "`capture.start.op.time` / `capture.start.resume.token`. Under every mode the trigger can ask "
         "for a re-snapshot.",
+    )
+    oplog_lost_recovery: str = setting(
+        "oplog.lost.recovery",
+        HEAL_LOST_OPLOG,
+        Choice(OPLOG_LOST_RECOVERIES),
+        "With `snapshot.mode` `when_needed` only: what a shard whose stored position has left the "
+        "oplog does. `heal`: its stream starts again at a new position and, in the same run, every "
+        "collection of the shard is [verified](semantics.md#verification) against MongoDB and only "
+        "the documents that differ are read again, each landing as one `c`, `u` or `d` change marked "
+        "`source.sequence` `recovery` ([healing a lost oplog](semantics.md#healing-a-lost-oplog)). "
+        "`resnapshot`: every collection of the shard is copied again (a full "
+        "[re-snapshot](semantics.md#re-snapshots)).",
     )
     capture_start_op_time: Timestamp | None = setting(
         "capture.start.op.time",

@@ -60,6 +60,8 @@ log = logging.getLogger(__name__)
 # documents held in memory at once (a few hundred bytes each) when cells are compared document by
 # document: more are compared in groups, each a pass over the state and a read of their ranges
 _COMPARED_ROWS = 500_000
+# why a collection is never verified on a shard (not a passing reason: a recovery does not wait for it)
+HASHED_SHARD_KEY = "its shard key is hashed: rows cannot be placed in a shard's ranges"
 # a range's batches held while it is read, for the documents of its differing cells: beyond this, the
 # range is read again for them
 _HELD_BYTES = 64 << 20
@@ -123,10 +125,11 @@ class CollectionCheck:
         self.shard = shard
         self.owned = shard.owned(namespace) if shard is not None else None
         if self.owned is not None and any(direction == "hashed" for _, direction in self.owned.key):
-            self.skipped = "its shard key is hashed: rows cannot be placed in a shard's ranges"
+            self.skipped = HASHED_SHARD_KEY
         self.chunks: list[Chunk] = []
         self.reports: list[RangeReport] = []
         self.diffs: dict[int, RangeDiff] = {}
+        self.in_state: set[str] = set()  # the drifted keys the state holds (extra or different)
         if self.skipped is None:
             size = capture.config.snapshot_chunk_size
             self.chunks = plan_chunks(self.collection, size, self.owned, options)
@@ -327,10 +330,9 @@ class CollectionCheck:
             self.diffs[index].extra.add(key)
             self.diffs[index].ids[key] = value
 
-    def settle(self, changed: set[str], action: str) -> dict[str, object]:
-        """Leave out the keys that changed (``changed`` and the pending raw rows); record the drift
-        in the reports; the drifted keys' _ids."""
-        left_out = changed | self.pending_keys
+    def settle(self, left_out: set[str], action: str) -> dict[str, object]:
+        """Leave out the keys ``left_out`` (those the transform is to fix: ``verification`` says
+        which); record the drift in the reports; the drifted keys' _ids."""
         drifted: dict[str, object] = {}
         for index, diff in self.diffs.items():
             report = self.reports[index]
@@ -340,6 +342,8 @@ class CollectionCheck:
                 setattr(report, name, len(keys))
                 report.example_keys.extend(sorted(keys)[: 10 - len(report.example_keys)])
                 drifted.update((key, diff.ids[key]) for key in keys)
+                if all_keys is not diff.missing:
+                    self.in_state.update(keys)
             if report.drift:
                 report.action = action
         return drifted

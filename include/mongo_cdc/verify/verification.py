@@ -26,6 +26,12 @@ and lands them as one raw batch of the replica set at position ``V``, like a sna
 with the usual ordering, so an event after ``V`` still wins, and the changes table shows one row per
 repaired document. The batch keeps the stored resume position (streaming goes on from it).
 
+**Recovery after a lost oplog** (``recovery``, ``capture.oplog_recovery``): nothing is left out (the
+state plus the events since is not MongoDB across the gap), the drift is always healed, each
+document landing as the change its difference implies (``c``/``u``/``d``, ``oplog_recovery.heal_op``)
+marked ``source.sequence`` ``recovery``, and the batch is of kind ``heal`` when every collection was
+verified: that ends the recovery; otherwise the next run heals again.
+
 **Sharded clusters:** each shard verifies the shard-key ranges it owns (``comparison.ShardScope``),
 so a chunk migration is never drift and repairs land on the shard that owns the document.
 """
@@ -43,6 +49,7 @@ from mongo_cdc.capture.capture_modes import captured_collection_options
 from mongo_cdc.capture.change_cursor import token_cluster_time
 from mongo_cdc.capture.field_filters import collection_field_rules
 from mongo_cdc.capture.offsets import Offset
+from mongo_cdc.capture.oplog_recovery import HEAL_BATCH, RECOVERY_SEQUENCE, heal_op
 from mongo_cdc.capture.raw_rows import RawRow, SourceInfo, now_ms, tombstone_of
 from mongo_cdc.capture.raw_tables import keys_and_documents, raw_documents, raw_rows_table
 from mongo_cdc.capture.replica_set import ReplicaSetCapture
@@ -53,7 +60,7 @@ from mongo_cdc.lake.verification_log import REPAIRED, REPORTED, SKIPPED, RangeRe
 from mongo_cdc.namespace import Namespace
 from mongo_cdc.transform.keys import document_key
 from mongo_cdc.transform.raw_events import event_keys
-from mongo_cdc.verify.comparison import CollectionCheck, ShardScope
+from mongo_cdc.verify.comparison import HASHED_SHARD_KEY, CollectionCheck, ShardScope
 
 log = logging.getLogger(__name__)
 
@@ -158,12 +165,14 @@ def verified_namespaces(
 
 
 def verify_replica_set(
-    capture: ReplicaSetCapture, on_drift: str, shard: ShardScope | None = None
+    capture: ReplicaSetCapture, on_drift: str, shard: ShardScope | None = None, *, recovery: bool = False
 ) -> VerificationResult:
     """Verify every collection of the replica set (each on its own: one that fails leaves the others
     verified), land the repairs (``on_drift`` ``repair`` or ``fail``) and record the report. For a
-    shard of a cluster (``shard``), its part of the collections (``ShardScope``)."""
+    shard of a cluster (``shard``), its part of the collections (``ShardScope``). ``recovery``: heal
+    the replica set after a lost oplog (the module doc), whatever ``on_drift`` says."""
     keeper, rs = capture.keeper, capture.rs
+    on_drift = REPAIR if recovery else on_drift
     now = dt.datetime.now(dt.timezone.utc)
     result = VerificationResult(rs, str(uuid.uuid4()), now.isoformat(timespec="seconds"))
     offset = keeper.load_checked()
@@ -181,6 +190,7 @@ def verify_replica_set(
     }
     checks: list[CollectionCheck] = []
     reports: list[RangeReport] = []
+    unhealed: set[str] = set()  # skipped for now: a recovery is not over until they are verified
     for namespace in verified_namespaces(capture, options, batches):
         try:
             if shard is not None and shard.owned(namespace) is None:
@@ -194,6 +204,8 @@ def verify_replica_set(
                 checks.append(check)
             else:
                 reports.append(RangeReport(namespace, -1, 0, None, action=SKIPPED, note=check.skipped))
+                if check.skipped != HASHED_SHARD_KEY:  # one never verified does not hold a recovery up
+                    unhealed.add(namespace)
         except Exception as exc:  # one collection's failure leaves the others verified
             log.exception("%s: verification FAILED", namespace)
             result.failed[namespace] = f"{type(exc).__name__}: {exc}"
@@ -215,8 +227,11 @@ def verify_replica_set(
         if note is not None:
             note = note if healed is None else f"{note}; {healed}"
             reports.append(RangeReport(check.namespace, -1, 0, None, action=SKIPPED, note=note))
+            unhealed.add(check.namespace)
             continue
-        drifted = check.settle(changed.get(check.namespace, set()), action)
+        # a routine verification leaves to the transform what the lake will apply; a recovery cannot
+        left_out = set() if recovery else changed.get(check.namespace, set()) | check.pending_keys
+        drifted = check.settle(left_out, action)
         if drifted:
             repairs[check.namespace] = drifted
         if healed is not None and check.reports:
@@ -226,7 +241,18 @@ def verify_replica_set(
             **_collection_summary(check.reports),
             "healed_files": check.healed_files,
         }
-    if repairs and on_drift != REPORT:
+    if recovery:
+        healed = not result.failed and not unhealed
+        in_state = {check.namespace: check.in_state for check in checks}
+        if repairs or healed:  # a heal batch without rows still ends the recovery
+            result.repair_batch_seq = land_repairs(
+                capture, offset, repairs, result.cluster_time, in_state, HEAL_BATCH if healed else BATCH_KIND
+            )
+        if not healed:
+            left = ", ".join(sorted(unhealed | set(result.failed)))
+            log.warning("replica set %s: the recovery from a lost oplog is not over (not verified: %s); "
+                        "the next run heals again", rs, left)  # fmt: skip
+    elif repairs and on_drift != REPORT:
         result.repair_batch_seq = land_repairs(capture, offset, repairs, result.cluster_time)
     rows = [report.to_row(result.verification_id, rs, result.cluster_time, _applied(checks, report.namespace),
                           result.repair_batch_seq, now) for report in reports]  # fmt: skip
@@ -266,16 +292,29 @@ def _log_result(result: VerificationResult) -> None:
 
 
 def land_repairs(
-    capture: ReplicaSetCapture, offset: Offset, repairs: dict[str, dict[str, object]], cluster_time: int
+    capture: ReplicaSetCapture,
+    offset: Offset,
+    repairs: dict[str, dict[str, object]],
+    cluster_time: int,
+    recovered: dict[str, set[str]] | None = None,
+    kind: str = BATCH_KIND,
 ) -> int:
-    """Read the drifted documents again and land them as one batch of raw rows at ``cluster_time``:
-    ``r`` with the document as MongoDB has it now, ``d`` where it has none. Returns the batch number."""
+    """Read the drifted documents again and land them as one batch (of ``kind``) of raw rows at
+    ``cluster_time``: ``r`` with the document as MongoDB has it now, ``d`` where it has none. In a
+    recovery (``recovered``: per namespace, the drifted keys the state holds), the change each
+    difference implies instead (``oplog_recovery.heal_op``), marked as the recovery's. Returns the
+    batch number."""
     keeper, config = capture.keeper, capture.config
     source = SourceInfo(config.topic_prefix, capture.rs)
     seq = offset.batch_seq + 1
+    sequence = None if recovered is None else RECOVERY_SEQUENCE
+    written = set(repairs)
     for namespace, drifted in sorted(repairs.items()):
         db, name = Namespace.parse(namespace)
-        block = source.values(db, name, cluster_time, (cluster_time >> 32) * 1000, snapshot=True)
+        in_state = None if recovered is None else recovered.get(namespace, set())
+        block = source.values(
+            db, name, cluster_time, (cluster_time >> 32) * 1000, snapshot=True, sequence=sequence
+        )
         fields = collection_field_rules(config, db, name)
         rows: list[RawRow] = []
         ids = list(drifted.items())
@@ -290,14 +329,19 @@ def land_repairs(
                 ):
                     if key in drifted:
                         found.add(key)
-                        rows.append(_repair_row(raw_key, "r", document, block, cluster_time))
+                        op = "r" if in_state is None else heal_op(key in in_state, True)
+                        rows.append(_repair_row(raw_key, op, document, block, cluster_time))
         for key, value in ids:
-            if key not in found:
-                row = _repair_row(extjson.document_key(value), "d", None, block, cluster_time)
-                rows.extend([row, tombstone_of(row)] if config.tombstones_on_delete else [row])
-        keeper.lake.write_raw(capture.rs, seq, namespace, raw_rows_table(rows, seq))
-    batch = Batch(capture.rs, seq, BATCH_KIND, offset.resume_token, offset.cluster_time,
-                  namespaces=tuple(sorted(repairs)), open_transaction=offset.open_transaction)  # fmt: skip
+            if key in found or (in_state is not None and heal_op(key in in_state, False) is None):
+                continue  # a recovery's: neither the state nor MongoDB has it now
+            row = _repair_row(extjson.document_key(value), "d", None, block, cluster_time)
+            rows.extend([row, tombstone_of(row)] if config.tombstones_on_delete else [row])
+        if rows:
+            keeper.lake.write_raw(capture.rs, seq, namespace, raw_rows_table(rows, seq))
+        else:
+            written.discard(namespace)
+    batch = Batch(capture.rs, seq, kind, offset.resume_token, offset.cluster_time,
+                  namespaces=tuple(sorted(written)), open_transaction=offset.open_transaction)  # fmt: skip
     keeper.commit_batch(offset, batch)
     return seq
 

@@ -21,6 +21,9 @@ Starts its own single-member replica set in a temporary directory and, section b
   writes the states);
 * the state table at scale (``bench.state_scale``): spread and recent changes on a ``--state`` and a
   ``--scaled-state`` state, their time, CPU, state files rewritten and driver peak;
+* a lost oplog's healing recovery of a ``--small``-document collection whose lake missed 1% of its
+  documents' changes, against its full re-snapshot, each with its transform: time and bytes to the
+  lake (``bench.oplog_recovery``);
 * the transform driver's peak RSS for first builds of ``--driver-events`` and 4 times as many events
   (``bench.transform.driver_memory``): it must not grow with the run;
 * many small collections against one of as many documents (``bench.many``): first run, a change in
@@ -52,6 +55,7 @@ from mongo_cdc.lake.storage import LakeLocation
 from mongo_cdc_dev.bench import data, peers
 from mongo_cdc_dev.bench.context import DB, RS, Bench, Measured, alternated, best
 from mongo_cdc_dev.bench.many import many_collections
+from mongo_cdc_dev.bench.oplog_recovery import oplog_recovery
 from mongo_cdc_dev.bench.state_scale import state_scale
 from mongo_cdc_dev.bench.table import Row, render
 from mongo_cdc_dev.bench.transform import HOT_DOCS, driver_memory, transform
@@ -384,6 +388,7 @@ SECTIONS: dict[str, Callable[[Bench], list[Row]]] = {
     "driver-memory": driver_memory,
     "state-scale": state_scale,
     "verify": verification,
+    "oplog-recovery": oplog_recovery,
     "many-collections": many_collections,
 }
 
