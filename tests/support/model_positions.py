@@ -73,12 +73,7 @@ class StartedSequence(Sequence):
         if not self.run_starts[:-1]:
             start_without_snapshot(self.client, RS, self.keeper, self.config)
         pull_changes(ReplicaSetCapture(self.client, self.config, self.keeper))
-        self.run_id = f"model-run-{self.runs}"
-        code = self.transform_main(
-            ["--lake-root", str(self.lake_root), "--topic-prefix", self.prefix, "--run-id", self.run_id],
-            context=self.context,
-        )
-        assert code == 0, f"run {self.runs}: the transform exited {code}"
+        self._transform()
         self._check_raw_rows_once()
 
     def _check_raw_rows_once(self) -> None:
