@@ -326,7 +326,7 @@ def start_snapshot(
         collections = [(db, coll) for db, coll in sorted(tuple(Namespace.parse(n)) for n in options)]
         collections = [(db, coll) for db, coll in collections if config.snapshots_collection(db, coll)]
     # Never a number an earlier, abandoned snapshot planned: its chunks' rows must not count.
-    seq = max(offset.batch_seq, keeper.lake.last_planned_seq(rs)) + 1
+    seq = max(offset.next_seq, keeper.lake.last_planned_seq(rs) + 1)
     # The manifest lets the transform drop the documents this copy no longer finds. A shard back
     # from retirement has none to drop: what it held before was all migrated to other shards, yet
     # still counts as its own (migrations emit no events). The running offset keeps the flag for a
@@ -519,16 +519,26 @@ def commit_snapshot(keeper: OffsetKeeper, plan: SnapshotPlan) -> SnapshotResult:
     offset = keeper.load_checked() or keeper.next_offset()
     if offset.snapshot.get("seq") == seq and offset.snapshot_complete:
         return result  # a retry of a commit that went through
+    # Batches streamed while the copy ran committed after it started: the snapshot's batch is numbered
+    # after them, so every table that applied them still applies it; its rows keep the number
+    # reserved at the start (``rows_seq``).
+    batch_seq = max(offset.batch_seq + 1, seq)
+    # A stream that went on beside the copy is already at or past its position: moving it back there
+    # would land those events again.
+    keeps_position = plan.keeps_position or (
+        offset.cluster_time is not None and offset.cluster_time >= plan.cluster_time
+    )
     batch = Batch(
         rs=rs,
-        seq=seq,
+        seq=batch_seq,
         kind="snapshot",
-        resume_token=offset.resume_token if plan.keeps_position else plan.resume_token,
-        cluster_time=offset.cluster_time if plan.keeps_position else plan.cluster_time,
+        resume_token=offset.resume_token if keeps_position else plan.resume_token,
+        cluster_time=offset.cluster_time if keeps_position else plan.cluster_time,
         snapshot_cluster_time=plan.cluster_time,
         collections=None if plan.back_from_retirement else plan.collections,
         namespaces=tuple(namespace for namespace in plan.collections if namespace in with_rows),
-        open_transaction=offset.open_transaction if plan.keeps_position else None,
+        open_transaction=offset.open_transaction if keeps_position else None,
+        rows_seq=None if batch_seq == seq else seq,
     )
     snapshot_info = {
         "status": "complete",

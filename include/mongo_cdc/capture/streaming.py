@@ -104,7 +104,7 @@ def _land(
 ) -> Offset:
     """Land one micro-batch (a commit per raw table, plus its transaction records), then commit it with
     its resume token (``landing``)."""
-    seq = offset.batch_seq + 1
+    seq = offset.next_seq
     keeper.lake.write_raw_tables(
         rs, seq, {namespace: raw_rows_table(rows, seq) for namespace, rows in batch.rows.items()}
     )
@@ -279,7 +279,7 @@ class _ChangeReader:
                             self.offset,
                             Batch(
                                 rs=self.rs,
-                                seq=self.offset.batch_seq + 1,
+                                seq=self.offset.next_seq,
                                 kind="position",
                                 resume_token=token,
                                 cluster_time=token_cluster_time(token),
@@ -312,7 +312,7 @@ class _ChangeReader:
     def _land(self, batch: MicroBatch, token: dict) -> None:
         """Land ``batch`` up to ``token`` on the landing thread, after the batch before it."""
         self.landing.settle()
-        records = self.transactions.batch_table(self.offset.batch_seq + 1)
+        records = self.transactions.batch_table(self.offset.next_seq)
         open_transaction = self.transactions.state()
         self.transactions.landed()
         self.landing.start(

@@ -43,6 +43,10 @@ BATCH_LOG_SCHEMA = pa.schema(
         # a batch of a rename's copy (capture.collection_events): the rename's resume token data and
         # the BSON (hex) of {_id: ...} of the last document copied so far, JSON; null in other batches
         pa.field("renamed_copy", pa.string()),
+        # the batch_seq its raw rows carry when it is not the batch's own number: a snapshot's chunks
+        # land under the number reserved when it started, and batches streamed while it copied
+        # commit before it (null: its own, as in every row landed before the column existed)
+        pa.field("rows_seq", pa.int64()),
     ]
 )
 
@@ -62,6 +66,12 @@ class Batch:
     open_transaction: dict | None = None
     snapshot_event_order: str = ""
     renamed_copy: dict | None = None  # {"rename": <the rename's token data>, "after": <hex BSON {_id}>}
+    rows_seq: int | None = None  # the batch_seq of its raw rows, when not ``seq`` (see the schema)
+
+    @property
+    def raw_seq(self) -> int:
+        """The ``batch_seq`` its raw rows carry."""
+        return self.seq if self.rows_seq is None else self.rows_seq
 
     @property
     def manifest(self) -> SnapshotManifest | None:
@@ -85,6 +95,7 @@ class Batch:
             "landed_at": dt.datetime.now(dt.timezone.utc),
             "snapshot_event_order": self.snapshot_event_order,
             "renamed_copy": json.dumps(self.renamed_copy) if self.renamed_copy else None,
+            "rows_seq": self.rows_seq,
         }
 
     @classmethod
@@ -102,6 +113,7 @@ class Batch:
             open_transaction=json.loads(row["open_transaction"]) if row["open_transaction"] else None,
             snapshot_event_order=row.get("snapshot_event_order") or "",
             renamed_copy=json.loads(row["renamed_copy"]) if row.get("renamed_copy") else None,
+            rows_seq=row.get("rows_seq"),
         )
 
 
@@ -116,9 +128,10 @@ def last_batches(batches: Iterable[Batch]) -> dict[str, Batch]:
 
 @dataclass(frozen=True)
 class BatchWindow:
-    """Which raw rows of one collection a table applies: per replica set, the committed batches
-    that wrote rows for it (``seqs``). A batch's rows count only in the tables its log row names: a
-    landing cut short may have left rows in a table the batch, landed again, did not touch."""
+    """Which raw rows of one collection a table applies: per replica set, the ``batch_seq`` of the
+    rows of the committed batches that wrote rows for it (``seqs``). A batch's rows count only in the
+    tables its log row names: a landing cut short may have left rows in a table the batch, landed
+    again, did not touch."""
 
     seqs: Mapping[str, tuple[int, ...]]
     include_history: bool = False
@@ -131,11 +144,13 @@ class BatchWindow:
         applied: Mapping[str, int] | None = None,
         include_history: bool = False,
     ) -> BatchWindow:
-        """The batches of ``batches`` with rows for ``namespace`` past ``applied`` (per replica set)."""
-        seqs: dict[str, list[int]] = {}
+        """The batches of ``batches`` with rows for ``namespace`` past ``applied`` (per replica set;
+        batch numbers, the order they committed in), as the number their rows carry: a snapshot
+        committed after batches streamed beside its copy still applies where they were applied."""
+        seqs: dict[str, set[int]] = {}
         for batch in batches:
             if namespace in batch.namespaces and batch.seq > (applied or {}).get(batch.rs, 0):
-                seqs.setdefault(batch.rs, []).append(batch.seq)
+                seqs.setdefault(batch.rs, set()).add(batch.raw_seq)
         return cls({rs: tuple(sorted(found)) for rs, found in seqs.items()}, include_history)
 
     @property

@@ -272,7 +272,7 @@ def land_repairs(
     ``r`` with the document as MongoDB has it now, ``d`` where it has none. Returns the batch number."""
     keeper, config = capture.keeper, capture.config
     source = SourceInfo(config.topic_prefix, capture.rs)
-    seq = offset.batch_seq + 1
+    seq = offset.next_seq
     for namespace, drifted in sorted(repairs.items()):
         db, name = Namespace.parse(namespace)
         block = source.values(db, name, cluster_time, (cluster_time >> 32) * 1000, snapshot=True)
