@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from model_support import (
     COLLECTIONS,
     MODES,
+    CopyBeside,
     DagSequence,
     Delete,
     DropCollection,
@@ -132,6 +133,7 @@ STEPS = st.one_of(
     st.builds(RenameCollection, WRITTEN, st.sampled_from(COLLECTIONS)),
     st.just(Maintain()),
     st.builds(Resnapshot, WRITTEN),
+    st.builds(CopyBeside, WRITTEN),
 )
 SEQUENCES = st.lists(STEPS, min_size=8, max_size=30)
 
@@ -195,6 +197,30 @@ def test_an_update_then_a_delete_between_runs_after_a_merge(sequence, mode, full
         Run(),
         Inc("c0", 2, 1),
         Delete("c0", 2),
+        Run(),
+    ]
+    played(sequence(mode, full_update_type), steps)
+
+
+@pytest.mark.parametrize(("mode", "full_update_type"), MODES)
+def test_a_copy_committed_runs_after_it_read_leaves_the_state_exact(sequence, mode, full_update_type):
+    """A re-snapshot of c0 copied before a deletion, an update and an insert that the next Run's pull
+    lands and its transform applies (c1 too); the copy's batch commits in the Run after that, numbered
+    after the pulls' batches: the document it read and the stream deleted stays deleted."""
+    steps = [
+        *(Insert("c0", key, {"n": key}) for key in range(4)),
+        Insert("c1", 0, {}),
+        Run(),
+        CopyBeside("c0"),
+        Delete("c0", 1),
+        Set("c0", 2, "a", "x"),
+        Insert("c0", 4, {}),
+        Insert("c1", 1, {}),
+        Run(),
+        Delete("c0", 3),
+        Insert("c1", 2, {}),
+        Run(),
+        Set("c0", 0, "a", "y"),
         Run(),
     ]
     played(sequence(mode, full_update_type), steps)

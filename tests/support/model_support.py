@@ -42,7 +42,7 @@ from pymongo.client_session import ClientSession
 from mongo_cdc import extjson
 from mongo_cdc.capture.change_cursor import token_cluster_time
 from mongo_cdc.capture.replica_set import ReplicaSetCapture
-from mongo_cdc.capture.snapshot import run_snapshot
+from mongo_cdc.capture.snapshot import commit_snapshot, copy_chunks, run_snapshot, start_snapshot
 from mongo_cdc.capture.streaming import pull_changes
 from mongo_cdc.lake import RENAMED_COPY_ORDER, deletions_uri, pack_cluster_time, table_uri
 from mongo_cdc.lake.landing import SourceLake
@@ -169,6 +169,16 @@ class Resnapshot:
     coll: str
 
 
+@dataclass
+class CopyBeside:
+    """A re-snapshot of one collection copied at once, its batch committed by the second Run after:
+    the first Run's pull and transform go on beside the copy, as a shard's pull does beside a long
+    copy. One at a time: a step that would start another snapshot, or drop or rename a collection,
+    commits it first."""
+
+    coll: str
+
+
 WRITES = (Insert, Replace, Set, Inc, Unset, Push, RenameField, Delete)
 
 
@@ -263,6 +273,8 @@ class Sequence:
     versions_before_job: dict[tuple[str, str], int | None] = field(default_factory=dict)
     run_id: str = ""  # the last run's, which its job records in the applied mark
     merge_by_ranges: bool = False  # every state update by the MERGE on Spark's tasks, checked
+    # a CopyBeside's plan, the documents it read and the Runs left before its batch commits
+    copy_beside: tuple[Any, SnapshotRead, int] | None = None
 
     def __post_init__(self) -> None:
         self.config = database_source(
@@ -298,15 +310,22 @@ class Sequence:
                 for write in step.writes:
                     self._write(write, session)
         elif isinstance(step, DropCollection):
+            self._commit_copy_beside()
             if self.model.pop(step.coll, None) is not None:
                 self.db.drop_collection(step.coll)
         elif isinstance(step, RenameCollection):
+            self._commit_copy_beside()
             if step.coll in self.model and step.coll != step.to:
                 self.db[step.coll].rename(step.to, dropTarget=True)
                 self.model[step.to] = self.model.pop(step.coll)
         elif isinstance(step, Resnapshot):
+            self._commit_copy_beside()
             if self.snapshotted_at is not None and step.coll in self.model:
                 self._resnapshot(step.coll)
+        elif isinstance(step, CopyBeside):
+            self._commit_copy_beside()
+            if self.snapshotted_at is not None and step.coll in self.model:
+                self._copy_beside(step.coll)
         elif isinstance(step, Maintain):
             self._maintain()
         elif isinstance(step, Run):
@@ -341,6 +360,24 @@ class Sequence:
         if self.snapshotted_at is None:
             self.snapshotted_at = result.cluster_time
 
+    def _copy_beside(self, name: str) -> None:
+        capture = ReplicaSetCapture(self.client, self.config, self.keeper)
+        plan = start_snapshot(capture, only=(f"{self.database}.{name}",))
+        copy_chunks(self.client, self.config, capture.lake, plan)
+        self.copy_beside = (plan, SnapshotRead(name, plan.cluster_time, sorted(self.model[name])), 2)
+
+    def _commit_copy_beside(self, at_run: bool = False) -> None:
+        """Commit the CopyBeside's batch: now, or at its second Run (``at_run``: a Run's pull is done)."""
+        if self.copy_beside is None:
+            return
+        plan, read, left = self.copy_beside
+        if at_run and left > 1:
+            self.copy_beside = (plan, read, left - 1)
+            return
+        commit_snapshot(self.keeper, plan)
+        self.snapshot_reads.append(read)
+        self.copy_beside = None
+
     def _run(self) -> None:
         self.runs += 1
         self.versions_before_job = self._versions()
@@ -348,6 +385,7 @@ class Sequence:
         self._read_stream()
         self._check_mongodb_is_the_model()
         for name in COLLECTIONS:
+            self._check_raw(name)
             self._check_state(name)
             self._check_changes(name)
         self._check_figures()
@@ -358,6 +396,7 @@ class Sequence:
             self._snapshot()
         else:
             pull_changes(ReplicaSetCapture(self.client, self.config, self.keeper))
+            self._commit_copy_beside(at_run=True)
         self.run_id = f"model-run-{self.runs}"
         code = self.transform_main(
             ["--lake-root", str(self.lake_root), "--topic-prefix", self.prefix, "--run-id", self.run_id],
@@ -452,6 +491,18 @@ class Sequence:
                 table = table_if_exists(table_uri(self.location, zone, self.prefix, self.database, name))
                 versions[name, zone] = None if table is None else table.version()
         return versions
+
+    def _check_raw(self, name: str) -> None:
+        """Every committed raw row landed once: none twice in one batch, and no two batches share a
+        number (a pull beside a copy takes none of the copy's)."""
+        source_lake = SourceLake(self.location, self.prefix)
+        columns = ["key", "op", "cluster_time", "event_order", "batch_seq"]
+        rows = source_lake.committed_raw(f"{self.database}.{name}", columns).to_pylist()
+        landed = [tuple(row[column] for column in columns) for row in rows]
+        twice = sorted({row for row in landed if landed.count(row) > 1})
+        assert not twice, f"run {self.runs}: {name}: raw rows landed twice: {twice[:3]}"
+        seqs = [(batch.rs, batch.raw_seq) for batch in source_lake.batches() if batch.kind != "position"]
+        assert len(seqs) == len(set(seqs)), f"run {self.runs}: two batches carry rows of one number: {seqs}"
 
     def _check_state(self, name: str) -> None:
         stored = {doc["_id"]: doc.raw for doc in self.db.get_collection(name, codec_options=RAW_BSON).find()}
