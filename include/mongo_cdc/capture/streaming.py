@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -413,6 +414,8 @@ def pull_changes(
     """
     client, config, rs, keeper = source.client, source.config, source.rs, source.keeper
     offset = keeper.load_checked()
+    if offset is not None:
+        offset = _beside_running_copy(keeper, offset)
     if offset is None or offset.resume_token is None:
         raise OffsetError(
             f"offset '{keeper.key}' has no resume position yet; the snapshot step must run first "
@@ -456,6 +459,25 @@ def pull_changes(
         log.info("replica set %s after the pull: %s", rs, describe_oplog(after))
         result.oplog = after.to_dict()
     return result
+
+
+def _beside_running_copy(keeper: OffsetKeeper, offset: Offset) -> Offset:
+    """Where a pull beside the offset's running snapshot starts. A snapshot that keeps the stream's
+    position (of some collections) leaves it where it is. One that does not (a first snapshot, a
+    whole re-snapshot) moves the stream to its own position when it commits: a stream with no position
+    yet, or one behind the copy's (maybe out of the oplog already), starts there now, so it goes on
+    while the copy runs and the commit finds it past its position (``snapshot.commit_snapshot``)."""
+    if offset.snapshot.get("status") != "running":
+        return offset
+    plan = keeper.lake.snapshot_plan(keeper.rs, offset.snapshot["seq"])
+    if plan is None or plan.keeps_position:
+        return offset
+    if offset.cluster_time is not None and offset.cluster_time >= plan.cluster_time:
+        return offset
+    log.info("replica set %s: streaming beside snapshot %d from its position", keeper.rs, plan.seq)
+    return replace(
+        offset, resume_token=plan.resume_token, cluster_time=plan.cluster_time, open_transaction=None
+    )
 
 
 def collect_change(
