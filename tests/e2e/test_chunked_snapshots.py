@@ -146,10 +146,8 @@ def test_a_run_cut_short_re_reads_only_the_chunks_that_did_not_commit(
         run = source.run(expect="failed", skip_spark=True)
         states = _states(run)
         assert states[("snapshot_copy", 0)] == "failed"
-        assert (
-            states[("shard_sync.snapshot", 0)] == "failed"
-            and states[("shard_sync.pull", 0)] == "upstream_failed"
-        )
+        # the pull went on beside the copy; the commit waits for the chunks left
+        assert states[("shard_sync.snapshot", 0)] == "failed" and states[("shard_sync.pull", 0)] == "success"
         names = [f"{db_name}.orders {n}/10" for n in range(1, 11)]
         # chunks 1-5, and those read ahead while chunk 5 committed (small chunks commit behind the reads)
         assert read[:5] == names[:5] and read == names[: len(read)]

@@ -18,6 +18,13 @@ A snapshot is three steps; the DAG runs them as separate tasks, ``run_snapshot``
    (the collections it copied completely), so the transform can drop the documents that no longer
    exist, and moves the offset.
 
+The shard's pull goes on while the chunks are copied (the DAG commits after both). Its batches
+never take the number the snapshot reserved for its rows (``Offset.next_seq``); the snapshot's
+batch is numbered when it commits, after them, and records its rows' number (``Batch.rows_seq``),
+so every table that applied the pull's batches applies it too. The commit never moves the stream
+back behind the position the pull reached; the transform's order by position makes the state the
+same whichever lands first.
+
 A re-snapshot (on request, or under ``when_needed`` once the stored position has left the oplog)
 is the same copy, and so is the copy of collections that started being captured after the first
 snapshot (``newly_captured``), for which streaming keeps its position.
