@@ -44,7 +44,6 @@ from itertools import chain
 
 import pyarrow as pa
 from pymongo import MongoClient
-from pymongo.errors import OperationFailure
 
 from mongo_cdc.capture.capture_modes import captured_collection_options, require_images
 from mongo_cdc.capture.change_cursor import token_cluster_time
@@ -55,7 +54,7 @@ from mongo_cdc.capture.offsets import Offset, OffsetKeeper
 from mongo_cdc.capture.raw_rows import SourceInfo
 from mongo_cdc.capture.replica_set import ReplicaSetCapture
 from mongo_cdc.capture.snapshot_columns import SnapshotColumns
-from mongo_cdc.capture.streaming import CHANGE_STREAM_HISTORY_LOST
+from mongo_cdc.capture.streaming import resume_position_lost
 from mongo_cdc.capture.topology import owned_ranges
 from mongo_cdc.config import SourceConfig
 from mongo_cdc.lake import RAW_SCHEMA
@@ -98,18 +97,6 @@ def current_position(client: MongoClient) -> dict:
     with client.watch(max_await_time_ms=1) as stream:
         stream.try_next()
         return stream.resume_token
-
-
-def resume_position_lost(client: MongoClient, token: dict) -> bool:
-    """Whether a change stream can no longer resume after ``token`` (the oplog was truncated past it)."""
-    try:
-        with client.watch(resume_after=token, max_await_time_ms=1, batch_size=1) as stream:
-            stream.try_next()
-    except OperationFailure as exc:
-        if exc.code == CHANGE_STREAM_HISTORY_LOST:
-            return True
-        raise
-    return False
 
 
 def captured_collections(client: MongoClient, config: SourceConfig) -> list[tuple[str, str]]:

@@ -415,7 +415,7 @@ def pull_changes(
     client, config, rs, keeper = source.client, source.config, source.rs, source.keeper
     offset = keeper.load_checked()
     if offset is not None:
-        offset = _beside_running_copy(keeper, offset)
+        offset = _beside_running_copy(client, keeper, offset)
     if offset is None or offset.resume_token is None:
         raise OffsetError(
             f"offset '{keeper.key}' has no resume position yet; the snapshot step must run first "
@@ -461,18 +461,30 @@ def pull_changes(
     return result
 
 
-def _beside_running_copy(keeper: OffsetKeeper, offset: Offset) -> Offset:
-    """Where a pull beside the offset's running snapshot starts. A snapshot that keeps the stream's
-    position (of some collections) leaves it where it is. One that does not (a first snapshot, a
-    whole re-snapshot) moves the stream to its own position when it commits: a stream with no position
-    yet, or one behind the copy's (maybe out of the oplog already), starts there now, so it goes on
-    while the copy runs and the commit finds it past its position (``snapshot.commit_snapshot``)."""
+def resume_position_lost(client: MongoClient, token: dict) -> bool:
+    """Whether a change stream can no longer resume after ``token`` (the oplog was truncated past it)."""
+    try:
+        with client.watch(resume_after=token, max_await_time_ms=1, batch_size=1) as stream:
+            stream.try_next()
+    except OperationFailure as exc:
+        if exc.code == CHANGE_STREAM_HISTORY_LOST:
+            return True
+        raise
+    return False
+
+
+def _beside_running_copy(client: MongoClient, keeper: OffsetKeeper, offset: Offset) -> Offset:
+    """Where a pull beside the offset's running snapshot starts: its stored position while it has one
+    in the oplog (events the copy also holds are folded by position, and the changes table keeps
+    them). A stream with no position yet (a first snapshot), or one that left the oplog (a whole
+    re-snapshot under ``when_needed``), starts at the copy's position, which its commit would move it
+    to, unless the copy keeps the stored position (then there is none to start from)."""
     if offset.snapshot.get("status") != "running":
+        return offset
+    if offset.resume_token is not None and not resume_position_lost(client, offset.resume_token):
         return offset
     plan = keeper.lake.snapshot_plan(keeper.rs, offset.snapshot["seq"])
     if plan is None or plan.keeps_position:
-        return offset
-    if offset.cluster_time is not None and offset.cluster_time >= plan.cluster_time:
         return offset
     log.info("replica set %s: streaming beside snapshot %d from its position", keeper.rs, plan.seq)
     return replace(
