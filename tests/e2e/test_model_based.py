@@ -133,7 +133,7 @@ STEPS = st.one_of(
     st.builds(RenameCollection, WRITTEN, st.sampled_from(COLLECTIONS)),
     st.just(Maintain()),
     st.builds(Resnapshot, WRITTEN),
-    st.builds(CopyBeside, WRITTEN),
+    st.builds(CopyBeside, WRITTEN | st.none()),
 )
 SEQUENCES = st.lists(STEPS, min_size=8, max_size=30)
 
@@ -202,16 +202,19 @@ def test_an_update_then_a_delete_between_runs_after_a_merge(sequence, mode, full
     played(sequence(mode, full_update_type), steps)
 
 
+@pytest.mark.parametrize("copied", ["c0", None])
 @pytest.mark.parametrize(("mode", "full_update_type"), MODES)
-def test_a_copy_committed_runs_after_it_read_leaves_the_state_exact(sequence, mode, full_update_type):
-    """A re-snapshot of c0 copied before a deletion, an update and an insert that the next Run's pull
-    lands and its transform applies (c1 too); the copy's batch commits in the Run after that, numbered
-    after the pulls' batches: the document it read and the stream deleted stays deleted."""
+def test_a_copy_committed_runs_after_it_read_leaves_the_state_exact(sequence, mode, full_update_type, copied):
+    """A re-snapshot of c0 (or a whole one) copied before a deletion, an update and an insert that the
+    next Run's pull lands and its transform applies (c1 too); the copy's batch commits in the Run
+    after that, numbered after the pulls' batches: the document it read and the stream deleted stays
+    deleted. Writes between the last pull and the copy are streamed too, even beside a whole copy."""
     steps = [
         *(Insert("c0", key, {"n": key}) for key in range(4)),
         Insert("c1", 0, {}),
         Run(),
-        CopyBeside("c0"),
+        Set("c1", 0, "a", "before the copy"),
+        CopyBeside(copied),
         Delete("c0", 1),
         Set("c0", 2, "a", "x"),
         Insert("c0", 4, {}),

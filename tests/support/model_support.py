@@ -171,12 +171,12 @@ class Resnapshot:
 
 @dataclass
 class CopyBeside:
-    """A re-snapshot of one collection copied at once, its batch committed by the second Run after:
-    the first Run's pull and transform go on beside the copy, as a shard's pull does beside a long
-    copy. One at a time: a step that would start another snapshot, or drop or rename a collection,
-    commits it first."""
+    """A re-snapshot of one collection (None: of every collection, a whole one) copied at once, its
+    batch committed by the second Run after: the first Run's pull and transform go on beside the
+    copy, as a shard's pull does beside a long copy. One at a time: a step that would start another
+    snapshot, or drop or rename a collection, commits it first."""
 
-    coll: str
+    coll: str | None
 
 
 WRITES = (Insert, Replace, Set, Inc, Unset, Push, RenameField, Delete)
@@ -274,7 +274,7 @@ class Sequence:
     run_id: str = ""  # the last run's, which its job records in the applied mark
     merge_by_ranges: bool = False  # every state update by the MERGE on Spark's tasks, checked
     # a CopyBeside's plan, the documents it read and the Runs left before its batch commits
-    copy_beside: tuple[Any, SnapshotRead, int] | None = None
+    copy_beside: tuple[Any, list[SnapshotRead], int] | None = None
 
     def __post_init__(self) -> None:
         self.config = database_source(
@@ -324,7 +324,7 @@ class Sequence:
                 self._resnapshot(step.coll)
         elif isinstance(step, CopyBeside):
             self._commit_copy_beside()
-            if self.snapshotted_at is not None and step.coll in self.model:
+            if self.snapshotted_at is not None and (step.coll is None or step.coll in self.model):
                 self._copy_beside(step.coll)
         elif isinstance(step, Maintain):
             self._maintain()
@@ -360,22 +360,24 @@ class Sequence:
         if self.snapshotted_at is None:
             self.snapshotted_at = result.cluster_time
 
-    def _copy_beside(self, name: str) -> None:
+    def _copy_beside(self, name: str | None) -> None:
         capture = ReplicaSetCapture(self.client, self.config, self.keeper)
-        plan = start_snapshot(capture, only=(f"{self.database}.{name}",))
+        plan = start_snapshot(capture, only=() if name is None else (f"{self.database}.{name}",))
         copy_chunks(self.client, self.config, capture.lake, plan)
-        self.copy_beside = (plan, SnapshotRead(name, plan.cluster_time, sorted(self.model[name])), 2)
+        names = sorted(self.model) if name is None else [name]
+        reads = [SnapshotRead(n, plan.cluster_time, sorted(self.model[n])) for n in names]
+        self.copy_beside = (plan, reads, 2)
 
     def _commit_copy_beside(self, at_run: bool = False) -> None:
         """Commit the CopyBeside's batch: now, or at its second Run (``at_run``: a Run's pull is done)."""
         if self.copy_beside is None:
             return
-        plan, read, left = self.copy_beside
+        plan, reads, left = self.copy_beside
         if at_run and left > 1:
-            self.copy_beside = (plan, read, left - 1)
+            self.copy_beside = (plan, reads, left - 1)
             return
         commit_snapshot(self.keeper, plan)
-        self.snapshot_reads.append(read)
+        self.snapshot_reads.extend(reads)
         self.copy_beside = None
 
     def _run(self) -> None:
