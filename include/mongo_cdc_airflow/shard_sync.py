@@ -243,6 +243,7 @@ class ShardSync:
         ti = get_current_context()["ti"]
         pulled = ti.xcom_pull(task_ids=task_ids.SHARD_PULL, map_indexes=ti.map_index)
         figures: dict = {"documents": {}, "seconds": 0}
+        last_batch: dict = {}
         started = {"snapshot": None} if is_backfill() else self.started()
         if started["snapshot"] is not None:
             plan = self.keeper.lake.snapshot_plan(self.shard.rs, started["snapshot"]["seq"])
@@ -263,9 +264,11 @@ class ShardSync:
                 chunks=len(plan.chunks),
                 newest_source_ts_ms=(copied.cluster_time >> 32) * 1000,
             )
+            # the replica set's last batch is now the snapshot's, numbered after the pull's
+            last_batch["batch_seq"] = self.keeper.load_checked().batch_seq
         if pulled is None:  # the copy is committed all the same: the next run streams on after it
             raise AirflowFailException(f"shard {self.shard.id}: its pull failed (see its log)")
-        return {**pulled, "snapshot": figures}
+        return {**pulled, **last_batch, "snapshot": figures}
 
     def verify(self) -> dict:
         """Verify the shard's collections (``mongo_cdc.verify``) when the trigger asks for it or the
