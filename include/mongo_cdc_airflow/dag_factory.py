@@ -2,9 +2,9 @@
 ``source_tasks`` and ``shard_sync``, the shard lifecycle in ``mongo_cdc.capture.shard_lifecycle``).
 
 ``mongo_cdc__<source>``: discover -> snapshot_start (per shard) -> snapshot_chunks -> snapshot_copy
-(per slice of chunks) -> per-shard mapped group [snapshot -> pull -> verify] -> plan_transform -> Spark
-transform -> summary, and stuck_collections (only when the transform failed); verification_failed
-(runs when a task of a shard's sync failed, fails the run when a verify did).
+(per slice of chunks), beside a per-shard mapped group [pull -> snapshot (its commit) -> verify] ->
+plan_transform -> Spark transform -> summary, and stuck_collections (only when the transform failed);
+verification_failed (runs when a task of a shard's sync failed, fails the run when a verify did).
 ``mongo_cdc_topology__<source>``: a deferrable sensor that triggers the CDC DAG as soon as shards are
 added to or removed from the cluster (while the CDC DAG is unpaused).
 """
@@ -113,34 +113,45 @@ def build_cdc_dag(config: SourceConfig) -> DAG:
         def snapshot_copy(work: dict) -> dict:
             return chunk_copy.copy_slice(config, work)
 
-        @task(map_index_template="{{ shard_id }}", trigger_rule=TriggerRule.ALL_DONE)
+        # all_done: a shard whose snapshot_start failed is told so by its pull; the others go on
+        @task(task_id=task_ids.PULL, map_index_template="{{ shard_id }}", trigger_rule=TriggerRule.ALL_DONE)
+        @sole_writer(config)
+        def pull(shard_entry: dict) -> dict:
+            return ShardSync(config, shard_entry).pull()
+
+        @task(
+            task_id=task_ids.SNAPSHOT, map_index_template="{{ shard_id }}", trigger_rule=TriggerRule.ALL_DONE
+        )
         @sole_writer(config)
         def snapshot(shard_entry: dict) -> dict:
             return ShardSync(config, shard_entry).snapshot()
 
-        @task(task_id=task_ids.PULL, map_index_template="{{ shard_id }}")
-        @sole_writer(config)
-        def pull(shard_entry: dict, snapshot_result: dict) -> dict:
-            return ShardSync(config, shard_entry).pull(snapshot_result)
-
         shards = discover()
         chunk_work = snapshot_chunks(shards)
-        snapshot_start.expand(shard_entry=shards) >> chunk_work
+        starts = snapshot_start.expand(shard_entry=shards)
+        starts >> chunk_work
         # Airflow cannot map a task inside a mapped group: the chunks' fan-out sits between the groups
         copies = snapshot_copy.expand(work=chunk_work)
 
-        # After the pull, before the transform: its repairs are a batch this run's transform applies.
+        # After the snapshot's commit, before the transform: its repairs are a batch this run's
+        # transform applies.
         @task(task_id=task_ids.VERIFY, map_index_template="{{ shard_id }}")
         @sole_writer(config)
-        def verify(shard_entry: dict, pulled: dict) -> dict:
+        def verify(shard_entry: dict, synced: dict) -> dict:
             return ShardSync(config, shard_entry).verify()
 
         @task_group(group_id=task_ids.SHARD_SYNC)
         def shard_sync(shard_entry: dict) -> dict:
+            # The pull streams while the copies run; the commit waits for both (one offset writer at
+            # a time: the copies write none). The offset and the batch numbers keep that order safe
+            # (``snapshot.commit_snapshot``).
+            pulled = pull(shard_entry)
+            starts >> pulled
             committed = snapshot(shard_entry)
+            pulled >> committed
             copies >> committed
-            # the group's last task: plan_transform waits for it (the summary reads the pull by task id)
-            return verify(shard_entry, pull(shard_entry, committed))
+            # the group's last task: plan_transform waits for it
+            return verify(shard_entry, committed)
 
         @task(task_id=task_ids.PLAN_TRANSFORM, trigger_rule=TriggerRule.ALL_DONE)
         def plan_transform() -> list[str]:

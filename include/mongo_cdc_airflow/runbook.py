@@ -76,7 +76,7 @@ FAILURES = (
         "Check the source connection (its hosts, network, credentials); the next run catches up.",
     ),
     (
-        "did not sync (see their pull tasks)",
+        "did not sync (see their shard_sync tasks)",
         "Read the failed shard's own task log; the other shards landed and it catches up next run.",
     ),
     (
@@ -118,8 +118,8 @@ DAG's pause switch is the source's: its shard watch `{topology_dag_id(config.nam
 | `{task_ids.SNAPSHOT_START}` | Per shard: snapshot, resume or stream (its log says why); plans the copy |
 | `snapshot_chunks` | Lists the chunks still to copy, for `snapshot_copy` |
 | `snapshot_copy` | Copies one chunk of one collection (mapped: one task per chunk) |
-| `shard_sync.snapshot` | Per shard: commits the snapshot once every chunk is copied |
-| `{task_ids.SHARD_PULL}` | Per shard: streams changes into the raw tables until caught up |
+| `{task_ids.SHARD_PULL}` | Per shard: streams into the raw tables until caught up, while the copy runs |
+| `{task_ids.SHARD_SNAPSHOT}` | Per shard, after its pull: commits the snapshot once every chunk is copied |
 | `{task_ids.SHARD_VERIFY}` | Per shard, on **Verify** or daily: state vs MongoDB, drift healed |
 | `{task_ids.PLAN_TRANSFORM}`, `{task_ids.TRANSFORM}` | Spark updates `state` and `changes` from `raw` |
 | `summary` | Event counts, lag, each replica set's oplog window (XCom and log); Asset events |

@@ -1,9 +1,9 @@
-"""One shard's work in a CDC run: the bodies of the mapped ``snapshot_start``, ``shard_sync.snapshot``
-and ``shard_sync.pull``.
+"""One shard's work in a CDC run: the bodies of the mapped ``snapshot_start``, ``shard_sync.pull``
+and ``shard_sync.snapshot``.
 
 ``ShardSync`` carries out the ``shard_lifecycle.ShardPlan`` the core decides; the MongoDB clients
-come from ``MongoCdcHook``, the offset from its Variable. A snapshot's chunks are copied in
-between, by the ``snapshot_copy`` tasks (``chunk_copy``).
+come from ``MongoCdcHook``, the offset from its Variable. A snapshot's chunks are copied by the
+``snapshot_copy`` tasks (``chunk_copy``) while the shard's pull streams.
 """
 
 from __future__ import annotations
@@ -125,7 +125,8 @@ class ShardSync:
 
     def plan(self) -> ShardPlan:
         from mongo_cdc.capture.oplog_recovery import recovery_pending
-        from mongo_cdc.capture.snapshot import newly_captured, resume_position_lost
+        from mongo_cdc.capture.snapshot import newly_captured
+        from mongo_cdc.capture.streaming import resume_position_lost
 
         def position_lost(offset: Offset) -> bool:
             with self.client() as client:
@@ -212,52 +213,27 @@ class ShardSync:
         with self.client() as client:
             move_stream(client, self.shard.rs, self.keeper, move.to, move.skip_unread)
 
-    def snapshot(self) -> dict:
-        """Commit the snapshot ``snapshot_start`` began once every chunk is copied; the result carries
-        the plan to the pull."""
-        from mongo_cdc.capture.snapshot import SnapshotIncompleteError, commit_snapshot
-        from mongo_cdc_airflow.lineage import report_landed
-
-        if is_backfill():
-            return {"documents": {}, "seconds": 0}
+    def started(self) -> dict:
+        """What this shard's ``snapshot_start`` returned: the plan, and the snapshot it began (if any)."""
         ti = get_current_context()["ti"]
+        # inside the mapped group: this shard's own, not every map index's
         started = ti.xcom_pull(task_ids=task_ids.SNAPSHOT_START, map_indexes=ti.map_index)
         if started is None:
             raise AirflowFailException(
                 f"shard {self.shard.id}: its snapshot_start task failed (see its log), so it is neither "
                 "snapshotted nor streamed in this run; the next run starts again"
             )
-        result = {"documents": {}, "seconds": 0, "plan": started["plan"]}
-        if started["snapshot"] is None:
-            return result
-        plan = self.keeper.lake.snapshot_plan(self.shard.rs, started["snapshot"]["seq"])
-        if plan is None:
-            raise RuntimeError(
-                f"shard {self.shard.id}: snapshot {started['snapshot']['seq']} has no plan in the lake's "
-                "snapshot log: the lake was moved or edited since snapshot_start; run again"
-            )
-        try:
-            copied = commit_snapshot(self.keeper, plan)
-        except SnapshotIncompleteError as exc:  # retrying this task copies nothing: fail at once
-            raise AirflowFailException(str(exc)) from None
-        report_landed(self, self.shard.hosts, self.keeper.lake, copied.documents)
-        # the snapshot's rows are the source as of its position: the run's lag counts from there
-        result.update(
-            documents=copied.documents,
-            seconds=round(copied.seconds, 3),
-            chunks=len(plan.chunks),
-            newest_source_ts_ms=(copied.cluster_time >> 32) * 1000,
-        )
-        return result
+        return started
 
-    def pull(self, snapshot_result: dict) -> dict:
-        """Stream until caught up (the plan permitting), then retire the offset of a shard that left."""
+    def pull(self) -> dict:
+        """Stream until caught up (the plan permitting), then retire the offset of a shard that left.
+        It runs while the shard's snapshot copies (``snapshot_copy``), before that snapshot commits."""
         from mongo_cdc.capture.streaming import pull_changes
         from mongo_cdc_airflow.lineage import report_landed
 
         if is_backfill():
             return self.backfill()
-        plan = ShardPlan.from_dict(snapshot_result["plan"])
+        plan = ShardPlan.from_dict(self.started()["plan"])
         result: dict = {"rs": self.shard.rs, "events": {}}
         if plan.stream:
             # connection failures are retried inside the pull (connect.* settings), which names the
@@ -271,10 +247,44 @@ class ShardSync:
             retired_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
             self.keeper.commit(self.keeper.load() or Offset(), retired_at=retired_at)
             log.info("shard %s left the cluster: its stream is drained and its offset retired", self.shard.id)
-        result["snapshot"] = {
-            key: snapshot_result.get(key) for key in ("documents", "seconds", "chunks", "newest_source_ts_ms")
-        }
         return result
+
+    def snapshot(self) -> dict:
+        """Commit the snapshot ``snapshot_start`` began once every chunk is copied (after the pull,
+        which went on beside the copy). The result is the shard's sync in this run: the pull's, with
+        the snapshot's figures under ``snapshot``."""
+        from mongo_cdc.capture.snapshot import SnapshotIncompleteError, commit_snapshot
+        from mongo_cdc_airflow.lineage import report_landed
+
+        ti = get_current_context()["ti"]
+        pulled = ti.xcom_pull(task_ids=task_ids.SHARD_PULL, map_indexes=ti.map_index)
+        figures: dict = {"documents": {}, "seconds": 0}
+        last_batch: dict = {}
+        started = {"snapshot": None} if is_backfill() else self.started()
+        if started["snapshot"] is not None:
+            plan = self.keeper.lake.snapshot_plan(self.shard.rs, started["snapshot"]["seq"])
+            if plan is None:
+                raise RuntimeError(
+                    f"shard {self.shard.id}: snapshot {started['snapshot']['seq']} has no plan in the lake's "
+                    "snapshot log: the lake was moved or edited since snapshot_start; run again"
+                )
+            try:
+                copied = commit_snapshot(self.keeper, plan)
+            except SnapshotIncompleteError as exc:  # retrying this task copies nothing: fail at once
+                raise AirflowFailException(str(exc)) from None
+            report_landed(self, self.shard.hosts, self.keeper.lake, copied.documents)
+            # the snapshot's rows are the source as of its position: the run's lag counts from there
+            figures.update(
+                documents=copied.documents,
+                seconds=round(copied.seconds, 3),
+                chunks=len(plan.chunks),
+                newest_source_ts_ms=(copied.cluster_time >> 32) * 1000,
+            )
+            # the replica set's last batch is now the snapshot's, numbered after the pull's
+            last_batch["batch_seq"] = self.keeper.load_checked().batch_seq
+        if pulled is None:  # the copy is committed all the same: the next run streams on after it
+            raise AirflowFailException(f"shard {self.shard.id}: its pull failed (see its log)")
+        return {**pulled, **last_batch, "snapshot": figures}
 
     def verify(self) -> dict:
         """Verify the shard's collections (``mongo_cdc.verify``) when the trigger asks for it or the

@@ -121,7 +121,7 @@ def plan_transform(config: SourceConfig) -> list[str]:
     shards = ti.xcom_pull(task_ids=task_ids.DISCOVER)
     if shards is None:
         raise AirflowFailException("discover failed (see its log): nothing was pulled, so no transform")
-    pulls = [ti.xcom_pull(task_ids=task_ids.SHARD_PULL, map_indexes=i) for i in range(len(shards))]
+    pulls = [ti.xcom_pull(task_ids=task_ids.SHARD_SNAPSHOT, map_indexes=i) for i in range(len(shards))]
     landed = committed_batches(config) != ti.xcom_pull(task_ids=task_ids.DISCOVER, key=task_ids.COMMITTED_KEY)
     if all(result is None for result in pulls) and not landed:
         raise AirflowFailException(
@@ -205,7 +205,7 @@ def summary(config: SourceConfig) -> dict:
         raise AirflowFailException("discover failed (see its log): nothing was pulled, so nothing to report")
     # Explicit map indexes: how a mapped group's output resolves outside the group depends on
     # its size (one shard gives a bare dict), and the summary must see every shard.
-    pulls = [ti.xcom_pull(task_ids=task_ids.SHARD_PULL, map_indexes=i) for i in range(len(shards))]
+    pulls = [ti.xcom_pull(task_ids=task_ids.SHARD_SNAPSHOT, map_indexes=i) for i in range(len(shards))]
     run_end = pendulum.now("UTC")
     run_end_ms = int(run_end.timestamp() * 1000)
     result = summarize([p for p in pulls if p is not None], run_end)
@@ -223,7 +223,7 @@ def summary(config: SourceConfig) -> dict:
     failed = [shard["id"] for shard, p in zip(shards, pulls, strict=True) if p is None]
     if failed:  # a retry reads the same pull results: fail at once
         fail_at_once(
-            f"shards {', '.join(failed)} did not sync (see their pull tasks); the other shards' "
+            f"shards {', '.join(failed)} did not sync (see their shard_sync tasks); the other shards' "
             "changes landed and they catch up at the next run"
         )
     committed_before = ti.xcom_pull(task_ids=task_ids.DISCOVER, key=task_ids.COMMITTED_KEY)

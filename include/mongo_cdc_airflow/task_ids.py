@@ -6,6 +6,9 @@ SNAPSHOT_START = "snapshot_start"
 SHARD_SYNC = "shard_sync"  # the per-shard mapped task group
 PULL = "pull"
 SHARD_PULL = f"{SHARD_SYNC}.{PULL}"  # the pull's id outside its group
+SNAPSHOT = "snapshot"
+# the snapshot's commit, the group's task after the pull: its XCom is the shard's sync in the run
+SHARD_SNAPSHOT = f"{SHARD_SYNC}.{SNAPSHOT}"
 VERIFY = "verify"
 SHARD_VERIFY = f"{SHARD_SYNC}.{VERIFY}"
 VERIFICATION_FAILED = "verification_failed"

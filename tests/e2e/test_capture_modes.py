@@ -318,6 +318,7 @@ def test_pre_image_mode_through_the_dag_refuses_then_reaches_state(cdc_source, r
         # stuck_collections fails a run whose transform did not run
         assert failed == {
             "snapshot_start",
+            "shard_sync.pull",
             "shard_sync.snapshot",
             "plan_transform",
             "summary",

@@ -20,10 +20,11 @@ from bson import Int64
 from cdc_support import spark_job
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
+from model_dag_runs import DagSequence
 from model_support import (
     COLLECTIONS,
     MODES,
-    DagSequence,
+    CopyBeside,
     Delete,
     DropCollection,
     FilteredResnapshot,
@@ -134,6 +135,7 @@ STEPS = st.one_of(
     st.just(Maintain()),
     st.builds(Resnapshot, WRITTEN),
     st.builds(FilteredResnapshot, WRITTEN) | st.builds(FilteredResnapshot, WRITTEN, KEYS, KEYS),
+    st.builds(CopyBeside, WRITTEN | st.none()),
 )
 SEQUENCES = st.lists(STEPS, min_size=8, max_size=30)
 
@@ -222,6 +224,33 @@ def test_filtered_resnapshots_by_a_field_and_by_an_id_range(sequence, mode, full
         Run(),
         FilteredResnapshot("c1", 5, 9),  # an empty range: reads nothing, deletes nothing
         FilteredResnapshot("c0"),
+        Run(),
+    ]
+    played(sequence(mode, full_update_type), steps)
+
+
+@pytest.mark.parametrize("copied", ["c0", None])
+@pytest.mark.parametrize(("mode", "full_update_type"), MODES)
+def test_a_copy_committed_runs_after_it_read_leaves_the_state_exact(sequence, mode, full_update_type, copied):
+    """A re-snapshot of c0 (or a whole one) copied before a deletion, an update and an insert that the
+    next Run's pull lands and its transform applies (c1 too); the copy's batch commits in the Run
+    after that, numbered after the pulls' batches: the document it read and the stream deleted stays
+    deleted. Writes between the last pull and the copy are streamed too, even beside a whole copy."""
+    steps = [
+        *(Insert("c0", key, {"n": key}) for key in range(4)),
+        Insert("c1", 0, {}),
+        Run(),
+        Set("c1", 0, "a", "before the copy"),
+        CopyBeside(copied),
+        Delete("c0", 1),
+        Set("c0", 2, "a", "x"),
+        Insert("c0", 4, {}),
+        Insert("c1", 1, {}),
+        Run(),
+        Delete("c0", 3),
+        Insert("c1", 2, {}),
+        Run(),
+        Set("c0", 0, "a", "y"),
         Run(),
     ]
     played(sequence(mode, full_update_type), steps)

@@ -29,8 +29,7 @@ from mongo_cdc.capture.change_cursor import token_cluster_time
 from mongo_cdc.capture.oplog_recovery import begin_recovery, recovery_pending
 from mongo_cdc.capture.replica_set import ReplicaSetCapture
 from mongo_cdc.capture.shard_lifecycle import plan_shard
-from mongo_cdc.capture.snapshot import resume_position_lost
-from mongo_cdc.capture.streaming import pull_changes
+from mongo_cdc.capture.streaming import pull_changes, resume_position_lost
 from mongo_cdc.lake.landing import SourceLake
 from mongo_cdc.verify.verification import REPAIR, verify_replica_set
 

@@ -42,7 +42,7 @@ from pymongo.client_session import ClientSession
 from mongo_cdc import extjson
 from mongo_cdc.capture.change_cursor import token_cluster_time
 from mongo_cdc.capture.replica_set import ReplicaSetCapture
-from mongo_cdc.capture.snapshot import run_snapshot
+from mongo_cdc.capture.snapshot import commit_snapshot, copy_chunks, run_snapshot, start_snapshot
 from mongo_cdc.capture.snapshot_filters import filter_text
 from mongo_cdc.capture.streaming import pull_changes
 from mongo_cdc.lake import RENAMED_COPY_ORDER, deletions_uri, pack_cluster_time, table_uri
@@ -192,6 +192,16 @@ class FilteredResnapshot:
         return self.low <= key < (self.high if self.high is not None else key + 1)
 
 
+@dataclass
+class CopyBeside:
+    """A re-snapshot of one collection (None: of every collection, a whole one) copied at once, its
+    batch committed by the second Run after: the first Run's pull and transform go on beside the
+    copy, as a shard's pull does beside a long copy. One at a time: a step that would start another
+    snapshot, or drop or rename a collection, commits it first."""
+
+    coll: str | None
+
+
 WRITES = (Insert, Replace, Set, Inc, Unset, Push, RenameField, Delete)
 
 
@@ -286,6 +296,11 @@ class Sequence:
     versions_before_job: dict[tuple[str, str], int | None] = field(default_factory=dict)
     run_id: str = ""  # the last run's, which its job records in the applied mark
     merge_by_ranges: bool = False  # every state update by the MERGE on Spark's tasks, checked
+    # what makes a raw row the same landing: a sequence that replays nothing it landed leaves out
+    # batch_seq (a replay lands an event in a later batch)
+    landed_once_by: tuple[str, ...] = ("key", "op", "cluster_time", "event_order", "batch_seq")
+    # a CopyBeside's plan, the documents it read and the Runs left before its batch commits
+    copy_beside: tuple[Any, list[SnapshotRead], int] | None = None
 
     def __post_init__(self) -> None:
         self.config = database_source(
@@ -321,15 +336,22 @@ class Sequence:
                 for write in step.writes:
                     self._write(write, session)
         elif isinstance(step, DropCollection):
+            self._commit_copy_beside()
             if self.model.pop(step.coll, None) is not None:
                 self.db.drop_collection(step.coll)
         elif isinstance(step, RenameCollection):
+            self._commit_copy_beside()
             if step.coll in self.model and step.coll != step.to:
                 self.db[step.coll].rename(step.to, dropTarget=True)
                 self.model[step.to] = self.model.pop(step.coll)
         elif isinstance(step, (Resnapshot, FilteredResnapshot)):
+            self._commit_copy_beside()
             if self.snapshotted_at is not None and step.coll in self.model:
                 self._resnapshot(step.coll, step if isinstance(step, FilteredResnapshot) else None)
+        elif isinstance(step, CopyBeside):
+            self._commit_copy_beside()
+            if self.snapshotted_at is not None and (step.coll is None or step.coll in self.model):
+                self._copy_beside(step.coll)
         elif isinstance(step, Maintain):
             self._maintain()
         elif isinstance(step, Run):
@@ -373,6 +395,26 @@ class Sequence:
         documents = self.model.get(name, {})
         return sorted(key for key, doc in documents.items() if filtered is None or filtered.matches(key, doc))
 
+    def _copy_beside(self, name: str | None) -> None:
+        capture = ReplicaSetCapture(self.client, self.config, self.keeper)
+        plan = start_snapshot(capture, only=() if name is None else (f"{self.database}.{name}",))
+        copy_chunks(self.client, self.config, capture.lake, plan)
+        names = sorted(self.model) if name is None else [name]
+        reads = [SnapshotRead(n, plan.cluster_time, sorted(self.model[n])) for n in names]
+        self.copy_beside = (plan, reads, 2)
+
+    def _commit_copy_beside(self, at_run: bool = False) -> None:
+        """Commit the CopyBeside's batch: now, or at its second Run (``at_run``: a Run's pull is done)."""
+        if self.copy_beside is None:
+            return
+        plan, reads, left = self.copy_beside
+        if at_run and left > 1:
+            self.copy_beside = (plan, reads, left - 1)
+            return
+        commit_snapshot(self.keeper, plan)
+        self.snapshot_reads.extend(reads)
+        self.copy_beside = None
+
     def _run(self) -> None:
         self.runs += 1
         self.versions_before_job = self._versions()
@@ -380,6 +422,7 @@ class Sequence:
         self._read_stream()
         self._check_mongodb_is_the_model()
         for name in COLLECTIONS:
+            self._check_raw(name)
             self._check_state(name)
             self._check_changes(name)
         self._check_figures()
@@ -390,6 +433,7 @@ class Sequence:
             self._snapshot()
         else:
             pull_changes(ReplicaSetCapture(self.client, self.config, self.keeper))
+            self._commit_copy_beside(at_run=True)
         self._transform()
 
     def _transform(self) -> None:
@@ -489,6 +533,18 @@ class Sequence:
                 versions[name, zone] = None if table is None else table.version()
         return versions
 
+    def _check_raw(self, name: str) -> None:
+        """Every committed raw row landed once (``landed_once_by``: none twice in one batch), and no two
+        batches share a number (a pull beside a copy takes none of the copy's)."""
+        source_lake = SourceLake(self.location, self.prefix)
+        columns = list(self.landed_once_by)
+        rows = source_lake.committed_raw(f"{self.database}.{name}", columns).to_pylist()
+        landed = [tuple(row[column] for column in columns) for row in rows]
+        twice = sorted({row for row in landed if landed.count(row) > 1})
+        assert not twice, f"run {self.runs}: {name}: raw rows landed twice: {twice[:3]}"
+        seqs = [(batch.rs, batch.raw_seq) for batch in source_lake.batches() if batch.kind != "position"]
+        assert len(seqs) == len(set(seqs)), f"run {self.runs}: two batches carry rows of one number: {seqs}"
+
     def _check_state(self, name: str) -> None:
         stored = {doc["_id"]: doc.raw for doc in self.db.get_collection(name, codec_options=RAW_BSON).find()}
         rows = self._rows("state", name, ["__id", "__doc_bson"])
@@ -527,49 +583,6 @@ class Sequence:
             if e.coll == name and e.op in ("c", "u", "d") and e.cluster_time >= (self.snapshotted_at or 0)
         ]
         assert found == streamed, f"run {self.runs}: {name}: change rows differ from the stream's events"
-
-
-@dataclass
-class DagSequence(Sequence):
-    """A sequence whose runs are real DAG runs (``CdcSource.run``: dag.test, the transform by
-    spark-submit); a re-snapshot is the next run's, through its trigger params."""
-
-    source: Any = None  # tests/support/cdc_support.py's CdcSource
-    requested: dict[str, FilteredResnapshot | None] = field(default_factory=dict)
-    batches_seen: int = 0
-
-    def _resnapshot(self, name: str, filtered: FilteredResnapshot | None) -> None:
-        self.requested[name] = filtered  # the last one asked for a collection before a run
-
-    def _pipeline_run(self) -> None:
-        # (a collection dropped or renamed since it was asked for is not there to copy)
-        requested = {name: filtered for name, filtered in self.requested.items() if name in self.model}
-        ids = {name: self._matching(name, requested.get(name)) for name in self.model}
-        self.requested = {}
-        conf = None
-        if requested:
-            filters = {f"{self.database}.{n}": f.query() for n, f in requested.items() if f is not None}
-            collections = sorted(f"{self.database}.{name}" for name in requested)
-            conf = {"resnapshot": True, "collections": collections, "filters": filters}
-        self.run_id = self.source.run(conf=conf).run_id
-        # the snapshots this run took (not a rename's copy: the checks leave those out); a filtered
-        # copy is in no manifest unless of an _id range, yet its reads are there
-        batches = self.source.lake.batches()
-        for batch in batches[self.batches_seen :]:
-            if batch.kind != "snapshot" or batch.snapshot_cluster_time is None:
-                continue
-            manifest = batch.manifest
-            if manifest is not None and manifest.event_order == RENAMED_COPY_ORDER:
-                continue
-            copied = set(manifest.collections if manifest is not None else ())
-            if self.snapshotted_at is not None:
-                copied |= {f"{self.database}.{name}" for name, f in requested.items() if f is not None}
-            for namespace in sorted(copied):
-                name = namespace.partition(".")[2]
-                self.snapshot_reads.append(SnapshotRead(name, batch.snapshot_cluster_time, ids.get(name, [])))
-            if self.snapshotted_at is None:
-                self.snapshotted_at = batch.snapshot_cluster_time
-        self.batches_seen = len(batches)
 
 
 def render_test(name: str, mode: str, full_update_type: str, steps: list[Any]) -> str:

@@ -228,7 +228,7 @@ class Airflow:
         return {run["dag_run_id"] for run in self.api("GET", f"/dags/{dag_id}/dagRuns")["dag_runs"]}
 
     def snapshot_documents(self, dag_id: str, run_id: str) -> dict[str, int]:
-        """The documents the run's snapshot copied, per collection (the first shard's snapshot XCom)."""
+        """The documents the run's snapshot copied, per collection (the first shard's snapshot task)."""
         snapshot = self.api(
             "GET",
             f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/shard_sync.snapshot/xcomEntries/return_value",
@@ -236,7 +236,7 @@ class Airflow:
         )["value"]
         if isinstance(snapshot, str):  # the API returns XCom values as stored: JSON text or a JSON value
             snapshot = json.loads(snapshot)
-        return snapshot["documents"]
+        return snapshot["snapshot"]["documents"]
 
     def task_instances(self, dag_id: str, run_id: str) -> list[dict]:
         return self.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances")["task_instances"]

@@ -41,8 +41,12 @@ def test_cdc_dag_is_hourly_with_intervals_one_run_at_a_time_and_backoff_retries(
     assert dag.get_task("shard_sync.snapshot").trigger_rule == "all_done"
     pull = dag.get_task("shard_sync.pull")
     assert pull.retries == 3 and pull.retry_exponential_backoff
-    # the verification follows its shard's pull, and the transform that applies its repairs follows it
-    assert "shard_sync.pull" in dag.get_task("shard_sync.verify").upstream_task_ids
+    # the pull streams while the copies run: it waits for snapshot_start only, and the snapshot's
+    # commit waits for the pull and every copy
+    assert pull.upstream_task_ids == {"discover", "snapshot_start"} and pull.trigger_rule == "all_done"
+    assert {"shard_sync.pull", "snapshot_copy"} <= dag.get_task("shard_sync.snapshot").upstream_task_ids
+    # the verification follows its shard's commit, and the transform that applies its repairs follows it
+    assert "shard_sync.snapshot" in dag.get_task("shard_sync.verify").upstream_task_ids
     assert "shard_sync.verify" in dag.get_task("plan_transform").upstream_task_ids
     assert dag.get_task("verification_failed").upstream_task_ids == {"shard_sync.verify"}
     assert dag.get_task("verification_failed").trigger_rule == "one_failed"

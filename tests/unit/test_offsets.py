@@ -114,6 +114,27 @@ def test_a_running_snapshot_the_lake_committed_is_healed_to_complete(tmp_path):
     assert keeper.load_checked().snapshot == {**running, "status": "complete"}
 
 
+def test_a_snapshot_committed_after_batches_streamed_beside_it_is_healed_by_its_rows_number(tmp_path):
+    # snapshot 2 started, pulls beside its copy committed 3 and 4, then its batch committed as 5
+    lake = _lake_with_batches(tmp_path, 1, 3, 4)
+    lake.commit(Batch("rs0", 5, "snapshot", _token(104), 104, 102, ("db.items",), rows_seq=2))
+    keeper = _keeper(lake)
+    running = {"status": "running", "seq": 2, "cluster_time": 102}
+    keeper.commit(Offset(), resume_token=_token(104), cluster_time=104, batch_seq=4, snapshot=running)
+    healed = keeper.load_checked()
+    assert healed.batch_seq == 5 and healed.snapshot == {**running, "status": "complete"}
+    # an offset rebuilt from the lake alone names the snapshot by its plan's number
+    assert keeper.lake_offset(lake.last_batch("rs0")).snapshot["seq"] == 2
+
+
+def test_the_next_batch_skips_the_number_a_running_snapshot_reserved():
+    running = {"status": "running", "seq": 4, "cluster_time": 102}
+    assert Offset(batch_seq=3, snapshot=running).next_seq == 5
+    assert Offset(batch_seq=6, snapshot=running).next_seq == 7  # pulls beside the copy went on
+    assert Offset(batch_seq=3, snapshot={**running, "status": "complete"}).next_seq == 4
+    assert Offset(batch_seq=3).next_seq == 4
+
+
 def test_an_offset_ahead_of_the_lake_is_refused_naming_both_positions_and_the_fix(tmp_path):
     keeper = _keeper(_lake_with_batches(tmp_path, 1, 2))
     keeper.commit(Offset(), resume_token=_token(109), cluster_time=109, batch_seq=9)

@@ -394,6 +394,19 @@ def test_rows_a_cut_short_landing_left_in_a_table_its_batch_did_not_list_do_not_
     assert selected(rows, window) == [("rs0", 6)]
 
 
+def test_a_snapshot_committed_after_batches_streamed_beside_it_selects_its_rows_by_their_number():
+    # snapshot rows landed as batch 2; pulls beside the copy committed 3 and 4, the snapshot then as 5
+    rows = raw_rows(("rs0", 1), ("rs0", 2), ("rs0", 3), ("rs0", 4))
+    snapshot = Batch("rs0", 5, "snapshot", {"_data": "82"}, 1, 1, ("db.a",), ("db.a",), rows_seq=2)
+    batches = [_logged("rs0", 1, "db.a"), _logged("rs0", 3, "db.a"), _logged("rs0", 4, "db.b"), snapshot]
+    # a table that applied the pulls (through 4) still applies the snapshot
+    window = BatchWindow.of(batches, "db.a", applied={"rs0": 4})
+    assert selected(rows, window) == [("rs0", 2)]
+    assert window.may_hold(2, 2) and not window.may_hold(3, 5)
+    # a table behind everything applies each row once
+    assert selected(rows, BatchWindow.of(batches, "db.a")) == [("rs0", 1), ("rs0", 2), ("rs0", 3)]
+
+
 def test_batch_window_skips_files_whose_batch_statistics_lie_outside_it():
     batches = [_logged("rs0", seq, "db.a") for seq in range(1, 7)] + [_logged("rs1", 1, "db.a")]
     window = BatchWindow.of(batches, "db.a", applied={"rs0": 4, "rs1": 1})

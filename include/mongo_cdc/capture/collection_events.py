@@ -101,7 +101,7 @@ def land_renamed_copy(
         reached = None
         if not reply:
             continue
-        seq = offset.batch_seq + 1
+        seq = offset.next_seq
         columns = SnapshotColumns(block, cluster_time, seq, fields, config.max_batch_size, RENAMED_COPY_ORDER)
         rows = list(columns.record_batches(reply))
         if not ordered:

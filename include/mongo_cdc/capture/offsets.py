@@ -94,6 +94,14 @@ class Offset:
     def snapshot_complete(self) -> bool:
         return self.snapshot.get("status") == "complete"
 
+    @property
+    def next_seq(self) -> int:
+        """The number of the next batch this replica set commits: after the last committed one and
+        after the number a running snapshot reserved for its chunks' rows, so a batch committed while
+        that copy runs (a pull beside it) never carries the copy's number."""
+        running = self.snapshot.get("seq", 0) if self.snapshot.get("status") == "running" else 0
+        return max(self.batch_seq, running) + 1
+
     def to_json(self) -> str:
         """Format 2 (see the module doc)."""
         data = asdict(self)
@@ -260,7 +268,7 @@ def _offset_at(offset: Offset, last: Batch) -> Offset:
 def _healed_snapshot(offset: Offset, last: Batch) -> dict:
     """A snapshot the offset still calls running is complete once the lake committed its batch."""
     running = offset.snapshot.get("status") == "running"
-    if running and offset.snapshot.get("seq") == last.seq and last.kind == "snapshot":
+    if running and offset.snapshot.get("seq") == last.raw_seq and last.kind == "snapshot":
         return {**offset.snapshot, "status": "complete"}
     return offset.snapshot
 
@@ -336,7 +344,7 @@ class OffsetKeeper:
         elif started:
             snapshot = {
                 "status": "complete",
-                "seq": started[-1].seq,
+                "seq": started[-1].raw_seq,  # the snapshot's own number: its plan's
                 "cluster_time": started[-1].snapshot_cluster_time,
             }
         return replace(_offset_at(Offset(), last), snapshot=snapshot)

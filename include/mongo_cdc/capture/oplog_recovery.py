@@ -40,7 +40,8 @@ from pymongo import MongoClient
 
 from mongo_cdc.capture.change_cursor import op_time_of, token_cluster_time
 from mongo_cdc.capture.offsets import Offset, OffsetKeeper
-from mongo_cdc.capture.snapshot import current_position, resume_position_lost
+from mongo_cdc.capture.snapshot import current_position
+from mongo_cdc.capture.streaming import resume_position_lost
 from mongo_cdc.config.values import op_time_moment, op_time_text
 from mongo_cdc.lake.batch_log import Batch
 from mongo_cdc.lake.landing import SourceLake
@@ -73,7 +74,7 @@ def begin_recovery(client: MongoClient, rs: str, keeper: OffsetKeeper) -> Offset
         return None
     token = current_position(client)
     # an open transaction's counters belong to the lost stream: the new one starts outside of it
-    batch = Batch(rs, offset.batch_seq + 1, RECOVER_BATCH, token, token_cluster_time(token))
+    batch = Batch(rs, offset.next_seq, RECOVER_BATCH, token, token_cluster_time(token))
     recovered = keeper.commit_batch(offset, batch)
     lost, now = op_time_of(offset.resume_token), op_time_of(token)
     log.warning(

@@ -18,6 +18,13 @@ A snapshot is three steps; the DAG runs them as separate tasks, ``run_snapshot``
    (the collections it copied completely), so the transform can drop the documents that no longer
    exist, and moves the offset.
 
+The shard's pull goes on while the chunks are copied (the DAG commits after both). Its batches
+never take the number the snapshot reserved for its rows (``Offset.next_seq``); the snapshot's
+batch is numbered when it commits, after them, and records its rows' number (``Batch.rows_seq``),
+so every table that applied the pull's batches applies it too. The commit never moves the stream
+back behind the position the pull reached; the transform's order by position makes the state the
+same whichever lands first.
+
 A re-snapshot (on request, or under ``when_needed`` once the stored position has left the oplog)
 is the same copy, and so is the copy of collections that started being captured after the first
 snapshot (``newly_captured``), for which streaming keeps its position.
@@ -37,7 +44,6 @@ from itertools import chain
 
 import pyarrow as pa
 from pymongo import MongoClient
-from pymongo.errors import OperationFailure
 
 from mongo_cdc.capture.capture_modes import captured_collection_options, require_images
 from mongo_cdc.capture.change_cursor import token_cluster_time
@@ -49,7 +55,7 @@ from mongo_cdc.capture.raw_rows import SourceInfo
 from mongo_cdc.capture.replica_set import ReplicaSetCapture
 from mongo_cdc.capture.snapshot_columns import SnapshotColumns
 from mongo_cdc.capture.snapshot_filters import manifest_of
-from mongo_cdc.capture.streaming import CHANGE_STREAM_HISTORY_LOST
+from mongo_cdc.capture.streaming import resume_position_lost
 from mongo_cdc.capture.topology import owned_ranges
 from mongo_cdc.config import SourceConfig
 from mongo_cdc.id_ranges import loads
@@ -93,18 +99,6 @@ def current_position(client: MongoClient) -> dict:
     with client.watch(max_await_time_ms=1) as stream:
         stream.try_next()
         return stream.resume_token
-
-
-def resume_position_lost(client: MongoClient, token: dict) -> bool:
-    """Whether a change stream can no longer resume after ``token`` (the oplog was truncated past it)."""
-    try:
-        with client.watch(resume_after=token, max_await_time_ms=1, batch_size=1) as stream:
-            stream.try_next()
-    except OperationFailure as exc:
-        if exc.code == CHANGE_STREAM_HISTORY_LOST:
-            return True
-        raise
-    return False
 
 
 def captured_collections(client: MongoClient, config: SourceConfig) -> list[tuple[str, str]]:
@@ -335,7 +329,7 @@ def start_snapshot(
         collections = [(db, coll) for db, coll in sorted(tuple(Namespace.parse(n)) for n in options)]
         collections = [(db, coll) for db, coll in collections if config.snapshots_collection(db, coll)]
     # Never a number an earlier, abandoned snapshot planned: its chunks' rows must not count.
-    seq = max(offset.batch_seq, keeper.lake.last_planned_seq(rs)) + 1
+    seq = max(offset.next_seq, keeper.lake.last_planned_seq(rs) + 1)
     # The manifest lets the transform drop the documents this copy no longer finds. A shard back
     # from retirement has none to drop: what it held before was all migrated to other shards, yet
     # still counts as its own (migrations emit no events). The running offset keeps the flag for a
@@ -542,17 +536,27 @@ def commit_snapshot(keeper: OffsetKeeper, plan: SnapshotPlan) -> SnapshotResult:
     if offset.snapshot.get("seq") == seq and offset.snapshot_complete:
         return result  # a retry of a commit that went through
     reconciled, id_ranges = manifest_of(plan.collections, plan.filters)
+    # Batches streamed while the copy ran committed after it started: the snapshot's batch is numbered
+    # after them, so every table that applied them still applies it; its rows keep the number
+    # reserved at the start (``rows_seq``).
+    batch_seq = max(offset.batch_seq + 1, seq)
+    # A stream that went on beside the copy is already at or past its position: moving it back there
+    # would land those events again.
+    keeps_position = plan.keeps_position or (
+        offset.cluster_time is not None and offset.cluster_time >= plan.cluster_time
+    )
     batch = Batch(
         rs=rs,
-        seq=seq,
+        seq=batch_seq,
         kind="snapshot",
-        resume_token=offset.resume_token if plan.keeps_position else plan.resume_token,
-        cluster_time=offset.cluster_time if plan.keeps_position else plan.cluster_time,
+        resume_token=offset.resume_token if keeps_position else plan.resume_token,
+        cluster_time=offset.cluster_time if keeps_position else plan.cluster_time,
         snapshot_cluster_time=plan.cluster_time,
         collections=None if plan.back_from_retirement else reconciled,
         snapshot_id_ranges=id_ranges,
         namespaces=tuple(namespace for namespace in plan.collections if namespace in with_rows),
-        open_transaction=offset.open_transaction if plan.keeps_position else None,
+        open_transaction=offset.open_transaction if keeps_position else None,
+        rows_seq=None if batch_seq == seq else seq,
     )
     snapshot_info = {
         "status": "complete",

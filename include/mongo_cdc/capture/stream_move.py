@@ -96,7 +96,7 @@ def move_stream(
         )
     token = op_time_position(client, to)
     kind = SKIP if forward else REWIND
-    batch = Batch(rs, offset.batch_seq + 1, kind, token, token_cluster_time(token))
+    batch = Batch(rs, offset.next_seq, kind, token, token_cluster_time(token))
     moved = keeper.commit_batch(offset, batch)
     log.warning(
         "replica set %s: stream moved %s from %s to %s (batch %d, kind %s)%s",

@@ -66,7 +66,7 @@ def start_without_snapshot(
         log.info("replica set %s: streaming starts at op-time %s (%s)", rs, snapshot["start"]["op_time"], key)
     batch = Batch(
         rs=rs,
-        seq=offset.batch_seq + 1,
+        seq=offset.next_seq,
         kind="start",
         resume_token=token,
         cluster_time=token_cluster_time(token),

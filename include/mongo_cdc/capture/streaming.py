@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -104,7 +105,7 @@ def _land(
 ) -> Offset:
     """Land one micro-batch (a commit per raw table, plus its transaction records), then commit it with
     its resume token (``landing``)."""
-    seq = offset.batch_seq + 1
+    seq = offset.next_seq
     keeper.lake.write_raw_tables(
         rs, seq, {namespace: raw_rows_table(rows, seq) for namespace, rows in batch.rows.items()}
     )
@@ -279,7 +280,7 @@ class _ChangeReader:
                             self.offset,
                             Batch(
                                 rs=self.rs,
-                                seq=self.offset.batch_seq + 1,
+                                seq=self.offset.next_seq,
                                 kind="position",
                                 resume_token=token,
                                 cluster_time=token_cluster_time(token),
@@ -312,7 +313,7 @@ class _ChangeReader:
     def _land(self, batch: MicroBatch, token: dict) -> None:
         """Land ``batch`` up to ``token`` on the landing thread, after the batch before it."""
         self.landing.settle()
-        records = self.transactions.batch_table(self.offset.batch_seq + 1)
+        records = self.transactions.batch_table(self.offset.next_seq)
         open_transaction = self.transactions.state()
         self.transactions.landed()
         self.landing.start(
@@ -413,6 +414,8 @@ def pull_changes(
     """
     client, config, rs, keeper = source.client, source.config, source.rs, source.keeper
     offset = keeper.load_checked()
+    if offset is not None:
+        offset = _beside_running_copy(client, keeper, offset)
     if offset is None or offset.resume_token is None:
         raise OffsetError(
             f"offset '{keeper.key}' has no resume position yet; the snapshot step must run first "
@@ -456,6 +459,37 @@ def pull_changes(
         log.info("replica set %s after the pull: %s", rs, describe_oplog(after))
         result.oplog = after.to_dict()
     return result
+
+
+def resume_position_lost(client: MongoClient, token: dict) -> bool:
+    """Whether a change stream can no longer resume after ``token`` (the oplog was truncated past it)."""
+    try:
+        with client.watch(resume_after=token, max_await_time_ms=1, batch_size=1) as stream:
+            stream.try_next()
+    except OperationFailure as exc:
+        if exc.code == CHANGE_STREAM_HISTORY_LOST:
+            return True
+        raise
+    return False
+
+
+def _beside_running_copy(client: MongoClient, keeper: OffsetKeeper, offset: Offset) -> Offset:
+    """Where a pull beside the offset's running snapshot starts: its stored position while it has one
+    in the oplog (events the copy also holds are folded by position, and the changes table keeps
+    them). A stream with no position yet (a first snapshot), or one that left the oplog (a whole
+    re-snapshot under ``when_needed``), starts at the copy's position, which its commit would move it
+    to, unless the copy keeps the stored position (then there is none to start from)."""
+    if offset.snapshot.get("status") != "running":
+        return offset
+    if offset.resume_token is not None and not resume_position_lost(client, offset.resume_token):
+        return offset
+    plan = keeper.lake.snapshot_plan(keeper.rs, offset.snapshot["seq"])
+    if plan is None or plan.keeps_position:
+        return offset
+    log.info("replica set %s: streaming beside snapshot %d from its position", keeper.rs, plan.seq)
+    return replace(
+        offset, resume_token=plan.resume_token, cluster_time=plan.cluster_time, open_transaction=None
+    )
 
 
 def collect_change(

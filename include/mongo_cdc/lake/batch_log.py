@@ -46,6 +46,10 @@ BATCH_LOG_SCHEMA = pa.schema(
         # a filtered re-snapshot's _id ranges, JSON {"<db>.<collection>": <the range filter's Extended
         # JSON>}: of these manifest collections, only the documents in the range were copied (null: none)
         pa.field("snapshot_id_ranges", pa.string()),
+        # the batch_seq its raw rows carry when it is not the batch's own number: a snapshot's chunks
+        # land under the number reserved when it started, and batches streamed while it copied
+        # commit before it (null: its own, as in every row landed before the column existed)
+        pa.field("rows_seq", pa.int64()),
     ]
 )
 
@@ -67,6 +71,12 @@ class Batch:
     renamed_copy: dict | None = None  # {"rename": <the rename's token data>, "after": <hex BSON {_id}>}
     # (namespace, IdRange text) of the manifest's collections a filtered re-snapshot read a range of
     snapshot_id_ranges: tuple[tuple[str, str], ...] = ()
+    rows_seq: int | None = None  # the batch_seq of its raw rows, when not ``seq`` (see the schema)
+
+    @property
+    def raw_seq(self) -> int:
+        """The ``batch_seq`` its raw rows carry."""
+        return self.seq if self.rows_seq is None else self.rows_seq
 
     @property
     def manifest(self) -> SnapshotManifest | None:
@@ -103,6 +113,7 @@ class Batch:
             "snapshot_id_ranges": json.dumps(dict(self.snapshot_id_ranges))
             if self.snapshot_id_ranges
             else None,
+            "rows_seq": self.rows_seq,
         }
 
     @classmethod
@@ -121,6 +132,7 @@ class Batch:
             snapshot_event_order=row.get("snapshot_event_order") or "",
             renamed_copy=json.loads(row["renamed_copy"]) if row.get("renamed_copy") else None,
             snapshot_id_ranges=tuple(json.loads(row.get("snapshot_id_ranges") or "{}").items()),
+            rows_seq=row.get("rows_seq"),
         )
 
 
@@ -135,9 +147,10 @@ def last_batches(batches: Iterable[Batch]) -> dict[str, Batch]:
 
 @dataclass(frozen=True)
 class BatchWindow:
-    """Which raw rows of one collection a table applies: per replica set, the committed batches
-    that wrote rows for it (``seqs``). A batch's rows count only in the tables its log row names: a
-    landing cut short may have left rows in a table the batch, landed again, did not touch."""
+    """Which raw rows of one collection a table applies: per replica set, the ``batch_seq`` of the
+    rows of the committed batches that wrote rows for it (``seqs``). A batch's rows count only in the
+    tables its log row names: a landing cut short may have left rows in a table the batch, landed
+    again, did not touch."""
 
     seqs: Mapping[str, tuple[int, ...]]
     include_history: bool = False
@@ -150,11 +163,13 @@ class BatchWindow:
         applied: Mapping[str, int] | None = None,
         include_history: bool = False,
     ) -> BatchWindow:
-        """The batches of ``batches`` with rows for ``namespace`` past ``applied`` (per replica set)."""
-        seqs: dict[str, list[int]] = {}
+        """The batches of ``batches`` with rows for ``namespace`` past ``applied`` (per replica set;
+        batch numbers, the order they committed in), as the number their rows carry: a snapshot
+        committed after batches streamed beside its copy still applies where they were applied."""
+        seqs: dict[str, set[int]] = {}
         for batch in batches:
             if namespace in batch.namespaces and batch.seq > (applied or {}).get(batch.rs, 0):
-                seqs.setdefault(batch.rs, []).append(batch.seq)
+                seqs.setdefault(batch.rs, set()).add(batch.raw_seq)
         return cls({rs: tuple(sorted(found)) for rs, found in seqs.items()}, include_history)
 
     @property

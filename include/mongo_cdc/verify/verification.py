@@ -306,7 +306,7 @@ def land_repairs(
     batch number."""
     keeper, config = capture.keeper, capture.config
     source = SourceInfo(config.topic_prefix, capture.rs)
-    seq = offset.batch_seq + 1
+    seq = offset.next_seq
     sequence = None if recovered is None else RECOVERY_SEQUENCE
     written = set(repairs)
     for namespace, drifted in sorted(repairs.items()):
