@@ -98,6 +98,11 @@ def test_smoke_run_prints_every_row_of_the_table() -> None:
         r"full re-snapshot \+ transform, bytes to the lake\s+[\d.]+ MB",
         r"heal \+ transform, bytes to the lake\s+[\d.]+ MB\s+[\d.]+x\s+re-snapshot\s+<= 0.05x",
         r"heal \+ transform, bytes to the lake: raw [\d.]+ MB, state [\d.]+ MB, changes [\d.]+ MB",
+        # issue 50 item 1: another collection's backlog beside a copy
+        r"copy beside the pull, 3,000 docs copied\s+300-event backlog of another collection, no copy: lag"
+        r"\s+[\d.]+ s",
+        r"the same beside the copy: lag\s+[\d.]+ s\s+[\d.]+x\s+no copy\s+<= 1.20x",
+        r"the copy \(before issue 50, the backlog's lag was this and the pull's\)\s+[\d.]+ s\s+[\d.]+x",
     ]
     for pattern in expected:
         assert re.search(pattern, table), f"no row matching {pattern!r} in:\n{table}"

@@ -24,6 +24,9 @@ Starts its own single-member replica set in a temporary directory and, section b
 * a lost oplog's healing recovery of a ``--small``-document collection whose lake missed 1% of its
   documents' changes, against its full re-snapshot, each with its transform: time and bytes to the
   lake (``bench.oplog_recovery``);
+* an ``--copy-events`` backlog of one collection pulled alone, and beside a copy of a second
+  ``--copy-state``-document collection in another process, as a DAG run does: the backlog's lag
+  (``bench.copy_beside``);
 * the transform driver's peak RSS for first builds of ``--driver-events`` and 4 times as many events
   (``bench.transform.driver_memory``): it must not grow with the run;
 * many small collections against one of as many documents (``bench.many``): first run, a change in
@@ -54,6 +57,7 @@ from mongo_cdc.lake.landing import SourceLake
 from mongo_cdc.lake.storage import LakeLocation
 from mongo_cdc_dev.bench import data, peers
 from mongo_cdc_dev.bench.context import DB, RS, Bench, Measured, alternated, best
+from mongo_cdc_dev.bench.copy_beside import copy_beside
 from mongo_cdc_dev.bench.many import many_collections
 from mongo_cdc_dev.bench.oplog_recovery import oplog_recovery
 from mongo_cdc_dev.bench.state_scale import state_scale
@@ -91,6 +95,8 @@ SIZES = {
     "large": 8_000,
     "state": 1_000_000,
     "scaled_state": 4_000_000,
+    "copy_state": 1_000_000,
+    "copy_events": 20_000,
     "small_state": 100_000,
     "changes": 1_000,
     "spread_changes": 100_000,
@@ -107,6 +113,8 @@ SMOKE_SIZES = {
     "large": 20,
     "state": 2_000,
     "scaled_state": 8_000,
+    "copy_state": 3_000,
+    "copy_events": 300,
     "small_state": 500,
     "changes": 100,
     "spread_changes": 200,
@@ -389,6 +397,7 @@ SECTIONS: dict[str, Callable[[Bench], list[Row]]] = {
     "state-scale": state_scale,
     "verify": verification,
     "oplog-recovery": oplog_recovery,
+    "copy-beside": copy_beside,
     "many-collections": many_collections,
 }
 
