@@ -14,10 +14,11 @@ from unittest import mock
 
 import pytest
 from cdc_support import spark_job
-from hypothesis import HealthCheck, given, note, settings
+from hypothesis import given, note
 from hypothesis import strategies as st
+from model_draws import TRANSACTIONS, WRITES, derandomized
 from model_recovery import LoseOplog, RacingRun, RecoverySequence
-from model_support import COLLECTIONS, MODES, Delete, Insert, Maintain, Replace, Run, Set, Transaction, Unset
+from model_support import MODES, Delete, Insert, Maintain, Run, Set
 
 from mongo_cdc.capture import streaming
 from mongo_cdc.capture.topology import make_client
@@ -26,22 +27,11 @@ from mongo_cdc_dev.testing import ReplicaSet
 # Sequences per capture mode: each loss of the oplog costs a few seconds of filler writes
 EXAMPLES = int(os.environ.get("MODEL_RECOVERY_EXAMPLES", "4"))
 
-KEYS = st.integers(0, 4)
-WRITTEN = st.sampled_from(COLLECTIONS[:2])
-VALUES = st.integers(-3, 3) | st.text("xy", max_size=2) | st.none()
-FIELDS = st.fixed_dictionaries({}, optional={"a": VALUES, "b": VALUES})
-WRITES = st.one_of(
-    st.builds(Insert, WRITTEN, KEYS, FIELDS),
-    st.builds(Replace, WRITTEN, KEYS, FIELDS),
-    st.builds(Set, WRITTEN, KEYS, st.sampled_from(["a", "b"]), VALUES),
-    st.builds(Unset, WRITTEN, KEYS, st.sampled_from(["a", "b"])),
-    st.builds(Delete, WRITTEN, KEYS),
-)
 STEPS = st.one_of(
     WRITES,
     WRITES,
     WRITES,
-    st.builds(Transaction, st.lists(WRITES, min_size=2, max_size=3)),
+    TRANSACTIONS,
     st.just(Run()),
     st.just(LoseOplog()),
     st.builds(RacingRun, st.lists(WRITES, min_size=1, max_size=3)),
@@ -78,14 +68,7 @@ def sequence(small_oplog_set, spark_context, tmp_path_factory):
     client.close()
 
 
-SETTINGS = settings(
-    max_examples=EXAMPLES,
-    derandomize=True,
-    deadline=None,
-    database=None,
-    report_multiple_bugs=False,
-    suppress_health_check=list(HealthCheck),
-)
+SETTINGS = derandomized(EXAMPLES)
 
 
 @pytest.mark.parametrize(("mode", "full_update_type"), MODES)

@@ -16,14 +16,13 @@ from unittest import mock
 
 import pytest
 from cdc_support import spark_job
-from hypothesis import HealthCheck, given, note, settings
+from hypothesis import given, note
 from hypothesis import strategies as st
+from model_draws import TRANSACTIONS, WRITES, derandomized
 from model_positions import MoveBack, StartedSequence
 from model_support import (
-    COLLECTIONS,
     MODES,
     Delete,
-    Inc,
     Insert,
     Maintain,
     Replace,
@@ -39,23 +38,11 @@ from mongo_cdc.capture.topology import make_client
 # Sequences per capture mode
 EXAMPLES = int(os.environ.get("MODEL_POSITION_EXAMPLES", "5"))
 
-KEYS = st.integers(0, 4)
-WRITTEN = st.sampled_from(COLLECTIONS[:2])
-VALUES = st.integers(-3, 3) | st.text("xy", max_size=2) | st.none()
-FIELDS = st.fixed_dictionaries({}, optional={"a": VALUES, "b": VALUES, "n": st.integers(-3, 3)})
-WRITES = st.one_of(
-    st.builds(Insert, WRITTEN, KEYS, FIELDS),
-    st.builds(Replace, WRITTEN, KEYS, FIELDS),
-    st.builds(Set, WRITTEN, KEYS, st.sampled_from(["a", "b"]), VALUES),
-    st.builds(Inc, WRITTEN, KEYS, st.integers(-2, 2)),
-    st.builds(Unset, WRITTEN, KEYS, st.sampled_from(["a", "b"])),
-    st.builds(Delete, WRITTEN, KEYS),
-)
 STEPS = st.one_of(
     WRITES,
     WRITES,
     WRITES,
-    st.builds(Transaction, st.lists(WRITES, min_size=2, max_size=3)),
+    TRANSACTIONS,
     st.just(Run()),
     st.just(Run()),
     st.builds(MoveBack, st.integers(1, 3)),
@@ -94,14 +81,7 @@ def test_a_source_started_at_an_op_time_with_its_stream_moved_back_equals_mongod
 ):
     moved = []
 
-    @settings(
-        max_examples=EXAMPLES,
-        derandomize=True,
-        deadline=None,
-        database=None,
-        report_multiple_bugs=False,
-        suppress_health_check=list(HealthCheck),
-    )
+    @derandomized(EXAMPLES)
     @given(SEQUENCES)
     def sequences(steps: list) -> None:
         note(f"steps: {steps!r}")

@@ -1,0 +1,35 @@
+"""What the smaller model-based suites draw (a lost oplog, a moved stream): writes to two
+collections of five documents, with few value types, and the derandomized settings they play under.
+The shared suite (tests/e2e/test_model_based.py) draws every kind of write and value."""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from model_support import COLLECTIONS, Delete, Inc, Insert, Replace, Set, Transaction, Unset
+
+KEYS = st.integers(0, 4)
+WRITTEN = st.sampled_from(COLLECTIONS[:2])
+VALUES = st.integers(-3, 3) | st.text("xy", max_size=2) | st.none()
+FIELDS = st.fixed_dictionaries({}, optional={"a": VALUES, "b": VALUES, "n": st.integers(-3, 3)})
+WRITES = st.one_of(
+    st.builds(Insert, WRITTEN, KEYS, FIELDS),
+    st.builds(Replace, WRITTEN, KEYS, FIELDS),
+    st.builds(Set, WRITTEN, KEYS, st.sampled_from(["a", "b"]), VALUES),
+    st.builds(Inc, WRITTEN, KEYS, st.integers(-2, 2)),
+    st.builds(Unset, WRITTEN, KEYS, st.sampled_from(["a", "b"])),
+    st.builds(Delete, WRITTEN, KEYS),
+)
+TRANSACTIONS = st.builds(Transaction, st.lists(WRITES, min_size=2, max_size=3))
+
+
+def derandomized(examples: int) -> settings:
+    """``examples`` sequences per test, the same ones every run (CI's), however slow each is."""
+    return settings(
+        max_examples=examples,
+        derandomize=True,
+        deadline=None,
+        database=None,
+        report_multiple_bugs=False,
+        suppress_health_check=list(HealthCheck),
+    )
