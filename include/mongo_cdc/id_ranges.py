@@ -22,7 +22,7 @@ from bson import MaxKey, MinKey, Regex, json_util
 from bson.codec_options import DatetimeConversion
 
 from mongo_cdc import extjson
-from mongo_cdc.verify.key_order import order_of_key, order_of_value
+from mongo_cdc.id_order import order_of_key, order_of_value
 
 LOWER = ("$gt", "$gte")
 UPPER = ("$lt", "$lte")
