@@ -18,9 +18,10 @@ from unittest import mock
 import pytest
 from bson import Int64
 from cdc_support import spark_job
-from hypothesis import HealthCheck, given, note, settings
+from hypothesis import given, note, settings
 from hypothesis import strategies as st
 from model_dag_runs import DagSequence
+from model_draws import derandomized
 from model_support import (
     COLLECTIONS,
     MODES,
@@ -156,14 +157,7 @@ def drawn_sequences(make, mode: str, full_update_type: str, chosen: settings):
     return sequences
 
 
-CI_SETTINGS = settings(
-    max_examples=CI_EXAMPLES,
-    derandomize=True,
-    deadline=None,
-    database=None,
-    report_multiple_bugs=False,
-    suppress_health_check=list(HealthCheck),
-)
+CI_SETTINGS = derandomized(CI_EXAMPLES)
 SOAK_SETTINGS = settings(CI_SETTINGS, max_examples=SOAK_ROUND, derandomize=False)
 
 
