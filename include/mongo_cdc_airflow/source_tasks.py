@@ -362,7 +362,8 @@ def verification_failed() -> None:
 
 
 def summarize(pulls: list[dict], run_end: pendulum.DateTime) -> dict:
-    """Events per collection and op across shards, the lag of the newest event at run end, and faults.
+    """Events per collection and op across shards (a view's: the changes its read found), the lag of
+    the newest event at run end, and faults.
 
     The newest event is the newest change a pull read, or the position of a snapshot the run took
     (its rows are the source as of then). The lag is in seconds (``lag_seconds``) and as text
@@ -376,14 +377,15 @@ def summarize(pulls: list[dict], run_end: pendulum.DateTime) -> dict:
     for pull_result in pulls:
         for counter in faults:
             faults[counter] += pull_result.get(counter, 0)
-        for namespace, ops in pull_result.get("events", {}).items():
-            for op, count in ops.items():
-                events.setdefault(namespace, {}).setdefault(op, 0)
-                events[namespace][op] += count
         snapshot = pull_result.get("snapshot") or {}
-        for namespace, count in (snapshot.get("documents") or {}).items():
-            events.setdefault(namespace, {}).setdefault("r", 0)
-            events[namespace]["r"] += count
+        copied = {namespace: {"r": count} for namespace, count in (snapshot.get("documents") or {}).items()}
+        views = (pull_result.get("views") or {}).get("changes") or {}
+        # the streamed events, the snapshot's reads, and the changes the views' reads found
+        for found in (pull_result.get("events", {}), copied, views):
+            for namespace, ops in found.items():
+                for op, count in ops.items():
+                    events.setdefault(namespace, {}).setdefault(op, 0)
+                    events[namespace][op] += count
         for ts_ms in (pull_result.get("newest_source_ts_ms"), snapshot.get("newest_source_ts_ms")):
             if ts_ms is not None and (newest is None or ts_ms > newest):
                 newest = ts_ms

@@ -133,6 +133,15 @@ class SourceConfig:
         "in the log), `fail` heals them and then fails the `verify` task (Airflow's alerting fires), "
         "`report` only records them in `raw/<topic.prefix>/_verifications`.",
     )
+    view_read_interval_runs: int = setting(
+        "view.read.interval.runs",
+        1,
+        Integer(1),
+        "A captured view has no change stream: it is read whole and the differences from its state "
+        "land as change rows ([Views](semantics.md#views)). It is read in every run (`1`), or in the "
+        "scheduled runs whose interval starts on a multiple of this many intervals since the epoch; "
+        "manual runs always read it. Its tables are at most this many runs old.",
+    )
     database_include: tuple[re.Pattern, ...] = setting(
         "database.include.list",
         (),
