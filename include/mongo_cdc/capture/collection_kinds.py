@@ -177,8 +177,3 @@ def _id_problem(client: MongoClient, db: str, name: str) -> str | None:
 def not_captured(kinds: Iterable[CollectionKind]) -> dict[str, str]:
     """The namespaces the filters match that the source does not capture, with why."""
     return {kind.namespace: kind.reason or "" for kind in kinds if kind.kind == NOT_CAPTURED}
-
-
-def views(kinds: Iterable[CollectionKind]) -> list[str]:
-    """The namespaces captured as views."""
-    return [kind.namespace for kind in kinds if kind.kind == VIEW]
