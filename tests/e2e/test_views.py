@@ -4,7 +4,8 @@ mongod, real Spark; ``collection_kinds``, ``view_capture``).
 One source's runs, in file order: the first run names the view it cannot capture (an ``$unwind``
 repeats its ``_id``) and the ``system.views`` collection in the discovery log and the summary, and
 lands the other view's documents as ``c`` rows; writes to the base collection reach the view's state
-as ``c``/``u``/``d`` rows after the next run; a run with the view unchanged writes no file."""
+as ``c``/``u``/``d`` rows after the next run; a run with the view unchanged writes no file, and its
+verification leaves the view to its reads."""
 
 from __future__ import annotations
 
@@ -99,12 +100,13 @@ def test_writes_to_the_base_collection_reach_the_view_as_changes(scenario):
     assert changes == [(0, "c"), (0, "u"), (2, "c"), (2, "d"), (4, "c"), (4, "d"), (10, "c")]
 
 
-def test_an_unchanged_view_writes_no_file(scenario):
+def test_an_unchanged_view_writes_no_file_and_verification_leaves_it_to_its_reads(scenario):
     source, client = scenario
     before, batches = view_files(source), view_batches(source)
     assert len(batches) == 2  # a batch for each read that found differences
-    summary = summary_of(source.run())
+    summary = summary_of(source.run(conf={"verify": True}))
     assert view_files(source) == before
     assert view_batches(source) == batches
+    assert sorted(summary["verification"]) == [f"{source.database}.orders"]
     assert f"{source.database}.{VIEW}" not in summary["events"]
     assert_state_equals_collection(source, client, VIEW)
