@@ -114,12 +114,12 @@ DAG's pause switch is the source's: its shard watch `{topology_dag_id(config.nam
 
 | task | what it does |
 | --- | --- |
-| `{task_ids.DISCOVER}` | Checks the trigger params, finds the shards (a plain replica set is one) |
+| `{task_ids.DISCOVER}` | Checks the trigger params, finds the shards, names what is not captured |
 | `{task_ids.SNAPSHOT_START}` | Per shard: snapshot, resume or stream (its log says why); plans the copy |
 | `snapshot_chunks` | Lists the chunks still to copy, for `snapshot_copy` |
 | `snapshot_copy` | Copies one chunk of one collection (mapped: one task per chunk) |
 | `{task_ids.SHARD_PULL}` | Per shard: streams into the raw tables until caught up, while the copy runs |
-| `{task_ids.SHARD_SNAPSHOT}` | Per shard, after its pull: commits the snapshot once every chunk is copied |
+| `{task_ids.SHARD_SNAPSHOT}` | Per shard, after its pull: commits the snapshot, then reads the views |
 | `{task_ids.SHARD_VERIFY}` | Per shard, on **Verify** or daily: state vs MongoDB, drift healed |
 | `{task_ids.PLAN_TRANSFORM}`, `{task_ids.TRANSFORM}` | Spark updates `state` and `changes` from `raw` |
 | `summary` | Event counts, lag, each replica set's oplog window (XCom and log); Asset events |
@@ -167,7 +167,9 @@ land again (no raw row, change row or state version twice); the batch log record
 from the newest event (or the snapshot's position) to the end of the run (`lag`, e.g. `4 min 10 s`;
 `lag_seconds`), disconnects and primary elections, and per replica set the oplog window after the
 pull: `window`, `position_age` (how old the committed position is) and `headroom` (how long it can
-wait before it leaves the oplog), each also in seconds.
+wait before it leaves the oplog), each also in seconds. `not_captured`: the collections the filters
+match that are not captured, with why (a view without a unique `_id`, `system.*`, time-series); a
+view's `c`/`u`/`d` are the differences its read found (docs/semantics.md, Views).
 
 ## Offsets
 

@@ -1,5 +1,5 @@
 """One shard's work in a CDC run: the bodies of the mapped ``snapshot_start``, ``shard_sync.pull``
-and ``shard_sync.snapshot``.
+and ``shard_sync.snapshot`` (which reads the captured views too).
 
 ``ShardSync`` carries out the ``shard_lifecycle.ShardPlan`` the core decides; the MongoDB clients
 come from ``MongoCdcHook``, the offset from its Variable. A snapshot's chunks are copied by the
@@ -251,8 +251,9 @@ class ShardSync:
 
     def snapshot(self) -> dict:
         """Commit the snapshot ``snapshot_start`` began once every chunk is copied (after the pull,
-        which went on beside the copy). The result is the shard's sync in this run: the pull's, with
-        the snapshot's figures under ``snapshot``."""
+        which went on beside the copy), then read the captured views (``read_views``). The result is
+        the shard's sync in this run: the pull's, with the snapshot's figures under ``snapshot`` and
+        the views' reads under ``views``."""
         from mongo_cdc.capture.snapshot import SnapshotIncompleteError, commit_snapshot
         from mongo_cdc_airflow.lineage import report_landed
 
@@ -284,7 +285,32 @@ class ShardSync:
             last_batch["batch_seq"] = self.keeper.load_checked().batch_seq
         if pulled is None:  # the copy is committed all the same: the next run streams on after it
             raise AirflowFailException(f"shard {self.shard.id}: its pull failed (see its log)")
-        return {**pulled, **last_batch, "snapshot": figures}
+        views = None if is_backfill() else self.read_views()
+        if views is not None and views["batch_seq"] is not None:
+            last_batch["batch_seq"] = views["batch_seq"]
+        return {**pulled, **last_batch, "snapshot": figures, "views": views}
+
+    def read_views(self) -> dict | None:
+        """Read the captured views (``mongo_cdc.verify.view_capture``) after the pull and the snapshot,
+        in the runs ``view.read.interval.runs`` picks; None when the run reads none. Discovery named
+        them (a sharded cluster's views are not captured)."""
+        from mongo_cdc.capture.collection_kinds import VIEW
+        from mongo_cdc.verify.view_capture import capture_views, read_due
+
+        context = get_current_context()
+        kinds = context["ti"].xcom_pull(task_ids=task_ids.DISCOVER, key=task_ids.KINDS_KEY) or {}
+        views = sorted(namespace for namespace, kind in kinds.items() if kind == VIEW)
+        if not views:
+            return None
+        every = self.config.view_read_interval_runs
+        if not read_due(every, context.get("data_interval_start"), context.get("data_interval_end")):
+            log.info("views not read in this run (view.read.interval.runs: %d): %s", every, ", ".join(views))
+            return None
+        try:
+            with self.client() as client:
+                return capture_views(self.capture(client), views).to_dict()
+        except ConnectionFailure as exc:
+            raise unreachable(self.shard, exc) from None
 
     def verify(self) -> dict:
         """Verify the shard's collections (``mongo_cdc.verify``) when the trigger asks for it or the

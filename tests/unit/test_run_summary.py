@@ -73,3 +73,15 @@ def test_asset_extras_carry_the_oplog_figures_as_numbers_and_as_text():
     assert (figures["window_seconds"], figures["window"]) == (3 * 3600 + 12 * 60, "3 h 12 min")
     assert (figures["position_age_seconds"], figures["position_age"]) == (2, "2 s")
     assert figures["headroom"] == duration(figures["headroom_seconds"])
+
+
+def test_a_views_changes_count_with_the_streamed_events_and_the_snapshots_reads():
+    pull = {
+        "rs": "rs0",
+        "events": {"shop.orders": {"u": 2}},
+        "snapshot": {"documents": {"shop.orders": 3}},
+        "views": {"changes": {"shop.open_orders": {"c": 1, "d": 2}}, "batch_seq": 7, "not_read": {}},
+        "oplog": _window(),
+    }
+    events = summarize([pull, {**pull, "snapshot": None, "views": None}], RUN_END)["events"]
+    assert events == {"shop.orders": {"u": 4, "r": 3}, "shop.open_orders": {"c": 1, "d": 2}}

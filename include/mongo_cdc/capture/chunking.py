@@ -66,9 +66,12 @@ def plan_chunks(
 
 def _id_index_ordered(options: dict) -> bool:
     """Whether index-key bounds on ``_id`` follow its index: not under a default collation (strings
-    compare by their collation keys), nor in a clustered collection (no separate ``_id`` index)."""
+    compare by their collation keys), nor in a clustered collection (no separate ``_id`` index), nor
+    in a view (no index of its own: it is read whole)."""
     return (
-        options.get("collation", {}).get("locale", "simple") == "simple" and "clusteredIndex" not in options
+        options.get("collation", {}).get("locale", "simple") == "simple"
+        and "clusteredIndex" not in options
+        and "viewOn" not in options
     )
 
 

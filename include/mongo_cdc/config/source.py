@@ -133,6 +133,15 @@ class SourceConfig:
         "in the log), `fail` heals them and then fails the `verify` task (Airflow's alerting fires), "
         "`report` only records them in `raw/<topic.prefix>/_verifications`.",
     )
+    view_read_interval_runs: int = setting(
+        "view.read.interval.runs",
+        1,
+        Integer(1),
+        "A captured view has no change stream: it is read whole and the differences from its state "
+        "land as change rows ([Views](semantics.md#views)). It is read in every run (`1`), or in the "
+        "scheduled runs whose interval starts on a multiple of this many intervals since the epoch; "
+        "manual runs always read it. Its tables are at most this many runs old.",
+    )
     database_include: tuple[re.Pattern, ...] = setting(
         "database.include.list",
         (),
@@ -504,7 +513,12 @@ class SourceConfig:
         return {}
 
     def _matches_collection(self, db: str, collection: str) -> bool:
-        if not self.captures_database(db) or collection.startswith("system."):
+        return not collection.startswith("system.") and self.filters_match(db, collection)
+
+    def filters_match(self, db: str, collection: str) -> bool:
+        """Whether the database and collection filters name ``db.collection``, before the rule that
+        no ``system.*`` collection is captured: discovery reports those it leaves out."""
+        if not self.captures_database(db):
             return False
         namespace = f"{db}.{collection}"
         if self.collection_include:

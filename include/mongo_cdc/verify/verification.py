@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from mongo_cdc import extjson
 from mongo_cdc.capture.capture_modes import captured_collection_options
 from mongo_cdc.capture.change_cursor import token_cluster_time
+from mongo_cdc.capture.collection_kinds import VIEW_BATCH
 from mongo_cdc.capture.field_filters import collection_field_rules
 from mongo_cdc.capture.offsets import Offset
 from mongo_cdc.capture.oplog_recovery import HEAL_BATCH, RECOVERY_SEQUENCE, heal_op
@@ -149,10 +150,13 @@ def verified_namespaces(
     capture: ReplicaSetCapture, options: dict[str, dict], batches: list[Batch]
 ) -> list[str]:
     """The captured collections, and those the lake holds that are gone from MongoDB (their state
-    must be empty once their drop is applied)."""
+    must be empty once their drop is applied). Not the views: each of their reads is a comparison
+    (``view_capture``)."""
     config = capture.config
     known = set(options)
     for batch in batches:
+        if batch.kind == VIEW_BATCH:
+            continue
         for namespace in batch.namespaces:
             db, name = Namespace.parse(namespace)
             if (
@@ -246,7 +250,13 @@ def verify_replica_set(
         in_state = {check.namespace: check.in_state for check in checks}
         if repairs or healed:  # a heal batch without rows still ends the recovery
             result.repair_batch_seq = land_repairs(
-                capture, offset, repairs, result.cluster_time, in_state, HEAL_BATCH if healed else BATCH_KIND
+                capture,
+                offset,
+                repairs,
+                result.cluster_time,
+                in_state,
+                HEAL_BATCH if healed else BATCH_KIND,
+                RECOVERY_SEQUENCE,
             )
         if not healed:
             left = ", ".join(sorted(unhealed | set(result.failed)))
@@ -298,16 +308,16 @@ def land_repairs(
     cluster_time: int,
     recovered: dict[str, set[str]] | None = None,
     kind: str = BATCH_KIND,
+    sequence: str | None = None,
 ) -> int:
     """Read the drifted documents again and land them as one batch (of ``kind``) of raw rows at
-    ``cluster_time``: ``r`` with the document as MongoDB has it now, ``d`` where it has none. In a
-    recovery (``recovered``: per namespace, the drifted keys the state holds), the change each
-    difference implies instead (``oplog_recovery.heal_op``), marked as the recovery's. Returns the
-    batch number."""
+    ``cluster_time``: ``r`` with the document as MongoDB has it now, ``d`` where it has none. With
+    ``recovered`` (per namespace, the drifted keys the state holds: a recovery's or a view's read),
+    the change each difference implies instead (``oplog_recovery.heal_op``). ``sequence``: the
+    rows' ``source.sequence``, which tells a reader where they came from. Returns the batch number."""
     keeper, config = capture.keeper, capture.config
     source = SourceInfo(config.topic_prefix, capture.rs)
     seq = offset.next_seq
-    sequence = None if recovered is None else RECOVERY_SEQUENCE
     written = set(repairs)
     for namespace, drifted in sorted(repairs.items()):
         db, name = Namespace.parse(namespace)
