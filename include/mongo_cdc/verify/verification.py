@@ -55,6 +55,7 @@ from mongo_cdc.capture.raw_tables import keys_and_documents, raw_documents, raw_
 from mongo_cdc.capture.replica_set import ReplicaSetCapture
 from mongo_cdc.capture.snapshot import current_position
 from mongo_cdc.capture.stream_filter import namespace_filter
+from mongo_cdc.capture.time_series import captured_time_series
 from mongo_cdc.lake.batch_log import Batch
 from mongo_cdc.lake.verification_log import REPAIRED, REPORTED, SKIPPED, RangeReport
 from mongo_cdc.namespace import Namespace
@@ -149,9 +150,11 @@ def verified_namespaces(
     capture: ReplicaSetCapture, options: dict[str, dict], batches: list[Batch]
 ) -> list[str]:
     """The captured collections, and those the lake holds that are gone from MongoDB (their state
-    must be empty once their drop is applied)."""
+    must be empty once their drop is applied); not the time-series collections."""
     config = capture.config
     known = set(options)
+    # a time-series collection is compared by its own reconcile (capture.time_series), by time
+    batched = {series.namespace for series in captured_time_series(capture.client, config)}
     for batch in batches:
         for namespace in batch.namespaces:
             db, name = Namespace.parse(namespace)
@@ -161,7 +164,7 @@ def verified_namespaces(
                 and config.captures_collection(db, name)
             ):
                 known.add(namespace)
-    return sorted(known)
+    return sorted(known - batched)
 
 
 def verify_replica_set(
