@@ -12,6 +12,15 @@ from airflow.sdk import get_current_context
 from airflow.sdk.exceptions import AirflowFailException
 from pymongo.errors import ConnectionFailure
 
+from mongo_cdc.capture.collection_kinds import (
+    NOT_CAPTURED,
+    STREAMED,
+    TIME_SERIES,
+    VIEW,
+    CollectionKind,
+    classify_collections,
+    not_captured,
+)
 from mongo_cdc.capture.oplog_window import duration
 from mongo_cdc.capture.shard_lifecycle import still_draining
 from mongo_cdc.capture.topology import Shard, discover_shards, reconcile
@@ -58,6 +67,8 @@ def _discover(config: SourceConfig) -> list[dict]:
     hook = MongoCdcHook(mongo_conn_id=config.mongo_conn_id)
     with hook.source_client() as client:
         live = discover_shards(client)
+        kinds = classify_collections(client, config, sharded=not any(shard.via_source for shard in live))
+    log_collection_kinds(kinds)
     shards = reconcile(
         stored_topology(config.name),
         live,
@@ -77,7 +88,24 @@ def _discover(config: SourceConfig) -> list[dict]:
         log.info("shard %s (replica set %s)%s", shard.id, shard.rs, " retiring" if shard.retiring else "")
     # plan_transform compares them with its own, to tell whether a failed run landed anything
     context["ti"].xcom_push(key=task_ids.COMMITTED_KEY, value=committed_batches(config))
+    # the views the shard tasks read, and the collections the summary names as not captured
+    context["ti"].xcom_push(key=task_ids.KINDS_KEY, value={kind.namespace: kind.kind for kind in kinds})
+    context["ti"].xcom_push(key=task_ids.NOT_CAPTURED_KEY, value=not_captured(kinds))
     return [shard.to_dict() for shard in shards]
+
+
+def log_collection_kinds(kinds: list[CollectionKind]) -> None:
+    """One line per kind of what the source does with the collections its filters match, and a
+    warning naming each one it does not capture, with why."""
+    by_kind: dict[str, list[str]] = {}
+    for kind in kinds:
+        by_kind.setdefault(kind.kind, []).append(kind.namespace)
+    for name in (STREAMED, VIEW, TIME_SERIES):
+        if by_kind.get(name):
+            log.info("%s: %d: %s", name, len(by_kind[name]), ", ".join(by_kind[name]))
+    for kind in kinds:
+        if kind.kind == NOT_CAPTURED:
+            log.warning("%s", kind.describe())
 
 
 def captured_collections(config: SourceConfig, hook: MongoCdcHook, shards: list[Shard]) -> set[str]:
@@ -214,6 +242,9 @@ def summary(config: SourceConfig) -> dict:
         for i in range(len(shards))
     ]
     result["verification"] = verified_collections([v for v in verifications if v is not None])
+    result["not_captured"] = report_not_captured(
+        ti.xcom_pull(task_ids=task_ids.DISCOVER, key=task_ids.NOT_CAPTURED_KEY) or {}
+    )
     emit_verification_metrics(config.name, [v for v in verifications if v is not None])
     lake = source_lake(config)
     batches = lake.batches()
@@ -268,6 +299,14 @@ def verified_collections(verifications: list[dict]) -> dict[str, dict]:
         log.info("verified %s at %s: %d missing, %d extra, %d different", namespace, entry["verified_at"],
                  entry["missing"], entry["extra"], entry["different"])  # fmt: skip
     return found
+
+
+def report_not_captured(skipped: dict[str, str]) -> dict[str, str]:
+    """Log each collection the filters match that the source does not capture, with why (discover
+    found them); the same, for the run's result."""
+    for namespace, reason in sorted(skipped.items()):
+        log.warning("not captured: %s: %s", namespace, reason)
+    return skipped
 
 
 def report_backlogs(backlogs: dict[str, Backlog]) -> dict[str, int]:

@@ -23,3 +23,7 @@ PENDING_KEY = "pending"
 WORK_KEY = "work"
 # verify: what the verification found (pushed before a verify.on.drift: fail fails the task)
 VERIFICATION_KEY = "verification"
+# discover: each collection the filters match -> what the source does with it (``collection_kinds``)
+KINDS_KEY = "kinds"
+# discover: the collections the filters match that the source does not capture -> why
+NOT_CAPTURED_KEY = "not_captured"

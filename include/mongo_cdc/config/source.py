@@ -522,7 +522,12 @@ class SourceConfig:
         return {}
 
     def _matches_collection(self, db: str, collection: str) -> bool:
-        if not self.captures_database(db) or collection.startswith("system."):
+        return not collection.startswith("system.") and self.filters_match(db, collection)
+
+    def filters_match(self, db: str, collection: str) -> bool:
+        """Whether the database and collection filters name ``db.collection``, before the rule that
+        no ``system.*`` collection is captured: discovery reports those it leaves out."""
+        if not self.captures_database(db):
             return False
         namespace = f"{db}.{collection}"
         if self.collection_include:
