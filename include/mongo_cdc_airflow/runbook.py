@@ -167,7 +167,10 @@ land again (no raw row, change row or state version twice); the batch log record
 from the newest event (or the snapshot's position) to the end of the run (`lag`, e.g. `4 min 10 s`;
 `lag_seconds`), disconnects and primary elections, and per replica set the oplog window after the
 pull: `window`, `position_age` (how old the committed position is) and `headroom` (how long it can
-wait before it leaves the oplog), each also in seconds.
+wait before it leaves the oplog), each also in seconds. Time-series collections are read in
+batches, not streamed, so `lag` does not tell how fresh their tables are: `time_series` does, per
+collection (`landed_up_to`: measurements timed up to then are in; later-written, updated and
+deleted ones wait for a reconcile, every `time.series.reconcile.interval.hours` or **Verify** on).
 
 ## Offsets
 
