@@ -54,6 +54,7 @@ def test_measurements_land_once_and_the_reconcile_makes_the_state_equal_the_coll
     freshness = first["time_series"][namespace]
     assert freshness["window_start"] is None and freshness["reconciled"] is False
     assert freshness["lateness_seconds"] == LATENESS_S
+    assert (freshness["time_field"], freshness["meta_field"]) == ("t", "host")
 
     # after it: a new one, a late one inside the window, one beyond it (older than the watermark
     # less the lateness)

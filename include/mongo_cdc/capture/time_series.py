@@ -333,8 +333,12 @@ def freshness(config: SourceConfig, read: TimeSeriesRead) -> dict[str, Any]:
     the run's summary: measurements timed up to ``landed_up_to`` are in it, those written no later
     than ``lateness_seconds`` after their own time included; older late ones, updates and deletes
     arrive by the next reconcile."""
+    series = read.series
     figures = {
         "events": dict(read.ops),
+        "time_field": series.time_field,
+        "meta_field": series.meta_field,
+        "granularity": series.granularity,
         "landed_up_to": _iso(read.window[1]),
         "window_start": _iso(read.window[0]),
         "lateness_seconds": config.time_series_lateness_seconds,
@@ -342,10 +346,12 @@ def freshness(config: SourceConfig, read: TimeSeriesRead) -> dict[str, Any]:
         "reconcile_interval_hours": config.time_series_reconcile_interval_hours,
     }
     log.info(
-        "%s (time-series): %s; measurements timed up to %s landed (read from %s), late ones within %d s "
-        "of their time land at the next run, later ones%s at the next reconcile (every %d h)",
-        read.series.namespace, ", ".join(f"{op}={n}" for op, n in sorted(read.ops.items())) or "nothing new",
+        "%s (time-series, by %s): %s; measurements timed up to %s landed (read from %s); late ones "
+        "within %d s of their time land at the next run, later ones, updates and deletes at the next "
+        "reconcile (every %d h)",
+        series.namespace, series.time_field,
+        ", ".join(f"{op}={n}" for op, n in sorted(read.ops.items())) or "nothing new",
         figures["landed_up_to"], figures["window_start"] or "the first measurement",
-        figures["lateness_seconds"], ", updates and deletes", figures["reconcile_interval_hours"],
+        figures["lateness_seconds"], figures["reconcile_interval_hours"],
     )  # fmt: skip
     return figures
