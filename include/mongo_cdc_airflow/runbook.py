@@ -168,8 +168,12 @@ from the newest event (or the snapshot's position) to the end of the run (`lag`,
 `lag_seconds`), disconnects and primary elections, and per replica set the oplog window after the
 pull: `window`, `position_age` (how old the committed position is) and `headroom` (how long it can
 wait before it leaves the oplog), each also in seconds. `not_captured`: the collections the filters
-match that are not captured, with why (a view without a unique `_id`, `system.*`, time-series); a
-view's `c`/`u`/`d` are the differences its read found (docs/semantics.md, Views).
+match that are not captured, with why (a view without a unique `_id`, `system.*`, a sharded
+cluster's view or time-series collection); a view's `c`/`u`/`d` are the differences its read found
+(docs/semantics.md, Views). Time-series collections are read in batches, not streamed, so `lag`
+does not tell how fresh their tables are: `time_series` does, per collection (`landed_up_to`:
+measurements timed up to then are in; later-written, updated and deleted ones wait for a reconcile,
+every `time.series.reconcile.interval.hours` or **Verify** on).
 
 ## Offsets
 

@@ -249,11 +249,32 @@ class ShardSync:
             log.info("shard %s left the cluster: its stream is drained and its offset retired", self.shard.id)
         return result
 
+    def time_series(self, client: MongoClient, result: dict) -> None:
+        """Land the replica set's time-series collections after the sync (``capture.time_series``),
+        reconciling them in the scheduled runs of every ``time.series.reconcile.interval.hours`` and
+        when the trigger param ``verify`` asks; their figures join the sync's (``result``)."""
+        from mongo_cdc.capture.time_series import capture_time_series
+
+        context = get_current_context()
+        every = self.config.time_series_reconcile_interval_hours
+        scheduled = context["dag_run"].run_type == "scheduled"
+        due = verify_requested(context["params"]) or (
+            scheduled and on_interval_hour(every, context.get("data_interval_start"))
+        )
+        found = capture_time_series(self.capture(client), reconcile_due=due)
+        if found.batch_seq is not None:
+            result["batch_seq"] = found.batch_seq
+            result["time_series"] = found.collections
+            for namespace, figures in found.collections.items():
+                if figures["events"]:
+                    result["events"][namespace] = figures["events"]
+
     def snapshot(self) -> dict:
         """Commit the snapshot ``snapshot_start`` began once every chunk is copied (after the pull,
-        which went on beside the copy), then read the captured views (``read_views``). The result is
-        the shard's sync in this run: the pull's, with the snapshot's figures under ``snapshot`` and
-        the views' reads under ``views``."""
+        which went on beside the copy), then read the captured views (``read_views``) and a replica
+        set's time-series collections (``time_series``). The result is the shard's sync in this run:
+        the pull's, with the snapshot's figures under ``snapshot``, the views' reads under ``views``
+        and the time-series figures under ``time_series``."""
         from mongo_cdc.capture.snapshot import SnapshotIncompleteError, commit_snapshot
         from mongo_cdc_airflow.lineage import report_landed
 
@@ -288,7 +309,13 @@ class ShardSync:
         views = None if is_backfill() else self.read_views()
         if views is not None and views["batch_seq"] is not None:
             last_batch["batch_seq"] = views["batch_seq"]
-        return {**pulled, **last_batch, "snapshot": figures, "views": views}
+        synced = {**pulled, **last_batch, "snapshot": figures, "views": views}
+        # after the snapshot's commit: a first run's time-series read needs the position it records.
+        # A sharded cluster's time-series collections are not captured
+        if self.shard.via_source and not is_backfill():
+            with self.client() as client:
+                self.time_series(client, synced)
+        return synced
 
     def read_views(self) -> dict | None:
         """Read the captured views (``mongo_cdc.verify.view_capture``) after the pull and the snapshot,

@@ -8,10 +8,11 @@ from mongo_cdc.capture.collection_kinds import (
     DUPLICATE_ID,
     NO_ID,
     NOT_CAPTURED,
+    SHARDED_TIME_SERIES,
     SHARDED_VIEW,
     STREAMED,
     SYSTEM_COLLECTION,
-    TIME_SERIES_NOT_BUILT,
+    TIME_SERIES,
     VIEW,
     classify_collections,
 )
@@ -44,11 +45,12 @@ def test_each_kind_is_named_and_each_one_left_out_says_why(replica_set, db_name,
     assert of("unwound_once") == (VIEW, None)
     assert of("items") == (NOT_CAPTURED, DUPLICATE_ID.format(value=2))
     assert of("anonymous") == (NOT_CAPTURED, NO_ID)
-    assert of("metrics") == (NOT_CAPTURED, TIME_SERIES_NOT_BUILT)
+    assert of("metrics") == (TIME_SERIES, None)
     # the time-series collection's buckets and the views' definitions are MongoDB's internals
     assert of("system.buckets.metrics") == (NOT_CAPTURED, SYSTEM_COLLECTION)
     assert of("system.views") == (NOT_CAPTURED, SYSTEM_COLLECTION)
     assert sharded[f"{db_name}.open_orders"].reason == SHARDED_VIEW
+    assert sharded[f"{db_name}.metrics"].reason == SHARDED_TIME_SERIES
 
 
 def test_a_collection_the_filters_do_not_match_is_not_listed(replica_set, db_name, tmp_path):

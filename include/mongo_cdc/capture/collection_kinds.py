@@ -7,9 +7,10 @@ collections are MongoDB's internals. So every namespace the filters match gets o
 * ``STREAMED``: an ordinary collection, snapshotted and streamed;
 * ``VIEW``: a view, read whole each run and landed as the differences from its state
   (``mongo_cdc.verify.view_capture``);
-* ``TIME_SERIES``: a time-series collection, to be read in batches by its ``timeField``;
+* ``TIME_SERIES``: a time-series collection, read in batches by its ``timeField``
+  (``mongo_cdc.capture.time_series``);
 * ``NOT_CAPTURED``, with the reason: a ``system.*`` collection, a view without a unique ``_id``, a
-  view of a sharded cluster, a time-series collection (their batch capture is not built yet).
+  view or a time-series collection of a sharded cluster.
 
 ``discover`` logs every one not captured, and the run's summary names them, so a collection the
 filters match is never left out silently.
@@ -44,8 +45,9 @@ NOT_CAPTURED = "not captured"
 VIEW_BATCH = "view"
 
 SYSTEM_COLLECTION = "a MongoDB internal collection (system.*): never captured"
-TIME_SERIES_NOT_BUILT = (
-    "a time-series collection: change streams cannot watch it, and its batch capture is not built yet"
+SHARDED_TIME_SERIES = (
+    "a time-series collection of a sharded cluster: time-series collections are captured from "
+    "replica-set sources only"
 )
 SHARDED_VIEW = (
     "a view of a sharded cluster: views are captured from replica-set sources only (a shard's view "
@@ -92,7 +94,11 @@ def classify_collections(client: MongoClient, config: SourceConfig, *, sharded: 
             if name.startswith("system."):
                 kinds.append(CollectionKind(namespace, NOT_CAPTURED, SYSTEM_COLLECTION))
             elif info.get("type") == "timeseries":
-                kinds.append(CollectionKind(namespace, NOT_CAPTURED, TIME_SERIES_NOT_BUILT))
+                kinds.append(
+                    CollectionKind(namespace, NOT_CAPTURED, SHARDED_TIME_SERIES)
+                    if sharded
+                    else CollectionKind(namespace, TIME_SERIES)
+                )
             elif info.get("type") == "view":
                 kinds.append(_view_kind(client, namespace, infos, sharded))
             else:

@@ -44,9 +44,10 @@ Filter rules:
   contains a comma.
 * `admin`, `local` and `config` are never captured. Neither are collections named `system.*`.
 * Each collection the filters match is streamed (an ordinary collection), batch-captured (a view:
-  [Views](semantics.md#views)) or not captured, with the reason: a `system.*` collection, a view
-  without a unique `_id`, a view of a sharded cluster, a time-series collection. `discover` logs
-  those not captured and the run's summary names them (`not_captured`).
+  [Views](semantics.md#views); a [time-series collection](semantics.md#time-series-collections)) or
+  not captured, with the reason: a `system.*` collection, a view without a unique `_id`, a view or a
+  time-series collection of a sharded cluster. `discover` logs those not captured and the run's
+  summary names them (`not_captured`).
 
 Example (`include/sources/{example_name}`, the demo's source):
 

@@ -125,6 +125,24 @@ class SourceConfig:
         "daily at midnight by default) [verify](semantics.md#verification) the lake against MongoDB; "
         "the trigger param `verify` asks for it in any run. `0`: only when asked.",
     )
+    time_series_lateness_seconds: int = setting(
+        "time.series.lateness.seconds",
+        3600,
+        Integer(0),
+        "How late (after its own `timeField` time) a measurement of a [time-series "
+        "collection](semantics.md#time-series-collections) may be written and still land at the next "
+        "run: each run reads again the measurements timed from this long before the collection's "
+        "landed watermark. Later ones land at the next reconcile.",
+    )
+    time_series_reconcile_interval_hours: int = setting(
+        "time.series.reconcile.interval.hours",
+        24,
+        Integer(0),
+        "Scheduled runs whose interval starts on a multiple of this many hours (UTC, as "
+        "`verify.interval.hours`) compare each time-series collection with its state and land the "
+        "measurements written late beyond `time.series.lateness.seconds`, updated or deleted; the "
+        "trigger param `verify` asks for it in any run. `0`: only when asked.",
+    )
     verify_on_drift: str = setting(
         "verify.on.drift",
         "repair",

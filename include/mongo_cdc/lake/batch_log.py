@@ -50,6 +50,11 @@ BATCH_LOG_SCHEMA = pa.schema(
         # land under the number reserved when it started, and batches streamed while it copied
         # commit before it (null: its own, as in every row landed before the column existed)
         pa.field("rows_seq", pa.int64()),
+        # a time-series batch's windows (capture.time_series), JSON {"<db>.<collection>": [<start ms or
+        # null>, <end ms>]}: every measurement timed in the window that MongoDB held when the batch read
+        # it is landed by it or an earlier batch, and the batch landed none timed after the end (null:
+        # no time-series collection read)
+        pa.field("time_windows", pa.string()),
     ]
 )
 
@@ -72,6 +77,8 @@ class Batch:
     # (namespace, IdRange text) of the manifest's collections a filtered re-snapshot read a range of
     snapshot_id_ranges: tuple[tuple[str, str], ...] = ()
     rows_seq: int | None = None  # the batch_seq of its raw rows, when not ``seq`` (see the schema)
+    # (namespace, (start ms or None, end ms)) of the time-series collections it read (see the schema)
+    time_windows: tuple[tuple[str, tuple[int | None, int]], ...] = ()
 
     @property
     def raw_seq(self) -> int:
@@ -114,6 +121,9 @@ class Batch:
             if self.snapshot_id_ranges
             else None,
             "rows_seq": self.rows_seq,
+            "time_windows": json.dumps({ns: list(window) for ns, window in self.time_windows})
+            if self.time_windows
+            else None,
         }
 
     @classmethod
@@ -133,6 +143,9 @@ class Batch:
             renamed_copy=json.loads(row["renamed_copy"]) if row.get("renamed_copy") else None,
             snapshot_id_ranges=tuple(json.loads(row.get("snapshot_id_ranges") or "{}").items()),
             rows_seq=row.get("rows_seq"),
+            time_windows=tuple(
+                (ns, (start, end)) for ns, (start, end) in json.loads(row.get("time_windows") or "{}").items()
+            ),
         )
 
 

@@ -252,8 +252,8 @@ class SourceLake:
             table if table is not None else uri,
             row,
             mode="append",
-            # a log landed before snapshot_event_order, renamed_copy or snapshot_id_ranges existed gains
-            # the column (null in its old rows)
+            # a log landed before snapshot_event_order, renamed_copy, snapshot_id_ranges or time_windows
+            # gains the column (null in its old rows)
             schema_mode="merge",
             storage_options=None if table is not None else self.options,
             commit_properties=properties,

@@ -56,6 +56,7 @@ from mongo_cdc.capture.raw_tables import keys_and_documents, raw_documents, raw_
 from mongo_cdc.capture.replica_set import ReplicaSetCapture
 from mongo_cdc.capture.snapshot import current_position
 from mongo_cdc.capture.stream_filter import namespace_filter
+from mongo_cdc.capture.time_series import captured_time_series
 from mongo_cdc.lake.batch_log import Batch
 from mongo_cdc.lake.verification_log import REPAIRED, REPORTED, SKIPPED, RangeReport
 from mongo_cdc.namespace import Namespace
@@ -150,10 +151,12 @@ def verified_namespaces(
     capture: ReplicaSetCapture, options: dict[str, dict], batches: list[Batch]
 ) -> list[str]:
     """The captured collections, and those the lake holds that are gone from MongoDB (their state
-    must be empty once their drop is applied). Not the views: each of their reads is a comparison
-    (``view_capture``)."""
+    must be empty once their drop is applied). Not the views nor the time-series collections: each
+    view's read is a comparison (``view_capture``), each time-series collection has its reconcile."""
     config = capture.config
     known = set(options)
+    # a time-series collection is compared by its own reconcile (capture.time_series), by time
+    batched = {series.namespace for series in captured_time_series(capture.client, config)}
     for batch in batches:
         if batch.kind == VIEW_BATCH:
             continue
@@ -165,7 +168,7 @@ def verified_namespaces(
                 and config.captures_collection(db, name)
             ):
                 known.add(namespace)
-    return sorted(known)
+    return sorted(known - batched)
 
 
 def verify_replica_set(
