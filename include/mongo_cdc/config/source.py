@@ -38,6 +38,7 @@ from mongo_cdc.config.values import (
     String,
     Text,
 )
+from mongo_cdc.field_hashing import HashKey
 from mongo_cdc.transform.flatten_options import (
     ARRAY_ENCODINGS,
     DELETE_TOMBSTONE_HANDLING_MODES,
@@ -183,15 +184,36 @@ class SourceConfig:
         "(`shop.orders.items.cost`); a dotted update path's array positions (`items.0.cost`) match "
         "too. `_id` cannot be excluded.",
     )
+    field_hash: tuple[FieldRule, ...] = setting(
+        "field.hash.list",
+        (),
+        FieldRules("`<db>.<collection>.<field>`"),
+        "Like `field.exclude.list`, but each value at these paths lands as a string of 64 hex digits: "
+        "the HMAC-SHA-256 of its exact BSON type and bytes, keyed by the password of the connection "
+        "`field.hash.connection.id`. Equal values hash equally in every collection and run (joinable); "
+        '`1`, `1.0` and `"1"` differ. Inside a document or array at such a path every value is '
+        "hashed and the structure kept. Applied before the renames, wherever the exclusions are, and "
+        "in the verification's comparison. A table refuses rows hashed under another key or list "
+        "until the collection is re-snapshotted (see [Hashed fields](semantics.md#hashed-fields)).",
+    )
+    field_hash_conn_id: str = setting(
+        "field.hash.connection.id",
+        "mongo_cdc_hash",
+        Text(),
+        "Airflow connection whose password is the `field.hash.list` key (never in the source file); "
+        "read only when `field.hash.list` is set.",
+    )
+    # The key itself, read from that connection by the Airflow layer at task time (``with_hash_key``).
+    field_hash_key: HashKey | None = field(default=None, repr=False, compare=False)
     field_renames: tuple[FieldRule, ...] = setting(
         "field.renames",
         (),
         FieldRules("`<db>.<collection>.<field>:<new name>`"),
         "Like `field.exclude.list`, each entry ending with `:<new name>` "
         "(`shop.orders.customer.name:fullName`), renaming the path's last field in the same places. "
-        "Exclusions apply first, then the renames in their order, each to the result of the previous "
-        "one. A rename onto a field the document already has fails the task rather than overwrite it "
-        "(as in Debezium). `_id` cannot be renamed.",
+        "Exclusions apply first, then the hashes (`field.hash.list`), then the renames in their "
+        "order, each to the result of the previous one. A rename onto a field the document already "
+        "has fails the task rather than overwrite it (as in Debezium). `_id` cannot be renamed.",
     )
     sanitize_field_names: bool = setting(
         "sanitize.field.names",
@@ -522,6 +544,10 @@ class SourceConfig:
             name: tuple(re.compile(p) for p in recorded.get(key, ())) for key, name in _CAPTURE_FILTER.items()
         }
         return replace(self, **patterns)
+
+    def with_hash_key(self, key: HashKey) -> SourceConfig:
+        """This source with the ``field.hash.list`` key, which never comes from its file."""
+        return replace(self, field_hash_key=key)
 
     def snapshots_collection(self, db: str, collection: str) -> bool:
         """Captured and copied by snapshots (``snapshot.include.collection.list``), not only streamed."""
