@@ -385,14 +385,17 @@ class SourceLake:
             normalize_last_commit(table, self.location)  # the files it rewrote hold view types
 
     def raw_table_properties(self, namespace: str) -> dict[str, str] | None:
-        """The table properties of a collection's raw table as committed now; None: no table yet."""
-        table = table_if_exists(self.raw_uri(namespace), self.options)
+        """The table properties of a collection's raw table as committed now; None: no table yet.
+
+        The table is kept for the writes that follow (``_table``), so asking before a landing
+        costs no extra read of its log."""
+        table = self._table(self.raw_uri(namespace))
         return None if table is None else dict(table.metadata().configuration)
 
     def set_raw_table_properties(self, namespace: str, properties: Mapping[str, str]) -> None:
         """Set table properties of a collection's raw table, creating the table if it has none yet."""
         uri = self.raw_uri(namespace)
-        table = table_if_exists(uri, self.options)
+        table = self._table(uri)
         if table is None:
             try:
                 DeltaTable.create(
