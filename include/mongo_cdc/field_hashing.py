@@ -25,12 +25,14 @@ _int32 = struct.Struct("<i")
 class HashKey:
     """The secret of ``field.hash.list``; shown as ``HashKey(<secret>)`` wherever it is printed."""
 
-    __slots__ = ("_secret",)
+    __slots__ = ("_secret", "_keyed")
 
     def __init__(self, secret: bytes) -> None:
         if not secret:
             raise ValueError("the field.hash.list key is empty")
         self._secret = secret
+        # the HMAC with the key already absorbed: each value copies it rather than keying anew
+        self._keyed = hmac.new(secret, digestmod=hashlib.sha256)
 
     def __repr__(self) -> str:
         return "HashKey(<secret>)"
@@ -48,5 +50,8 @@ class HashKey:
 
     def hashed_string(self, kind: int, value: bytes) -> bytes:
         """The value bytes of a BSON string holding the hex HMAC of the element ``kind`` + ``value``."""
-        digest = hmac.new(self._secret, bytes((kind,)) + value, hashlib.sha256).hexdigest().encode()
+        keyed = self._keyed.copy()
+        keyed.update(bytes((kind,)))
+        keyed.update(value)
+        digest = keyed.hexdigest().encode()
         return _int32.pack(len(digest) + 1) + digest + b"\x00"
