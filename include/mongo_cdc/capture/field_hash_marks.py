@@ -67,6 +67,14 @@ class FieldHashMarks:
         if changed:
             raise FieldHashChanged(_refusal(changed))
 
+    def before_copy(self, namespace: str, whole: bool) -> None:
+        """A snapshot is about to copy ``namespace``: a ``whole`` copy lands it again under this run's
+        mark (``adopt``); a filtered one adds to what the table holds (``check``)."""
+        if whole:
+            self.adopt(namespace)
+        else:
+            self.check([namespace])
+
     def adopt(self, namespace: str) -> None:
         """Record this run's mark on ``namespace``'s raw table (created if need be): a whole copy of
         the collection is landing under it."""

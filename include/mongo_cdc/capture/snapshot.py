@@ -353,8 +353,7 @@ def start_snapshot(
     chunks: list[Chunk] = []
     marks = FieldHashMarks(keeper.lake, config)
     for db, coll in collections:
-        # a whole copy lands the collection again under this run's hashes; a filtered one adds to it
-        marks.check([f"{db}.{coll}"]) if f"{db}.{coll}" in filters else marks.adopt(f"{db}.{coll}")
+        marks.before_copy(f"{db}.{coll}", whole=f"{db}.{coll}" not in filters)
         owned = owned_ranges(cluster, shard_id, db, coll) if cluster is not None else None
         found = plan_chunks(client[db][coll], config.snapshot_chunk_size, owned, options.get(f"{db}.{coll}"))
         # several chunks, or other shards' copies of a sharded collection, commit to one table at once
