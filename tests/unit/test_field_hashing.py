@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import re
 
 import bson
@@ -197,3 +198,28 @@ def test_a_table_landed_in_clear_refuses_a_newly_hashed_field(tmp_path):
     FieldHashMarks(lake, keyed_source(tmp_path, "")).check(["s.users"])
     with pytest.raises(FieldHashChanged, match=r"s.users: its field.hash.list entries were \[\], now"):
         FieldHashMarks(lake, keyed_source(tmp_path, "s.users.email")).check(["s.users", "s.new"])
+
+
+# --- the key from its Airflow connection ----------------------------------------------------------
+
+
+def test_the_key_is_the_password_of_the_named_connection_and_a_missing_one_names_the_fix(
+    tmp_path, monkeypatch
+):
+    from mongo_cdc_airflow.hash_key import with_hash_key
+
+    config = database_source("src", tmp_path, "s", field_hash=parse_rules("field.hash.list", "s.c.email"))
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_MONGO_CDC_HASH", json.dumps({"conn_type": "generic", "password": SECRET.decode()})
+    )
+    assert with_hash_key(config).field_hash_key == KEY
+    monkeypatch.setenv("AIRFLOW_CONN_MONGO_CDC_HASH", '{"conn_type": "generic"}')
+    with pytest.raises(SourceConfigError, match="connection 'mongo_cdc_hash' has no password"):
+        with_hash_key(config)
+    monkeypatch.delenv("AIRFLOW_CONN_MONGO_CDC_HASH")
+    with pytest.raises(
+        SourceConfigError, match="field.hash.list is set but connection 'mongo_cdc_hash' does not exist"
+    ):
+        with_hash_key(config)
+    plain = database_source("src", tmp_path, "s")
+    assert with_hash_key(plain) is plain  # no list: no connection needed
