@@ -20,6 +20,7 @@ from pymongo.errors import ConnectionFailure
 from mongo_cdc.capture.topology import Shard
 from mongo_cdc.config import SourceConfig
 from mongo_cdc_airflow import task_ids
+from mongo_cdc_airflow.hash_key import with_hash_key
 from mongo_cdc_airflow.hooks import MongoCdcHook
 from mongo_cdc_airflow.lake_storage import source_lake
 from mongo_cdc_airflow.shard_sync import unreachable
@@ -79,6 +80,7 @@ def copy_slice(config: SourceConfig, work: dict) -> dict:
     from mongo_cdc.capture.snapshot import copy_chunks
 
     get_current_context()["chunk_label"] = work["label"]  # the UI's label (map_index_template)
+    config = with_hash_key(config)
     lake = source_lake(config)
     hook = MongoCdcHook(mongo_conn_id=config.mongo_conn_id)
     copied: dict[str, int] = {}

@@ -72,6 +72,17 @@ FAILURES = (
         "commands), then run again. Nothing was landed.",
     ),
     (
+        "field.hash.list is set but connection",
+        "Create the Airflow connection the message names with the hash key as its password (or fix "
+        "field.hash.connection.id), then run again. Nothing was landed.",
+    ),
+    (
+        "would mix two kinds of hashed values",
+        "field.hash.list or its key changed for the collections the message names: re-snapshot them "
+        "(the command under *Re-snapshot*, with those collections), or restore the previous list and "
+        "key. Nothing of them was landed.",
+    ),
+    (
         "cannot reach replica set",
         "Check the source connection (its hosts, network, credentials); the next run catches up.",
     ),

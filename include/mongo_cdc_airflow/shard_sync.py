@@ -28,6 +28,7 @@ from mongo_cdc.capture.topology import Shard
 from mongo_cdc.config import SourceConfig
 from mongo_cdc_airflow import task_ids
 from mongo_cdc_airflow.failures import deterministic_failures, fail_at_once
+from mongo_cdc_airflow.hash_key import with_hash_key
 from mongo_cdc_airflow.hooks import MongoCdcHook
 from mongo_cdc_airflow.params import (
     resnapshot_filters,
@@ -115,7 +116,7 @@ class ShardSync:
     """Snapshot, pull or backfill one shard of one source."""
 
     def __init__(self, config: SourceConfig, shard_entry: dict) -> None:
-        self.config = config
+        self.config = with_hash_key(config)
         self.shard = Shard.from_dict(shard_entry)
         self.keeper = offset_keeper(config, self.shard.rs)
         self.hook = MongoCdcHook(mongo_conn_id=config.mongo_conn_id)

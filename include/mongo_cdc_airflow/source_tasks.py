@@ -33,6 +33,7 @@ from mongo_cdc.transform.work import plan_work
 from mongo_cdc_airflow import task_ids
 from mongo_cdc_airflow.assets import TABLE_ZONES, emit_table_events
 from mongo_cdc_airflow.failures import deterministic_failures, fail_at_once
+from mongo_cdc_airflow.hash_key import with_hash_key
 from mongo_cdc_airflow.hooks import MongoCdcHook
 from mongo_cdc_airflow.lake_storage import source_lake
 from mongo_cdc_airflow.params import check_known, resnapshot_filters, resnapshot_request, stream_move_request
@@ -59,6 +60,7 @@ def discover(config: SourceConfig) -> list[dict]:
 def _discover(config: SourceConfig) -> list[dict]:
     context = get_current_context()
     request = resnapshot_request(context["dag_run"].conf, context["params"], is_backfill())
+    with_hash_key(config)  # a missing field.hash.list key fails the run here, before anything lands
     lake = source_lake(config)
     try:  # before anything is written: a lake of the previous layout is never half converted
         refuse_legacy_layout(lake.location, config.topic_prefix)

@@ -27,6 +27,7 @@ from bson.timestamp import Timestamp
 from pymongo import MongoClient
 
 from mongo_cdc.capture.change_cursor import event_fields, open_change_stream, plain_token, token_cluster_time
+from mongo_cdc.capture.field_hash_marks import FieldHashMarks
 from mongo_cdc.capture.micro_batch import MicroBatch
 from mongo_cdc.capture.offsets import Offset
 from mongo_cdc.capture.raw_rows import SourceInfo
@@ -171,6 +172,7 @@ def _pull_history(
     # history files carry no transaction metadata: BEGIN/END records belong to the live batches
     no_transactions = TransactionTracker(False, rs, None)
     hour = hour_partition(history_from)
+    marks = FieldHashMarks(source_lake, config)
     with open_change_stream(client, **options) as stream:
         while True:
             raw_change = stream.try_next()
@@ -183,16 +185,22 @@ def _pull_history(
             if change is None:
                 continue
             if hour_partition(position) != hour:  # one hour at a time stays in memory
-                _write_history(source_lake, rs, hour, batch, counts)
+                _write_history(source_lake, marks, rs, hour, batch, counts)
                 batch, hour = MicroBatch(), hour_partition(position)
             collect_change(change, config, source, batch, no_transactions)
-    _write_history(source_lake, rs, hour, batch, counts)
+    _write_history(source_lake, marks, rs, hour, batch, counts)
     return {namespace: dict(ops) for namespace, ops in counts.items()}
 
 
 def _write_history(
-    source_lake: SourceLake, rs: str, hour: str, batch: MicroBatch, counts: dict[str, dict[str, int]]
+    source_lake: SourceLake,
+    marks: FieldHashMarks,
+    rs: str,
+    hour: str,
+    batch: MicroBatch,
+    counts: dict[str, dict[str, int]],
 ) -> None:
+    marks.check(batch.rows)
     for namespace, rows in batch.rows.items():
         source_lake.write_history(rs, namespace, hour, raw_rows_table(rows, HISTORY_SEQ))
     for namespace, ops in batch.events_by_op.items():

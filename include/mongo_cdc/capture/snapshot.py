@@ -50,6 +50,7 @@ from mongo_cdc.capture.change_cursor import token_cluster_time
 from mongo_cdc.capture.chunk_reads import ChunkReads
 from mongo_cdc.capture.chunking import plan_chunks
 from mongo_cdc.capture.field_filters import collection_field_rules
+from mongo_cdc.capture.field_hash_marks import FieldHashMarks
 from mongo_cdc.capture.offsets import Offset, OffsetKeeper
 from mongo_cdc.capture.raw_rows import SourceInfo
 from mongo_cdc.capture.replica_set import ReplicaSetCapture
@@ -350,7 +351,9 @@ def start_snapshot(
         snapshot_info["collections"] = list(requested)
     offset = keeper.commit(offset, snapshot=snapshot_info)
     chunks: list[Chunk] = []
+    marks = FieldHashMarks(keeper.lake, config)
     for db, coll in collections:
+        marks.before_copy(f"{db}.{coll}", whole=f"{db}.{coll}" not in filters)
         owned = owned_ranges(cluster, shard_id, db, coll) if cluster is not None else None
         found = plan_chunks(client[db][coll], config.snapshot_chunk_size, owned, options.get(f"{db}.{coll}"))
         # several chunks, or other shards' copies of a sharded collection, commit to one table at once

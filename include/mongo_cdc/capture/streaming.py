@@ -38,6 +38,7 @@ from mongo_cdc.capture.capture_modes import require_images, watch_options
 from mongo_cdc.capture.change_cursor import open_change_stream, token_cluster_time
 from mongo_cdc.capture.collection_events import collection_row, land_renamed_copy, rename_namespaces
 from mongo_cdc.capture.field_filters import collection_field_rules
+from mongo_cdc.capture.field_hash_marks import FieldHashMarks
 from mongo_cdc.capture.garbage_collection import CyclicCollection
 from mongo_cdc.capture.heartbeats import Heartbeats
 from mongo_cdc.capture.landing_thread import LandingThread
@@ -182,6 +183,7 @@ class _ChangeReader:
             config.provide_transaction_metadata, rs, offset.open_transaction
         )
         self.heartbeats = Heartbeats(config, rs, keeper.lake)
+        self.hash_marks = FieldHashMarks(keeper.lake, config)
         self.target: int | None = None
         self.primary: tuple[str, int] | None = None
         self.failures = 0
@@ -313,6 +315,7 @@ class _ChangeReader:
     def _land(self, batch: MicroBatch, token: dict) -> None:
         """Land ``batch`` up to ``token`` on the landing thread, after the batch before it."""
         self.landing.settle()
+        self.hash_marks.check(batch.rows)  # before anything of the batch lands
         records = self.transactions.batch_table(self.offset.next_seq)
         open_transaction = self.transactions.state()
         self.transactions.landed()
@@ -344,6 +347,7 @@ class _ChangeReader:
             batch.add(old, RENAME, [collection_row(change, self.source)])
         if new is not None:
             self.landing.settle()  # the copy's batches come after the events read before the rename
+            self.hash_marks.check([new])
             self.offset, reads, landed = land_renamed_copy(
                 self.client, self.config, self.keeper, self.source, change, self.offset
             )

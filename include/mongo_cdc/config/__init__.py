@@ -13,11 +13,11 @@ from mongo_cdc.config.loading import (
     load_source,
     load_sources,
 )
+from mongo_cdc.config.namespace_filters import SYSTEM_DATABASES
 from mongo_cdc.config.snapshot_mode_table import SNAPSHOT_MODES
 from mongo_cdc.config.source import (
     SETTINGS,
     SKIPPABLE_OPERATIONS,
-    SYSTEM_DATABASES,
     SourceConfig,
 )
 from mongo_cdc.config.values import MAX_INT, SourceConfigError

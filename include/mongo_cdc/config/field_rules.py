@@ -1,8 +1,10 @@
-"""The entries of Debezium's ``field.exclude.list`` and ``field.renames``: what a rule names.
+"""The entries of Debezium's ``field.exclude.list`` and ``field.renames``, and of our
+``field.hash.list``: what a rule names.
 
 An entry names ``<db>.<collection>.<field>[.<nested>...]``; ``*`` in the database or collection
 part matches any characters (so a collection whose name holds a dot is reachable only through a
-wildcard, as in Debezium). ``field.renames`` entries end with ``:<new name>``.
+wildcard, as in Debezium). ``field.renames`` entries end with ``:<new name>``; ``field.hash.list``
+entries have the form of ``field.exclude.list``'s.
 
 The settings (``config.source``) hold the parsed rules; the capture applies them to documents
 (``capture.field_filters``).
@@ -16,18 +18,21 @@ from functools import cached_property
 from typing import Any
 
 RENAMES_KEY = "field.renames"
+HASH_LIST_KEY = "field.hash.list"
 _EXCLUDE_FORMAT = "<database>.<collection>.<field>[.<nested field>...]"
 _RENAME_FORMAT = f"{_EXCLUDE_FORMAT}:<new name>"
 
 
 @dataclass(frozen=True)
 class FieldRule:
-    """One entry: ``new_name`` None excludes the field at ``path``, otherwise renames its last part."""
+    """One entry: ``hashed`` replaces the values at ``path`` by their keyed hashes; otherwise
+    ``new_name`` None excludes the field at ``path``, and a name renames its last part."""
 
     entry: str
     namespace: re.Pattern
     path: tuple[str, ...]
     new_name: str | None = None
+    hashed: bool = False
 
     @cached_property
     def names(self) -> tuple[bytes, ...]:
@@ -40,7 +45,8 @@ class FieldRule:
 
 
 def parse_rules(key: str, value: Any) -> tuple[FieldRule, ...]:
-    """The entries of ``field.exclude.list`` or ``field.renames`` (a list or a comma-separated string).
+    """The entries of ``field.exclude.list``, ``field.hash.list`` or ``field.renames`` (a list or a
+    comma-separated string).
 
     ValueError naming the key, the entry and the expected format for a malformed entry.
     """
@@ -64,8 +70,10 @@ def parse_rules(key: str, value: Any) -> tuple[FieldRule, ...]:
             raise ValueError(f"key '{key}' has {entry!r}; expected {expected}")
         if parts[2] == "_id":
             raise ValueError(
-                f"key '{key}' has {entry!r}: the document key '_id' cannot be excluded or renamed"
+                f"key '{key}' has {entry!r}: the document key '_id' cannot be excluded, hashed or renamed"
             )
         namespace = re.compile(".*".join(re.escape(piece) for piece in f"{parts[0]}.{parts[1]}".split("*")))
-        rules.append(FieldRule(entry, namespace, tuple(parts[2:]), new_name if renames else None))
+        rules.append(
+            FieldRule(entry, namespace, tuple(parts[2:]), new_name if renames else None, key == HASH_LIST_KEY)
+        )
     return tuple(rules)

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, fields, replace
-from functools import cached_property
 
 from bson import Timestamp
 
 from mongo_cdc.config.capture_mode_table import CAPTURE_MODES, FULL_UPDATE_TYPES, check_full_update_type
 from mongo_cdc.config.dag_settings import DAG_SETTINGS, DagSettings
 from mongo_cdc.config.field_rules import FieldRule
+from mongo_cdc.config.namespace_filters import NamespaceFilters
 from mongo_cdc.config.oversize_mode_table import OVERSIZE_MODES
 from mongo_cdc.config.setting import Setting, declared_settings, required_setting, setting
 from mongo_cdc.config.snapshot_mode_table import (
@@ -38,6 +38,7 @@ from mongo_cdc.config.values import (
     String,
     Text,
 )
+from mongo_cdc.field_hashing import HashKey
 from mongo_cdc.transform.flatten_options import (
     ARRAY_ENCODINGS,
     DELETE_TOMBSTONE_HANDLING_MODES,
@@ -48,14 +49,12 @@ SKIPPABLE_OPERATIONS = ("c", "u", "d", "none")
 # What a verification does about drift it finds (``mongo_cdc.verify``): heal and warn, heal and fail
 # the task, or only report.
 VERIFY_ON_DRIFT = ("repair", "fail", "report")
-# Databases MongoDB uses for itself; Debezium never captures them either.
-SYSTEM_DATABASES = frozenset({"admin", "local", "config"})
 # The flattening keys' defaults are FlatteningOptions' own.
 _FLATTENING_DEFAULTS = FlatteningOptions()
 
 
 @dataclass(frozen=True)
-class SourceConfig:
+class SourceConfig(NamespaceFilters):
     """One validated source: everything a DAG, a pull or the Spark transform needs to know.
 
     Every field but ``name``, ``path`` and ``dag`` is a source key, declared here once; the upper
@@ -210,15 +209,36 @@ class SourceConfig:
         "(`shop.orders.items.cost`); a dotted update path's array positions (`items.0.cost`) match "
         "too. `_id` cannot be excluded.",
     )
+    field_hash: tuple[FieldRule, ...] = setting(
+        "field.hash.list",
+        (),
+        FieldRules("`<db>.<collection>.<field>`"),
+        "Like `field.exclude.list`, but each value at these paths lands as a string of 64 hex digits: "
+        "the HMAC-SHA-256 of its exact BSON type and bytes, keyed by the password of the connection "
+        "`field.hash.connection.id`. Equal values hash equally in every collection and run (joinable); "
+        '`1`, `1.0` and `"1"` differ. Inside a document or array at such a path every value is '
+        "hashed and the structure kept. Applied before the renames, wherever the exclusions are, and "
+        "in the verification's comparison. A table refuses rows hashed under another key or list "
+        "until the collection is re-snapshotted (see [Hashed fields](semantics.md#hashed-fields)).",
+    )
+    field_hash_conn_id: str = setting(
+        "field.hash.connection.id",
+        "mongo_cdc_hash",
+        Text(),
+        "Airflow connection whose password is the `field.hash.list` key (never in the source file); "
+        "read only when `field.hash.list` is set.",
+    )
+    # The key itself, read from that connection by the Airflow layer at task time (``with_hash_key``).
+    field_hash_key: HashKey | None = field(default=None, repr=False, compare=False)
     field_renames: tuple[FieldRule, ...] = setting(
         "field.renames",
         (),
         FieldRules("`<db>.<collection>.<field>:<new name>`"),
         "Like `field.exclude.list`, each entry ending with `:<new name>` "
         "(`shop.orders.customer.name:fullName`), renaming the path's last field in the same places. "
-        "Exclusions apply first, then the renames in their order, each to the result of the previous "
-        "one. A rename onto a field the document already has fails the task rather than overwrite it "
-        "(as in Debezium). `_id` cannot be renamed.",
+        "Exclusions apply first, then the hashes (`field.hash.list`), then the renames in their "
+        "order, each to the result of the previous one. A rename onto a field the document already "
+        "has fails the task rather than overwrite it (as in Debezium). `_id` cannot be renamed.",
     )
     sanitize_field_names: bool = setting(
         "sanitize.field.names",
@@ -512,37 +532,6 @@ class SourceConfig:
             **{option.name: getattr(self, option.name) for option in fields(FlatteningOptions)}
         )
 
-    def captures_database(self, db: str) -> bool:
-        if db in SYSTEM_DATABASES:
-            return False
-        if self.database_include:
-            return any(p.fullmatch(db) for p in self.database_include)
-        return not any(p.fullmatch(db) for p in self.database_exclude)
-
-    def captures_collection(self, db: str, collection: str) -> bool:
-        captured = self._captured_namespaces.get((db, collection))
-        if captured is None:
-            captured = self._captured_namespaces[(db, collection)] = self._matches_collection(db, collection)
-        return captured
-
-    @cached_property
-    def _captured_namespaces(self) -> dict[tuple[str, str], bool]:
-        """``captures_collection``'s answers so far: a pull asks for every event it reads."""
-        return {}
-
-    def _matches_collection(self, db: str, collection: str) -> bool:
-        return not collection.startswith("system.") and self.filters_match(db, collection)
-
-    def filters_match(self, db: str, collection: str) -> bool:
-        """Whether the database and collection filters name ``db.collection``, before the rule that
-        no ``system.*`` collection is captured: discovery reports those it leaves out."""
-        if not self.captures_database(db):
-            return False
-        namespace = f"{db}.{collection}"
-        if self.collection_include:
-            return any(p.fullmatch(namespace) for p in self.collection_include)
-        return not any(p.fullmatch(namespace) for p in self.collection_exclude)
-
     @property
     def capture_filter(self) -> dict[str, list[str]]:
         """The namespace filters as their patterns: what an offset records its stream captured with."""
@@ -555,12 +544,9 @@ class SourceConfig:
         }
         return replace(self, **patterns)
 
-    def snapshots_collection(self, db: str, collection: str) -> bool:
-        """Captured and copied by snapshots (``snapshot.include.collection.list``), not only streamed."""
-        if not self.captures_collection(db, collection):
-            return False
-        namespace = f"{db}.{collection}"
-        return not self.snapshot_include or any(p.fullmatch(namespace) for p in self.snapshot_include)
+    def with_hash_key(self, key: HashKey) -> SourceConfig:
+        """This source with the ``field.hash.list`` key, which never comes from its file."""
+        return replace(self, field_hash_key=key)
 
 
 # Every source key and its declaration, in the order of SourceConfig's fields, then the dag.* keys.

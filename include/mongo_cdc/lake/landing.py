@@ -384,6 +384,37 @@ class SourceLake:
             )
             normalize_last_commit(table, self.location)  # the files it rewrote hold view types
 
+    def raw_table_properties(self, namespace: str) -> dict[str, str] | None:
+        """The table properties of a collection's raw table as committed now; None: no table yet.
+
+        The table is kept for the writes that follow (``_table``), so asking before a landing
+        costs no extra read of its log."""
+        table = self._table(self.raw_uri(namespace))
+        return None if table is None else dict(table.metadata().configuration)
+
+    def set_raw_table_properties(self, namespace: str, properties: Mapping[str, str]) -> None:
+        """Set table properties of a collection's raw table, creating the table if it has none yet."""
+        uri = self.raw_uri(namespace)
+        table = self._table(uri)
+        if table is None:
+            try:
+                DeltaTable.create(
+                    uri,
+                    lake.RAW_SCHEMA,
+                    partition_by=[lake.HOUR_COLUMN],
+                    mode="error",
+                    configuration=dict(properties),
+                    raise_if_key_not_exists=False,
+                    storage_options=self.options,
+                )
+                return
+            except DeltaError:
+                table = table_if_exists(uri, self.options)
+                if table is None:
+                    raise
+                # another writer created it first: set the properties on it as on any table
+        table.alter.set_table_properties(dict(properties), raise_if_not_exists=False)
+
     def chunk_landed(self, rs: str, seq: int, chunk: Chunk) -> bool:
         """Whether ``chunk``'s rows are committed in its raw table (its app transaction is there)."""
         table = table_if_exists(self.raw_uri(chunk.namespace), self.options)

@@ -49,6 +49,7 @@ from mongo_cdc.capture.capture_modes import captured_collection_options
 from mongo_cdc.capture.change_cursor import token_cluster_time
 from mongo_cdc.capture.collection_kinds import VIEW_BATCH
 from mongo_cdc.capture.field_filters import collection_field_rules
+from mongo_cdc.capture.field_hash_marks import FieldHashMarks
 from mongo_cdc.capture.offsets import Offset
 from mongo_cdc.capture.oplog_recovery import HEAL_BATCH, RECOVERY_SEQUENCE, heal_op
 from mongo_cdc.capture.raw_rows import RawRow, SourceInfo, now_ms, tombstone_of
@@ -198,7 +199,11 @@ def verify_replica_set(
     checks: list[CollectionCheck] = []
     reports: list[RangeReport] = []
     unhealed: set[str] = set()  # skipped for now: a recovery is not over until they are verified
-    for namespace in verified_namespaces(capture, options, batches):
+    namespaces = verified_namespaces(capture, options, batches)
+    # MongoDB's documents are hashed as configured now: compared with (and healed into) a state
+    # hashed otherwise, every document would drift, and its repairs would mix two kinds of hashes
+    FieldHashMarks(capture.lake, capture.config).check(namespaces)
+    for namespace in namespaces:
         try:
             if shard is not None and shard.owned(namespace) is None:
                 if not shard.holds_unsharded(Namespace.parse(namespace).db):
