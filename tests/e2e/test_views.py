@@ -73,8 +73,10 @@ def test_discovery_names_what_it_does_not_capture_and_the_view_lands(scenario, c
     }
     assert summary["not_captured"] == expected
     for namespace, reason in expected.items():
-        assert f"[warning  ] {namespace}: not captured: {reason}" in printed  # discover's log
-        assert f"[warning  ] not captured: {namespace}: {reason}" in printed  # the summary's
+        # the lines alone: how a task's log line is rendered (its level among it) depends on the
+        # logging setup that earlier tests in the process left
+        assert f"{namespace}: not captured: {reason}" in printed  # discover's log
+        assert f"not captured: {namespace}: {reason}" in printed  # the summary's
     # the collection is streamed as ever; the view's documents land as created, keyed by its _id
     assert_state_equals_collection(source, client, "orders")
     assert_state_equals_collection(source, client, VIEW)
