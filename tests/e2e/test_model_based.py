@@ -49,7 +49,7 @@ from mongo_cdc.capture import streaming
 from mongo_cdc.capture.topology import make_client
 
 # Sequences per capture mode in CI (6 modes), and how many Hypothesis draws per round of the soak.
-CI_EXAMPLES = int(os.environ.get("MODEL_EXAMPLES", "34"))
+CI_EXAMPLES = int(os.environ.get("MODEL_EXAMPLES", "24"))
 SOAK_MINUTES = float(os.environ.get("MODEL_SOAK_MINUTES", "0"))
 SOAK_ROUND = 10
 # The modes whose sequences update every state table by the MERGE on Spark's tasks, each MERGE

@@ -25,7 +25,7 @@ from mongo_cdc.capture.topology import make_client
 from mongo_cdc_dev.testing import ReplicaSet
 
 # Sequences per capture mode: each loss of the oplog costs a few seconds of filler writes
-EXAMPLES = int(os.environ.get("MODEL_RECOVERY_EXAMPLES", "4"))
+EXAMPLES = int(os.environ.get("MODEL_RECOVERY_EXAMPLES", "3"))
 
 STEPS = st.one_of(
     WRITES,

@@ -36,7 +36,7 @@ from mongo_cdc.capture import streaming
 from mongo_cdc.capture.topology import make_client
 
 # Sequences per capture mode
-EXAMPLES = int(os.environ.get("MODEL_POSITION_EXAMPLES", "5"))
+EXAMPLES = int(os.environ.get("MODEL_POSITION_EXAMPLES", "4"))
 
 STEPS = st.one_of(
     WRITES,
