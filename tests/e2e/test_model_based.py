@@ -21,7 +21,7 @@ from cdc_support import spark_job
 from hypothesis import given, note, settings
 from hypothesis import strategies as st
 from model_dag_runs import DagSequence
-from model_draws import derandomized
+from model_draws import derandomized, render_test
 from model_support import (
     COLLECTIONS,
     MODES,
@@ -42,7 +42,6 @@ from model_support import (
     Set,
     Transaction,
     Unset,
-    render_test,
 )
 
 from mongo_cdc.capture import streaming
