@@ -1,4 +1,5 @@
-"""Model-based tests of the data path (tests/support/model_support.py says what each sequence checks).
+"""Model-based tests of the data path (tests/support/model_support.py says what each sequence checks,
+tests/support/model_kinds.py what its hashed fields and time-series collection add).
 
 Hypothesis draws sequences of writes, runs and upkeep, in every capture mode, and shrinks a failing
 one to a minimal sequence, printed as a ready test. CI draws a fixed, derandomized budget;
@@ -21,7 +22,8 @@ from cdc_support import spark_job
 from hypothesis import given, note, settings
 from hypothesis import strategies as st
 from model_dag_runs import DagSequence
-from model_draws import derandomized
+from model_draws import derandomized, render_test
+from model_kinds import KindsSequence
 from model_support import (
     COLLECTIONS,
     MODES,
@@ -42,8 +44,8 @@ from model_support import (
     Set,
     Transaction,
     Unset,
-    render_test,
 )
+from model_time_series import LATE_SECONDS, DeleteMeta, Measure, Reconcile, UpdateMeta
 
 from mongo_cdc.capture import streaming
 from mongo_cdc.capture.topology import make_client
@@ -71,11 +73,11 @@ def sequence(replica_set, spark_context, tmp_path_factory):
     poll = mock.patch.object(streaming, "POLL_INTERVAL_MS", 50)
     poll.start()
 
-    def make(mode: str, full_update_type: str) -> Sequence:
+    def make(mode: str, full_update_type: str) -> KindsSequence:
         database = f"model_{uuid.uuid4().hex[:12]}"
         databases.append(database)
         lake_root = tmp_path_factory.mktemp("model_lake")
-        return Sequence(
+        return KindsSequence(
             client,
             spark_context,
             spark_job().main,
@@ -123,6 +125,15 @@ WRITES = st.one_of(
     st.builds(RenameField, WRITTEN, KEYS, FREE, FREE).filter(lambda w: w.old != w.new),
     st.builds(Delete, WRITTEN, KEYS),
 )
+# the time-series collection's writes, as one draw beside the others: a sequence pays for the
+# collection (its reads, its tables) only if it draws one
+METAS = st.sampled_from(["m0", "m1"])
+MEASUREMENTS = st.one_of(
+    st.builds(Measure, METAS, st.sampled_from(list(LATE_SECONDS))),
+    st.builds(Measure, METAS, st.sampled_from(list(LATE_SECONDS))),
+    st.builds(UpdateMeta, METAS, METAS).filter(lambda w: w.meta != w.to),
+    st.builds(DeleteMeta, METAS),
+)
 STEPS = st.one_of(
     WRITES,
     WRITES,
@@ -130,13 +141,14 @@ STEPS = st.one_of(
     WRITES,
     st.builds(Transaction, st.lists(WRITES, min_size=2, max_size=4)),
     st.just(Run()),
-    st.just(Run()),
+    st.just(Run()) | st.just(Reconcile()),  # as many runs as before the time-series collection
     st.builds(DropCollection, WRITTEN),
     st.builds(RenameCollection, WRITTEN, st.sampled_from(COLLECTIONS)),
     st.just(Maintain()),
     st.builds(Resnapshot, WRITTEN),
     st.builds(FilteredResnapshot, WRITTEN) | st.builds(FilteredResnapshot, WRITTEN, KEYS, KEYS),
     st.builds(CopyBeside, WRITTEN | st.none()),
+    MEASUREMENTS,
 )
 SEQUENCES = st.lists(STEPS, min_size=8, max_size=30)
 
@@ -221,6 +233,35 @@ def test_filtered_resnapshots_by_a_field_and_by_an_id_range(sequence, mode, full
         Run(),
     ]
     played(sequence(mode, full_update_type), steps)
+
+
+def test_hashed_fields_and_a_time_series_collection_through_a_reconcile(sequence):
+    """Issue 52: hashed values of every shape, landed by inserts and by updates that carry no
+    document in this mode (a parent document set, a field renamed to a hashed name); measurements on
+    time, late inside and beyond the lateness window, before and after the collection's first read,
+    and an updateMany and a deleteMany on the metaField, which the reconcile lands."""
+    steps = [
+        Insert("c0", 0, {"a": "clear", "b": {"x": 1}}),
+        Insert("c1", 0, {"b": [{"x": "clear"}, 2]}),
+        Measure("m0", "beyond"),  # before the first read, which copies the collection
+        Measure("m1", "now"),
+        Run(),
+        Set("c0", 0, "a", [1, {"x": None}]),
+        Insert("c0", 1, {"v": "moved"}),
+        RenameField("c0", 1, "v", "a"),
+        Set("c1", 0, "b", {"x": 2.5}),
+        Measure("m0", "now"),
+        Measure("m1", "inside"),
+        Measure("m1", "beyond"),  # the reconcile's
+        Run(),
+        UpdateMeta("m1", "m2"),
+        DeleteMeta("m0"),
+        Measure("m2", "now"),
+        Reconcile(),
+        Measure("m2", "inside"),
+        Run(),
+    ]
+    played(sequence("change_streams", "lookup"), steps)
 
 
 @pytest.mark.parametrize("copied", ["c0", None])

@@ -1,8 +1,11 @@
 """What the smaller model-based suites draw (a lost oplog, a moved stream): writes to two
 collections of five documents, with few value types, and the derandomized settings they play under.
-The shared suite (tests/e2e/test_model_based.py) draws every kind of write and value."""
+The shared suite (tests/e2e/test_model_based.py) draws every kind of write and value; a drawn
+sequence that fails is printed as a test (``render_test``)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -32,4 +35,15 @@ def derandomized(examples: int) -> settings:
         database=None,
         report_multiple_bugs=False,
         suppress_health_check=list(HealthCheck),
+    )
+
+
+def render_test(name: str, mode: str, full_update_type: str, steps: list[Any]) -> str:
+    """``steps`` as a pytest test for tests/e2e/test_model_based.py (which has the fixture and names)."""
+    body = "".join(f"            {step!r},\n" for step in steps)
+    return (
+        f"def {name}(sequence):\n"
+        f"    sequence({mode!r}, {full_update_type!r}).check(\n"
+        f"        [\n{body}        ]\n"
+        f"    )\n"
     )

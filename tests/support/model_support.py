@@ -7,7 +7,8 @@ job's ``main`` on a caller's SparkContext, and after every ``Run`` asserts:
 
 * the run succeeded (``main`` returned 0; a failure raises);
 * MongoDB holds the model's documents, and each state table holds exactly the live documents, each
-  row's ``__doc_bson`` byte for byte the BSON MongoDB returns;
+  row's ``__doc_bson`` byte for byte the BSON MongoDB returns (as a subclass's source rewrites it:
+  ``_expected_state``);
 * each changes table holds exactly the events of a change stream the test opened itself on the
   database before the first write (the independent oracle): op, ``_id``, cluster time and event
   order of every row but the snapshot reads, in order; the snapshot reads of each (re-)snapshot are
@@ -492,11 +493,18 @@ class Sequence:
 
     def _check_mongodb_is_the_model(self) -> None:
         for name, documents in self.model.items():
-            stored = {
-                doc["_id"]: doc.raw for doc in self.db.get_collection(name, codec_options=RAW_BSON).find()
-            }
             expected = {key: bson.encode(doc) for key, doc in documents.items()}
-            assert stored == expected, f"the model of {name} is not MongoDB's (a bug of the model)"
+            assert self._stored(name) == expected, (
+                f"the model of {name} is not MongoDB's (a bug of the model)"
+            )
+
+    def _stored(self, name: str) -> dict[Any, bytes]:
+        """MongoDB's documents of ``name`` by _id, the bytes it returns."""
+        return {doc["_id"]: doc.raw for doc in self.db.get_collection(name, codec_options=RAW_BSON).find()}
+
+    def _expected_state(self, name: str) -> dict[Any, bytes]:
+        """The documents by _id ``name``'s state must hold: MongoDB's, unless the source rewrites them."""
+        return self._stored(name)
 
     def _rows(self, zone: str, name: str, columns: list[str] | None = None) -> list[dict]:
         table = table_if_exists(table_uri(self.location, zone, self.prefix, self.database, name), None)
@@ -546,14 +554,13 @@ class Sequence:
         assert len(seqs) == len(set(seqs)), f"run {self.runs}: two batches carry rows of one number: {seqs}"
 
     def _check_state(self, name: str) -> None:
-        stored = {doc["_id"]: doc.raw for doc in self.db.get_collection(name, codec_options=RAW_BSON).find()}
         rows = self._rows("state", name, ["__id", "__doc_bson"])
         state = {row["__id"]: row["__doc_bson"] for row in rows}
         assert len(state) == len(rows), f"run {self.runs}: {name}: a document has two state rows"
-        expected = {extjson.encode_str(key): raw for key, raw in stored.items()}
+        expected = {extjson.encode_str(key): raw for key, raw in self._expected_state(name).items()}
         assert sorted(state) == sorted(expected), f"run {self.runs}: {name}: the state's _ids differ"
         wrong = sorted(key for key in expected if state[key] != expected[key])
-        assert not wrong, f"run {self.runs}: {name}: state documents differ from MongoDB's: {wrong}"
+        assert not wrong, f"run {self.runs}: {name}: state documents differ from the expected: {wrong}"
 
     def _check_changes(self, name: str) -> None:
         # (a table whose events were all drops or renames has no _id column yet)
@@ -583,14 +590,3 @@ class Sequence:
             if e.coll == name and e.op in ("c", "u", "d") and e.cluster_time >= (self.snapshotted_at or 0)
         ]
         assert found == streamed, f"run {self.runs}: {name}: change rows differ from the stream's events"
-
-
-def render_test(name: str, mode: str, full_update_type: str, steps: list[Any]) -> str:
-    """``steps`` as a pytest test for tests/e2e/test_model_based.py (which has the fixture and names)."""
-    body = "".join(f"            {step!r},\n" for step in steps)
-    return (
-        f"def {name}(sequence):\n"
-        f"    sequence({mode!r}, {full_update_type!r}).check(\n"
-        f"        [\n{body}        ]\n"
-        f"    )\n"
-    )
