@@ -28,7 +28,7 @@ documents on the server, returning at most one document, at each discovery.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -83,14 +83,9 @@ def classify_collections(client: MongoClient, config: SourceConfig, *, sharded: 
     captured). Reads ``listCollections`` of each database, and a view's documents only when its
     pipeline does not show its ``_id`` unique (the module doc)."""
     kinds: list[CollectionKind] = []
-    for db in client.list_database_names():
-        if not config.captures_database(db):
-            continue
-        infos = {info["name"]: info for info in client[db].list_collections()}
-        for name, info in sorted(infos.items()):
-            if not config.filters_match(db, name):
-                continue
-            namespace = f"{db}.{name}"
+    for db, names, infos in matched_collections(client, config):
+        for name in names:
+            info, namespace = infos[name], f"{db}.{name}"
             if name.startswith("system."):
                 kinds.append(CollectionKind(namespace, NOT_CAPTURED, SYSTEM_COLLECTION))
             elif info.get("type") == "timeseries":
@@ -104,6 +99,18 @@ def classify_collections(client: MongoClient, config: SourceConfig, *, sharded: 
             else:
                 kinds.append(CollectionKind(namespace, STREAMED))
     return kinds
+
+
+def matched_collections(
+    client: MongoClient, config: SourceConfig
+) -> Iterator[tuple[str, list[str], dict[str, dict]]]:
+    """Each captured database, the names in it the filters match (sorted, ``system.*`` included),
+    and all its ``listCollections`` entries by name (a view's pipeline may read a collection the
+    filters leave out): one ``listCollections`` per database."""
+    for db in client.list_database_names():
+        if config.captures_database(db):
+            infos = {info["name"]: info for info in client[db].list_collections()}
+            yield db, sorted(name for name in infos if config.filters_match(db, name)), infos
 
 
 def _view_kind(client: MongoClient, namespace: str, infos: dict[str, dict], sharded: bool) -> CollectionKind:

@@ -55,6 +55,7 @@ from pymongo import MongoClient
 
 from mongo_cdc import extjson
 from mongo_cdc.capture.change_cursor import token_cluster_time
+from mongo_cdc.capture.collection_kinds import matched_collections
 from mongo_cdc.capture.document_ids import document_id
 from mongo_cdc.capture.field_filters import collection_field_rules
 from mongo_cdc.capture.raw_rows import RawRow, SourceInfo, now_ms, tombstone_of
@@ -100,15 +101,13 @@ def captured_time_series(client: MongoClient, config: SourceConfig) -> list[Time
     """The time-series collections the source's filters capture, with their ``timeField``,
     ``metaField`` and ``granularity`` (``listCollections`` options)."""
     found = []
-    for db in client.list_database_names():
-        if not config.captures_database(db):
-            continue
-        for info in client[db].list_collections(filter={"type": "timeseries"}):
-            if config.captures_collection(db, info["name"]):
-                options = info.get("options", {}).get("timeseries", {})
+    for db, names, infos in matched_collections(client, config):
+        for name in names:
+            if infos[name].get("type") == "timeseries" and config.captures_collection(db, name):
+                options = infos[name].get("options", {}).get("timeseries", {})
                 meta, granularity = options.get("metaField"), options.get("granularity")
-                found.append(TimeSeries(db, info["name"], options["timeField"], meta, granularity))
-    return sorted(found, key=lambda series: series.namespace)
+                found.append(TimeSeries(db, name, options["timeField"], meta, granularity))
+    return found
 
 
 def landed_windows(batches: list[Batch], rs: str, namespace: str) -> list[tuple[Batch, Window]]:
