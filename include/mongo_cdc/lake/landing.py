@@ -365,17 +365,7 @@ class SourceLake:
         uri = self.raw_uri(namespace)
         table = table_if_exists(uri, self.options)
         if table is None and concurrent:
-            try:
-                DeltaTable.create(
-                    uri,
-                    lake.RAW_SCHEMA,
-                    partition_by=[lake.HOUR_COLUMN],
-                    mode="ignore",
-                    storage_options=self.options,
-                )
-            except Exception:  # another shard's snapshot created it first
-                if table_if_exists(uri, self.options) is None:
-                    raise
+            self._create_raw_table(uri)
         elif table is not None and (table.transaction_version(self.app_id(rs)) or 0) >= seq:
             log.info("deleting rows of uncommitted batches >= %d of %s from %s", seq, rs, uri)
             table.delete(
@@ -397,23 +387,31 @@ class SourceLake:
         uri = self.raw_uri(namespace)
         table = self._table(uri)
         if table is None:
-            try:
-                DeltaTable.create(
-                    uri,
-                    lake.RAW_SCHEMA,
-                    partition_by=[lake.HOUR_COLUMN],
-                    mode="error",
-                    configuration=dict(properties),
-                    raise_if_key_not_exists=False,
-                    storage_options=self.options,
-                )
+            table = self._create_raw_table(uri, properties)
+            if table is None:
                 return
-            except DeltaError:
-                table = table_if_exists(uri, self.options)
-                if table is None:
-                    raise
-                # another writer created it first: set the properties on it as on any table
+            # another writer created it first: set the properties on it as on any table
         table.alter.set_table_properties(dict(properties), raise_if_not_exists=False)
+
+    def _create_raw_table(self, uri: str, properties: Mapping[str, str] | None = None) -> DeltaTable | None:
+        """Create an empty raw table at ``uri`` with ``properties``: None once created, or the table
+        another writer (a shard's snapshot, a concurrent run) created first."""
+        try:
+            DeltaTable.create(
+                uri,
+                lake.RAW_SCHEMA,
+                partition_by=[lake.HOUR_COLUMN],
+                mode="error",
+                configuration=dict(properties or {}),
+                raise_if_key_not_exists=False,
+                storage_options=self.options,
+            )
+            return None
+        except Exception:
+            table = table_if_exists(uri, self.options)
+            if table is None:
+                raise
+            return table
 
     def chunk_landed(self, rs: str, seq: int, chunk: Chunk) -> bool:
         """Whether ``chunk``'s rows are committed in its raw table (its app transaction is there)."""
