@@ -314,8 +314,11 @@ class ShardSync:
         # after the snapshot's commit: a first run's time-series read needs the position it records.
         # A sharded cluster's time-series collections are not captured
         if self.shard.via_source and not is_backfill():
-            with self.client() as client:
-                self.time_series(client, synced)
+            try:
+                with self.client() as client:
+                    self.time_series(client, synced)
+            except ConnectionFailure as exc:
+                raise unreachable(self.shard, exc) from None
         return synced
 
     def read_views(self) -> dict | None:
