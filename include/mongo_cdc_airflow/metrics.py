@@ -116,9 +116,9 @@ def emit_run_metrics(source: str, pulls: Iterable[Mapping[str, Any]], run_end_ms
 
     Per replica set: ``lag_seconds`` (its newest event or snapshot position to ``run_end_ms``),
     ``oplog_window_seconds``, ``oplog_headroom_seconds`` (absent when the oplog is unbounded),
-    ``position_age_seconds``, ``last_batch_seq``; counters ``events`` (per collection and op),
-    ``disconnects``, ``primary_elections``, ``snapshot_documents`` (per collection),
-    ``snapshot_chunks``; timers ``snapshot`` and ``pull``.
+    ``position_age_seconds``, ``last_batch_seq``; counters ``events`` (per collection and op, a
+    view's read's changes among them), ``disconnects``, ``primary_elections``, ``snapshot_documents``
+    (per collection), ``snapshot_chunks``; timers ``snapshot`` and ``pull``.
     """
     metrics = SourceMetrics(source)
     for pull in pulls:
@@ -138,9 +138,12 @@ def emit_run_metrics(source: str, pulls: Iterable[Mapping[str, Any]], run_end_ms
                 metrics.gauge(metric, oplog[key], rs=rs)
         if pull.get("batch_seq"):
             metrics.gauge("last_batch_seq", pull["batch_seq"], rs=rs)
-        for namespace, ops in sorted(pull.get("events", {}).items()):
-            for op, count in sorted(ops.items()):
-                metrics.count("events", count, rs=rs, collection=namespace, op=op)
+        # the streamed events, and the changes the views' reads found (``ShardSync.read_views``)
+        views = (pull.get("views") or {}).get("changes") or {}
+        for found in (pull.get("events", {}), views):
+            for namespace, ops in sorted(found.items()):
+                for op, count in sorted(ops.items()):
+                    metrics.count("events", count, rs=rs, collection=namespace, op=op)
         for counter in ("disconnects", "primary_elections"):
             metrics.count(counter, pull.get(counter, 0), rs=rs)
         for namespace, count in sorted((snapshot.get("documents") or {}).items()):

@@ -106,6 +106,24 @@ def test_the_code_sends_every_declared_metric_with_its_declared_parts(monkeypatc
     assert sent == {metric: 1 + len(declared.per) for metric, declared in METRICS.items()}
 
 
+def test_a_views_read_counts_its_changes_as_events(monkeypatch):
+    """A view has no stream: the changes its read lands (``views``) are counted as its events."""
+    pull = {
+        "rs": "rs0",
+        "events": {"shop.orders": {"u": 1}},
+        "views": {"changes": {"shop.open": {"c": 2, "d": 1}}},
+    }
+    with airflow_statsd(monkeypatch) as listener:
+        emit_run_metrics("shop", [pull], run_end_ms=2_000)
+        received = listener.drain()
+    events = {name.split(".", 3)[3]: sent for name, sent in received.items() if ".mongo_cdc.events." in name}
+    assert events == {
+        "shop.rs0.shop__orders.u": [(1.0, "c")],
+        "shop.rs0.shop__open.c": [(2.0, "c")],
+        "shop.rs0.shop__open.d": [(1.0, "c")],
+    }
+
+
 def test_an_undeclared_metric_or_tag_set_is_refused():
     metrics = SourceMetrics("shop")
     with pytest.raises(ValueError, match="metric 'lag' as a gauge per \\('rs',\\) is not declared"):
