@@ -16,6 +16,7 @@ from typing import Any
 
 from airflow.sdk import Param
 
+from mongo_cdc.capture.collection_kinds import TIME_SERIES, VIEW
 from mongo_cdc.capture.shard_lifecycle import ResnapshotRequest
 from mongo_cdc.capture.snapshot_filters import filter_text, filters_of_param
 from mongo_cdc.capture.stream_move import StreamMoveRequest
@@ -190,14 +191,26 @@ def verify_requested(params: Mapping[str, Any]) -> bool:
     return _or_default(params, "verify", False) is True
 
 
+# why a re-snapshot does not copy a collection captured in batches, and what to do instead
+BATCHED = {
+    TIME_SERIES: "is a time-series collection, read in batches: a re-snapshot does not copy it; trigger with "
+    '{"verify": true} to reconcile its state with MongoDB now',
+    VIEW: "is a view, read whole at each of its reads (view.read.interval.runs): its next read lands what "
+    "differs from its state; there is nothing to re-snapshot",
+}
+
+
 def check_known(
     source: str,
     shards: Iterable[str],
     collections: Iterable[str],
     shard_ids: Iterable[str],
     captured: Iterable[str] | None,
+    batch_captured: Mapping[str, str] | None = None,
 ) -> None:
-    """Every shard and collection the trigger names exists (``captured`` None: no collections named)."""
+    """Every shard and collection the trigger names exists (``captured`` None: no collections named)
+    and can be re-snapshotted: ``batch_captured`` (discovery's kinds, namespace to kind) names the
+    views and time-series collections, which are read in batches and never copied by a snapshot."""
     known_shards = sorted(shard_ids)
     problems = []
     unknown = sorted(set(shards) - set(known_shards))
@@ -208,7 +221,12 @@ def check_known(
         )
     if captured is not None:
         known = sorted(set(captured))
-        unknown = sorted(set(collections) - set(known))
+        kinds = batch_captured or {}
+        batched = sorted(
+            set(collections) & {namespace for namespace, kind in kinds.items() if kind in BATCHED}
+        )
+        problems += [f'param "collections": {namespace} {BATCHED[kinds[namespace]]}' for namespace in batched]
+        unknown = sorted(set(collections) - set(known) - set(batched))
         if unknown:
             problems.append(
                 f'param "collections": unknown collection {", ".join(unknown)}; '

@@ -71,6 +71,7 @@ def _discover(config: SourceConfig) -> list[dict]:
         live = discover_shards(client)
         kinds = classify_collections(client, config, sharded=not any(shard.via_source for shard in live))
     log_collection_kinds(kinds)
+    kinds_by_name = {kind.namespace: kind.kind for kind in kinds}
     shards = reconcile(
         stored_topology(config.name),
         live,
@@ -82,7 +83,14 @@ def _discover(config: SourceConfig) -> list[dict]:
         live_shards = [shard for shard in shards if not shard.retiring]
         collections = request.collections if request else ()
         captured = captured_collections(config, hook, live_shards) if collections else None
-        check_known(config.name, named_shards, collections, [shard.id for shard in live_shards], captured)
+        check_known(
+            config.name,
+            named_shards,
+            collections,
+            [shard.id for shard in live_shards],
+            captured,
+            kinds_by_name,
+        )
         check_filters(hook, resnapshot_filters(context["params"]))
     if not is_backfill():  # the live sync owns the topology it drains
         store_topology(config.name, shards)
@@ -91,7 +99,7 @@ def _discover(config: SourceConfig) -> list[dict]:
     # plan_transform compares them with its own, to tell whether a failed run landed anything
     context["ti"].xcom_push(key=task_ids.COMMITTED_KEY, value=committed_batches(config))
     # the views the shard tasks read, and the collections the summary names as not captured
-    context["ti"].xcom_push(key=task_ids.KINDS_KEY, value={kind.namespace: kind.kind for kind in kinds})
+    context["ti"].xcom_push(key=task_ids.KINDS_KEY, value=kinds_by_name)
     context["ti"].xcom_push(key=task_ids.NOT_CAPTURED_KEY, value=not_captured(kinds))
     return [shard.to_dict() for shard in shards]
 

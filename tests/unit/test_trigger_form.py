@@ -8,9 +8,10 @@ import pytest
 from airflow.sdk.exceptions import AirflowFailException
 from bson import Timestamp
 
+from mongo_cdc.capture.collection_kinds import STREAMED, TIME_SERIES, VIEW
 from mongo_cdc.capture.shard_lifecycle import ResnapshotRequest
 from mongo_cdc.capture.stream_move import StreamMoveRequest
-from mongo_cdc_airflow.params import resnapshot_params, resnapshot_request, stream_move_request
+from mongo_cdc_airflow.params import check_known, resnapshot_params, resnapshot_request, stream_move_request
 
 
 def _marked_required(schema: dict) -> bool:
@@ -111,3 +112,21 @@ def test_a_wrong_stream_move_fails_before_anything_runs(params, backfill, messag
     with pytest.raises(AirflowFailException) as failure:
         resnapshot_request({}, params, backfill=backfill)
     assert message in str(failure.value)
+
+
+def test_a_resnapshot_naming_a_view_or_a_time_series_collection_says_what_to_do_instead():
+    """They are captured in batches and never copied by a snapshot: not "unknown", but why, and how
+    to get their state equal to MongoDB now."""
+    kinds = {"shop.orders": STREAMED, "shop.open_orders": VIEW, "metrics.cpu": TIME_SERIES}
+    with pytest.raises(AirflowFailException) as failure:
+        check_known(
+            "shop", (), ["shop.open_orders", "metrics.cpu", "shop.nope"], ["rs0"], ["shop.orders"], kinds
+        )
+    message = str(failure.value)
+    assert 'param "collections": metrics.cpu is a time-series collection' in message
+    assert 'trigger with {"verify": true} to reconcile' in message
+    assert 'param "collections": shop.open_orders is a view' in message
+    assert (
+        "unknown collection shop.nope; the captured collections of source 'shop' are: shop.orders" in message
+    )
+    check_known("shop", (), ["shop.orders"], ["rs0"], ["shop.orders"], kinds)  # a collection passes
