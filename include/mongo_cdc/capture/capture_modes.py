@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from pymongo import MongoClient
 
+from mongo_cdc.capture.collection_kinds import matched_collections
 from mongo_cdc.config.capture_mode_table import CAPTURE_MODES
 
 if TYPE_CHECKING:
@@ -58,13 +59,12 @@ def needs_images(config: SourceConfig) -> bool:
 
 
 def captured_collection_options(client: MongoClient, config: SourceConfig) -> Iterator[tuple[str, str, dict]]:
-    """(db, collection, listCollections options) of every captured collection (views excluded)."""
-    for db in client.list_database_names():
-        if not config.captures_database(db):
-            continue
-        for info in client[db].list_collections(filter={"type": "collection"}):
-            if config.captures_collection(db, info["name"]):
-                yield db, info["name"], info.get("options", {})
+    """(db, collection, listCollections options) of every captured collection (views and
+    time-series collections excluded: no change stream reads them)."""
+    for db, names, infos in matched_collections(client, config):
+        for name in names:
+            if infos[name].get("type", "collection") == "collection" and config.captures_collection(db, name):
+                yield db, name, infos[name].get("options", {})
 
 
 def require_images(client: MongoClient, config: SourceConfig, rs: str) -> None:
