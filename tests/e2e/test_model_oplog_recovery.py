@@ -16,9 +16,9 @@ import pytest
 from cdc_support import spark_job
 from hypothesis import given, note
 from hypothesis import strategies as st
-from model_draws import TRANSACTIONS, WRITES, derandomized
+from model_draws import WRITES, derandomized, steps_with
 from model_recovery import LoseOplog, RacingRun, RecoverySequence
-from model_support import MODES, Delete, Insert, Maintain, Run, Set
+from model_support import MODES, Delete, Insert, Run, Set
 
 from mongo_cdc.capture import streaming
 from mongo_cdc.capture.topology import make_client
@@ -27,16 +27,7 @@ from mongo_cdc_dev.testing import ReplicaSet
 # Sequences per capture mode: each loss of the oplog costs a few seconds of filler writes
 EXAMPLES = int(os.environ.get("MODEL_RECOVERY_EXAMPLES", "3"))
 
-STEPS = st.one_of(
-    WRITES,
-    WRITES,
-    WRITES,
-    TRANSACTIONS,
-    st.just(Run()),
-    st.just(LoseOplog()),
-    st.builds(RacingRun, st.lists(WRITES, min_size=1, max_size=3)),
-    st.just(Maintain()),
-)
+STEPS = steps_with(st.just(LoseOplog()), st.builds(RacingRun, st.lists(WRITES, min_size=1, max_size=3)))
 # a loss needs a position (a run before it) and shows in a run after it
 SEQUENCES = st.lists(STEPS, min_size=4, max_size=14).map(lambda steps: [Run(), *steps, LoseOplog(), Run()])
 

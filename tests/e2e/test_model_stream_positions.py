@@ -18,13 +18,12 @@ import pytest
 from cdc_support import spark_job
 from hypothesis import given, note
 from hypothesis import strategies as st
-from model_draws import TRANSACTIONS, WRITES, derandomized
+from model_draws import derandomized, steps_with
 from model_positions import MoveBack, StartedSequence
 from model_support import (
     MODES,
     Delete,
     Insert,
-    Maintain,
     Replace,
     Run,
     Set,
@@ -38,16 +37,7 @@ from mongo_cdc.capture.topology import make_client
 # Sequences per capture mode
 EXAMPLES = int(os.environ.get("MODEL_POSITION_EXAMPLES", "4"))
 
-STEPS = st.one_of(
-    WRITES,
-    WRITES,
-    WRITES,
-    TRANSACTIONS,
-    st.just(Run()),
-    st.just(Run()),
-    st.builds(MoveBack, st.integers(1, 3)),
-    st.just(Maintain()),
-)
+STEPS = steps_with(st.just(Run()), st.builds(MoveBack, st.integers(1, 3)))
 # a move needs a run before it, and shows in a run after it
 SEQUENCES = st.lists(STEPS, min_size=6, max_size=16).map(lambda steps: [Run(), *steps, MoveBack(2), Run()])
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from model_support import COLLECTIONS, Delete, Inc, Insert, Replace, Set, Transaction, Unset
+from model_support import COLLECTIONS, Delete, Inc, Insert, Maintain, Replace, Run, Set, Transaction, Unset
 
 KEYS = st.integers(0, 4)
 WRITTEN = st.sampled_from(COLLECTIONS[:2])
@@ -24,6 +24,11 @@ WRITES = st.one_of(
     st.builds(Delete, WRITTEN, KEYS),
 )
 TRANSACTIONS = st.builds(Transaction, st.lists(WRITES, min_size=2, max_size=3))
+
+
+def steps_with(*own: st.SearchStrategy) -> st.SearchStrategy:
+    """A smaller suite's steps: mostly writes, a run, the suite's ``own`` steps, and upkeep."""
+    return st.one_of(WRITES, WRITES, WRITES, TRANSACTIONS, st.just(Run()), *own, st.just(Maintain()))
 
 
 def derandomized(examples: int) -> settings:
