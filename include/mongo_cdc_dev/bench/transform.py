@@ -469,7 +469,7 @@ class Results:
 @contextmanager
 def step(name: str) -> Iterator[None]:
     """Print a step's name, then its seconds."""
-    print(f"transform: {name}", flush=True)
+    print(name, flush=True)
     started = time.perf_counter()
     yield
     print(f"  {time.perf_counter() - started:.1f}s", flush=True)
