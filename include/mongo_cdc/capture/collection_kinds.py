@@ -34,6 +34,8 @@ from typing import TYPE_CHECKING, Any
 
 from pymongo import MongoClient
 
+from mongo_cdc.namespace import Namespace
+
 if TYPE_CHECKING:
     from mongo_cdc.config import SourceConfig
 
@@ -85,7 +87,7 @@ def classify_collections(client: MongoClient, config: SourceConfig, *, sharded: 
     kinds: list[CollectionKind] = []
     for db, names, infos in matched_collections(client, config):
         for name in names:
-            info, namespace = infos[name], f"{db}.{name}"
+            info, namespace = infos[name], str(Namespace(db, name))
             if name.startswith("system."):
                 kinds.append(CollectionKind(namespace, NOT_CAPTURED, SYSTEM_COLLECTION))
             elif info.get("type") == "timeseries":
@@ -116,7 +118,7 @@ def matched_collections(
 def _view_kind(client: MongoClient, namespace: str, infos: dict[str, dict], sharded: bool) -> CollectionKind:
     if sharded:
         return CollectionKind(namespace, NOT_CAPTURED, SHARDED_VIEW)
-    db, name = namespace.split(".", 1)
+    db, name = Namespace.parse(namespace)
     if _unique_by_pipeline(name, infos):
         return CollectionKind(namespace, VIEW)
     problem = _id_problem(client, db, name)
