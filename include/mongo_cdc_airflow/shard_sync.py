@@ -323,25 +323,28 @@ class ShardSync:
 
     def read_views(self) -> dict | None:
         """Read the captured views (``mongo_cdc.verify.view_capture``) after the pull and the snapshot,
-        in the runs ``view.read.interval.runs`` picks; None when the run reads none. Discovery named
-        them (a sharded cluster's views are not captured)."""
+        in the runs ``view.read.interval.runs`` picks, and empty the states of views dropped since
+        their last read; None when the run reads none. Discovery named them (a sharded cluster's views
+        are not captured)."""
         from mongo_cdc.capture.collection_kinds import VIEW
         from mongo_cdc.verify.view_capture import capture_views, read_due
 
         context = get_current_context()
         kinds = context["ti"].xcom_pull(task_ids=task_ids.DISCOVER, key=task_ids.KINDS_KEY) or {}
         views = sorted(namespace for namespace, kind in kinds.items() if kind == VIEW)
-        if not views:
-            return None
         every = self.config.view_read_interval_runs
         if not read_due(every, context.get("data_interval_start"), context.get("data_interval_end")):
-            log.info("views not read in this run (view.read.interval.runs: %d): %s", every, ", ".join(views))
+            if views:
+                log.info(
+                    "views not read in this run (view.read.interval.runs: %d): %s", every, ", ".join(views)
+                )
             return None
         try:
             with self.client() as client:
-                return capture_views(self.capture(client), views).to_dict()
+                read = capture_views(self.capture(client), views)
         except ConnectionFailure as exc:
             raise unreachable(self.shard, exc) from None
+        return read.to_dict() if views or read.changes or read.not_read else None
 
     def verify(self) -> dict:
         """Verify the shard's collections (``mongo_cdc.verify``) when the trigger asks for it or the

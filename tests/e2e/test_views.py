@@ -5,7 +5,7 @@ One source's runs, in file order: the first run names the view it cannot capture
 repeats its ``_id``) and the ``system.views`` collection in the discovery log and the summary, and
 lands the other view's documents as ``c`` rows; writes to the base collection reach the view's state
 as ``c``/``u``/``d`` rows after the next run; a run with the view unchanged writes no file, and its
-verification leaves the view to its reads."""
+verification leaves the view to its reads; a dropped view's documents land as deletes, once."""
 
 from __future__ import annotations
 
@@ -112,3 +112,17 @@ def test_an_unchanged_view_writes_no_file_and_verification_leaves_it_to_its_read
     assert sorted(summary["verification"]) == [f"{source.database}.orders"]
     assert f"{source.database}.{VIEW}" not in summary["events"]
     assert_state_equals_collection(source, client, VIEW)
+
+
+def test_a_dropped_view_empties_its_state_once(scenario):
+    """As a dropped collection's stream does: the view's documents land as deletes, then nothing."""
+    source, client = scenario
+    in_state = len(source.state_rows(VIEW))
+    client[source.database].drop_collection(VIEW)
+    summary = summary_of(source.run())
+    assert summary["events"][f"{source.database}.{VIEW}"] == {"d": in_state}
+    assert source.state_rows(VIEW) == []
+    batches = view_batches(source)
+    summary = summary_of(source.run())
+    assert f"{source.database}.{VIEW}" not in summary["events"]
+    assert view_batches(source) == batches

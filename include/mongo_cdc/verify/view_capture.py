@@ -31,6 +31,7 @@ from mongo_cdc.capture.change_cursor import token_cluster_time
 from mongo_cdc.capture.collection_kinds import VIEW_BATCH
 from mongo_cdc.capture.replica_set import ReplicaSetCapture
 from mongo_cdc.capture.snapshot import current_position
+from mongo_cdc.lake.batch_log import Batch
 from mongo_cdc.lake.verification_log import REPAIRED
 from mongo_cdc.namespace import Namespace
 from mongo_cdc.verify.comparison import CollectionCheck
@@ -69,24 +70,32 @@ def capture_views(capture: ReplicaSetCapture, views: list[str]) -> ViewReads:
     """Read each of ``views`` (namespaces of the replica set ``capture`` reads) and land what
     differs from its state as one batch (the module doc)."""
     found = ViewReads()
+    batches = capture.lake.batches()
+    dropped = dropped_views(capture, batches, views)
+    if not views and not dropped:
+        return found
     offset = capture.keeper.load_checked()
     if offset is None or offset.resume_token is None or not offset.snapshot_complete:
         found.not_read = dict.fromkeys(views, "the replica set has no complete snapshot and position yet")
     elif capture.lake.last_planned_seq(capture.rs) > offset.batch_seq:
-        found.not_read = dict.fromkeys(views, "a snapshot of the replica set is unfinished")
-    if found.not_read or not views:
+        found.not_read = dict.fromkeys([*views, *dropped], "a snapshot of the replica set is unfinished")
+    if found.not_read:
         _log(found)
         return found
-    batches = capture.lake.batches()
     repairs: dict[str, dict[str, object]] = {}
     in_state: dict[str, set[str]] = {}
-    for namespace in views:
+    for namespace in [*views, *dropped]:
         db, name = Namespace.parse(namespace)
-        info = next(capture.client[db].list_collections(filter={"name": name, "type": "view"}), None)
-        if info is None:
-            found.not_read[namespace] = "gone from MongoDB since discovery"
-            continue
-        check = CollectionCheck(capture, namespace, info["options"], batches, heal=True)
+        if namespace in dropped:
+            log.info("view %s is gone from MongoDB: the documents of its state land as deletes", namespace)
+            options = {}  # a namespace MongoDB does not have reads as no documents
+        else:
+            info = next(capture.client[db].list_collections(filter={"name": name, "type": "view"}), None)
+            if info is None:
+                found.not_read[namespace] = "gone from MongoDB since discovery"
+                continue
+            options = info["options"]
+        check = CollectionCheck(capture, namespace, options, batches, heal=True)
         reason = check.skipped or (
             "its last read is not applied to the state yet (see the transform's log)"
             if check.pending_keys
@@ -116,6 +125,27 @@ def capture_views(capture: ReplicaSetCapture, views: list[str]) -> ViewReads:
         )
     _log(found)
     return found
+
+
+def dropped_views(capture: ReplicaSetCapture, batches: list[Batch], views: list[str]) -> list[str]:
+    """The views of the replica set that earlier reads landed rows of, that are not among ``views``
+    (discovery's), that the filters still capture, and that MongoDB has under no kind now: dropped.
+    Read as empty, their states' documents land as deletes (then nothing more, their states being
+    empty), as a dropped collection's stream empties its state."""
+    landed = {
+        namespace
+        for batch in batches
+        if batch.rs == capture.rs and batch.kind == VIEW_BATCH
+        for namespace in batch.namespaces
+    }
+    dropped = []
+    for namespace in sorted(landed - set(views)):
+        db, name = Namespace.parse(namespace)
+        if capture.config.captures_collection(db, name) and not capture.client[db].list_collection_names(
+            filter={"name": name}
+        ):
+            dropped.append(namespace)
+    return dropped
 
 
 def _log(found: ViewReads) -> None:
