@@ -2,9 +2,10 @@
 Spark): measurements inserted before and after the first run land once each, however often the
 windows overlap; a late measurement inside the lateness window lands at the next run, one beyond it
 at the reconcile, which also lands a ``deleteMany`` and an ``updateMany`` on the ``metaField``, so
-the state then equals the collection. The bucket collection never reaches the lake.
+the state then equals the collection. The bucket collection never reaches the lake. Once dropped,
+the collection's state empties.
 
-One source and three DAG runs (the first without Spark) serve the whole sequence.
+One source and four DAG runs (the first without Spark) serve the whole sequence.
 """
 
 from __future__ import annotations
@@ -83,3 +84,12 @@ def test_measurements_land_once_and_the_reconcile_makes_the_state_equal_the_coll
     assert max(changes.values()) == 1 and sum(changes.values()) == 10
     # the buckets are MongoDB's storage, never a table of the lake
     assert all("system.buckets" not in namespace for namespace in source.lake.namespaces())
+
+    # dropped: its measurements land as deletes, at the next run and without a reconcile
+    cpu.drop()
+    fourth = _summary(source.run())
+    assert fourth["events"][namespace] == {"d": len(stored)}
+    assert source.state_rows(DB_COLLECTION) == []
+    batches = len(source.lake.batches())
+    assert namespace not in _summary(source.run(skip_spark=True))["events"]  # then nothing more
+    assert len(source.lake.batches()) == batches + 1  # the pull's batch alone

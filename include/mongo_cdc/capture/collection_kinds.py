@@ -115,6 +115,22 @@ def matched_collections(
             yield db, sorted(name for name in infos if config.filters_match(db, name)), infos
 
 
+def dropped_since(
+    client: MongoClient, config: SourceConfig, landed: Iterable[str], current: Iterable[str]
+) -> list[str]:
+    """The namespaces of ``landed`` (captured in batches by earlier runs) that are not ``current``
+    (found by this run), that the filters still capture and that MongoDB has under no kind now:
+    dropped since. Their batch reads have no drop event to empty their states (a stream has)."""
+    dropped = []
+    for namespace in sorted(set(landed) - set(current)):
+        db, name = Namespace.parse(namespace)
+        if config.captures_collection(db, name) and not client[db].list_collection_names(
+            filter={"name": name}
+        ):
+            dropped.append(namespace)
+    return dropped
+
+
 def _view_kind(client: MongoClient, namespace: str, infos: dict[str, dict], sharded: bool) -> CollectionKind:
     if sharded:
         return CollectionKind(namespace, NOT_CAPTURED, SHARDED_VIEW)

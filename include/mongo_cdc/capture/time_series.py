@@ -29,6 +29,10 @@ so the state equals the collection after it. It waits for a run whose state has 
 batch of the collection (a transform that failed leaves raw rows the state lacks, which are not
 drift); its window is ``[None, P]``.
 
+**Dropped.** A collection earlier runs landed that MongoDB no longer has, under any kind
+(``dropped_time_series``), has no drop event to empty its state (no stream reads it): each run
+reconciles it as holding no measurement, so its state's documents land as ``d`` rows once.
+
 **Key.** A measurement's ``_id``: the driver gives each inserted measurement a fresh ``ObjectId``,
 and it is the only field that tells two measurements with the same time and meta apart. MongoDB
 does not index or enforce it in a time-series collection: measurements written with an ``_id`` of
@@ -55,7 +59,7 @@ from pymongo import MongoClient
 
 from mongo_cdc import extjson
 from mongo_cdc.capture.change_cursor import token_cluster_time
-from mongo_cdc.capture.collection_kinds import matched_collections
+from mongo_cdc.capture.collection_kinds import dropped_since, matched_collections
 from mongo_cdc.capture.document_ids import document_id
 from mongo_cdc.capture.field_filters import collection_field_rules
 from mongo_cdc.capture.raw_rows import RawRow, SourceInfo, now_ms, tombstone_of
@@ -67,6 +71,7 @@ from mongo_cdc.lake.batch_log import Batch, BatchWindow
 from mongo_cdc.lake.layout import table_uri
 from mongo_cdc.lake.storage import table_if_exists
 from mongo_cdc.lake.table_reads import read_rows, scan_rows
+from mongo_cdc.namespace import Namespace
 from mongo_cdc.transform.raw_events import applied_batches, event_keys
 from mongo_cdc.verify.digest import Digests, cells_per_range, document_hashes, id_cells
 
@@ -91,6 +96,8 @@ class TimeSeries:
     time_field: str
     meta_field: str | None = None
     granularity: str | None = None
+    # landed by earlier runs and dropped since (``dropped_since``): it has no measurement to read
+    dropped: bool = False
 
     @property
     def namespace(self) -> str:
@@ -108,6 +115,20 @@ def captured_time_series(client: MongoClient, config: SourceConfig) -> list[Time
                 meta, granularity = options.get("metaField"), options.get("granularity")
                 found.append(TimeSeries(db, name, options["timeField"], meta, granularity))
     return found
+
+
+def dropped_time_series(
+    capture: ReplicaSetCapture, batches: list[Batch], found: list[TimeSeries]
+) -> list[TimeSeries]:
+    """The time-series collections earlier runs of the replica set landed that are dropped since
+    (``dropped_since``): reconciled as holding no measurement, their states' documents land as
+    deletes, then nothing more."""
+    landed = (namespace for batch in batches if batch.rs == capture.rs for namespace, _ in batch.time_windows)
+    current = [series.namespace for series in found]
+    return [
+        TimeSeries(*Namespace.parse(namespace), time_field="", dropped=True)
+        for namespace in dropped_since(capture.client, capture.config, landed, current)
+    ]
 
 
 def landed_windows(batches: list[Batch], rs: str, namespace: str) -> list[tuple[Batch, Window]]:
@@ -180,6 +201,8 @@ def _time_query(series: TimeSeries, start: int | None, end: int) -> dict:
 def _documents(capture: ReplicaSetCapture, series: TimeSeries, query: dict) -> Documents:
     """Raw keys and documents (the field rules applied) of the measurements ``query`` matches, a
     server batch at a time: bytes as MongoDB sent them, never decoded."""
+    if series.dropped:
+        return
     fields = collection_field_rules(capture.config, series.db, series.name)
     for batch in capture.client[series.db][series.name].find_raw_batches(query):
         yield keys_and_documents(raw_documents(batch), fields)
@@ -292,13 +315,14 @@ def capture_time_series(capture: ReplicaSetCapture, reconcile_due: bool) -> Time
     the batch log keeps. Nothing is landed while the replica set has no streaming position yet."""
     result = TimeSeriesResult()
     found = captured_time_series(capture.client, capture.config)
-    if not found:
+    batches = capture.lake.batches()
+    dropped = dropped_time_series(capture, batches, found)
+    if not found and not dropped:
         return result
     offset = capture.keeper.load_checked()
     if offset is None or offset.resume_token is None:
         log.info("replica set %s: time-series collections wait for its streaming position", capture.rs)
         return result
-    batches = capture.lake.batches()
     position = token_cluster_time(current_position(capture.client))
     # the server's clock, to the millisecond: a cluster time counts seconds, and on a quiet replica
     # set stands up to 10 s behind (its no-op writer's interval), which held fresh measurements back
@@ -309,6 +333,14 @@ def capture_time_series(capture: ReplicaSetCapture, reconcile_due: bool) -> Time
         stamp = Stamp(source.values(series.db, series.name, position, end, snapshot=True), position)
         done = reconcile(capture, series, batches, end, stamp) if reconcile_due else None
         reads.append(done if done is not None else read_new(capture, series, batches, end, stamp))
+    for series in dropped:  # reconciled with no measurement: once their states are empty, nothing
+        stamp = Stamp(source.values(series.db, series.name, position, end, snapshot=True), position)
+        emptied = reconcile(capture, series, batches, end, stamp)
+        if emptied is not None and emptied.rows:
+            log.info("%s is gone from MongoDB: the documents of its state land as deletes", series.namespace)
+            reads.append(emptied)
+    if not reads:
+        return result
     seq = offset.next_seq
     written = []
     for read in reads:

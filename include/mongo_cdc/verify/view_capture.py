@@ -28,7 +28,7 @@ import logging
 from dataclasses import dataclass, field
 
 from mongo_cdc.capture.change_cursor import token_cluster_time
-from mongo_cdc.capture.collection_kinds import VIEW_BATCH
+from mongo_cdc.capture.collection_kinds import VIEW_BATCH, dropped_since
 from mongo_cdc.capture.replica_set import ReplicaSetCapture
 from mongo_cdc.capture.snapshot import current_position
 from mongo_cdc.lake.batch_log import Batch
@@ -128,24 +128,15 @@ def capture_views(capture: ReplicaSetCapture, views: list[str]) -> ViewReads:
 
 
 def dropped_views(capture: ReplicaSetCapture, batches: list[Batch], views: list[str]) -> list[str]:
-    """The views of the replica set that earlier reads landed rows of, that are not among ``views``
-    (discovery's), that the filters still capture, and that MongoDB has under no kind now: dropped.
-    Read as empty, their states' documents land as deletes (then nothing more, their states being
-    empty), as a dropped collection's stream empties its state."""
-    landed = {
+    """The views earlier reads of the replica set landed that are dropped since (``dropped_since``):
+    read as empty, their states' documents land as deletes, then nothing more."""
+    landed = (
         namespace
         for batch in batches
         if batch.rs == capture.rs and batch.kind == VIEW_BATCH
         for namespace in batch.namespaces
-    }
-    dropped = []
-    for namespace in sorted(landed - set(views)):
-        db, name = Namespace.parse(namespace)
-        if capture.config.captures_collection(db, name) and not capture.client[db].list_collection_names(
-            filter={"name": name}
-        ):
-            dropped.append(namespace)
-    return dropped
+    )
+    return dropped_since(capture.client, capture.config, landed, views)
 
 
 def _log(found: ViewReads) -> None:
