@@ -13,7 +13,7 @@ import json
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from bson import Int64
+from bson import Int64, ObjectId
 from deltalake import DeltaTable, write_deltalake
 from merge_cases import (
     SCHEMA,
@@ -257,6 +257,20 @@ def test_ranges_are_cut_between_groups_of_overlapping_files_and_reach_only_what_
     assert [(part.low, part.high, len(part.stored)) for part in plan] == [(None, None, 3)]
     # no stored file: the source's keys are all new, one range
     assert merge_ranges([], [staged("n", "n")], [], 4) == [MergeRange(None, None, (), (staged("n", "n"),))]
+
+
+def test_files_of_objectids_made_one_after_another_are_ranges_of_their_own(tmp_path):
+    """A bulk insert's ObjectIds count up by one: each file's key bounds must still tell it from the
+    next file, or the whole table is one range and one task MERGEs it, whatever the executors."""
+    first = ObjectId("6b15aaa1eeec96ac0daed1c0")
+    keys = [document_key(ObjectId(f"{int(str(first), 16) + step:024x}")) for step in range(12)]
+    files = stored_in_files(
+        LakeLocation(str(tmp_path)), rows(SCHEMA, [(key, 10, "b", "rs0", 1) for key in keys]), 4
+    )
+    assert [(file.min_key, file.max_key) for file in files] == [
+        (keys[start], keys[start + 2]) for start in range(0, 12, 3)
+    ]
+    assert len(key_groups(files)) == 4
 
 
 def written_bounds(merged: MergedFiles) -> list[tuple[str | None, str | None]]:

@@ -23,9 +23,10 @@ first build do not know yet which columns the table will have.
 Bounds come from the Parquet writer's own footer (``file_statistics``), not from a second pass
 over the data; only where the footer has none although the column holds values (Parquet leaves out
 the bounds of a column chunk holding a value over 4 KB) is that one column read. Strings are
-truncated as Delta's writers truncate them (``STRING_PREFIX_LENGTH`` characters): the minimum to a
-prefix, the maximum to a prefix whose last character that can be is incremented, so that it stays an
-upper bound. Timestamps are written in milliseconds, the minimum rounded down, the maximum up.
+truncated as Delta's writers truncate them (``STRING_PREFIX_LENGTH`` characters, or the length a
+column's writer asks for: ``prefix_lengths``): the minimum to a prefix, the maximum to a prefix
+whose last character that can be is incremented, so that it stays an upper bound. Timestamps are
+written in milliseconds, the minimum rounded down, the maximum up.
 Doubles are bounded from their values, not the footer, which cannot say whether a chunk holds NaN.
 No bounds are true of NaN: pyarrow takes a file's bounds as a guarantee about every row and
 simplifies a filter by it (bounds of a file of NaN left out, ``[inf, inf]`` say, turn ``d > 1`` into
@@ -190,6 +191,7 @@ def file_statistics(
     schema: pa.Schema,
     nulls: Mapping[Path, int],
     read_column: Callable[[Path], pa.ChunkedArray],
+    prefix_lengths: Mapping[Path, int] | None = None,
 ) -> FileStatistics:
     """A written file's statistics: ``nulls`` of each leaf column (``null_counts`` of the rows
     written, which Arrow knows without a pass), the bounds from its Parquet footer (``metadata``;
@@ -220,7 +222,8 @@ def file_statistics(
             with_values = [s for s in statistics if s.num_values > 0]  # type: ignore[union-attr]
             low = min(_value(s.min, kind) for s in with_values)  # type: ignore[union-attr]
             high = max(_value(s.max, kind) for s in with_values)  # type: ignore[union-attr]
-        bounds[path] = _bound_low(low, kind), _bound_high(high, kind)
+        length = (prefix_lengths or {}).get(path, STRING_PREFIX_LENGTH)
+        bounds[path] = _bound_low(low, kind, length), _bound_high(high, kind, length)
     return FileStatistics(metadata.num_rows, frozenset(types), dict(nulls), bounds)
 
 
@@ -265,11 +268,11 @@ def _value(value: Any, kind: pa.DataType) -> Any:
     return value
 
 
-def _bound_low(value: Any, kind: pa.DataType) -> Any:
+def _bound_low(value: Any, kind: pa.DataType, length: int) -> Any:
     if isinstance(value, float) and math.isinf(value):
         return "Infinity" if value > 0 else "-Infinity"
     if isinstance(value, str):
-        return value[:STRING_PREFIX_LENGTH]
+        return value[:length]
     if pa.types.is_timestamp(kind):
         return _timestamp_text(value // 1_000_000)
     if isinstance(value, dt.date):
@@ -277,11 +280,11 @@ def _bound_low(value: Any, kind: pa.DataType) -> Any:
     return value
 
 
-def _bound_high(value: Any, kind: pa.DataType) -> Any:
+def _bound_high(value: Any, kind: pa.DataType, length: int) -> Any:
     if isinstance(value, float) and math.isinf(value):
         return "Infinity" if value > 0 else "-Infinity"
     if isinstance(value, str):
-        return truncated_max(value)
+        return truncated_max(value, length)
     if pa.types.is_timestamp(kind):  # a footer's nanosecond bound came in microseconds, rounded down
         return _timestamp_text(-(-(value + (999 if kind.unit == "ns" else 0)) // 1_000_000))
     if isinstance(value, dt.date):
@@ -289,13 +292,13 @@ def _bound_high(value: Any, kind: pa.DataType) -> Any:
     return value
 
 
-def truncated_max(value: str) -> str:
-    """An upper bound of ``value`` at most ``STRING_PREFIX_LENGTH`` characters long: the prefix with
-    its last character that can be incremented incremented (what follows it dropped), or the whole
-    value where every character of the prefix is the last code point."""
-    if len(value) <= STRING_PREFIX_LENGTH:
+def truncated_max(value: str, length: int = STRING_PREFIX_LENGTH) -> str:
+    """An upper bound of ``value`` at most ``length`` characters long: the prefix with its last
+    character that can be incremented incremented (what follows it dropped), or the whole value
+    where every character of the prefix is the last code point."""
+    if len(value) <= length:
         return value
-    prefix = value[:STRING_PREFIX_LENGTH]
+    prefix = value[:length]
     for end in range(len(prefix) - 1, -1, -1):
         code = ord(prefix[end])
         if code < _MAX_CODE_POINT:

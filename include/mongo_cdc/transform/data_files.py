@@ -40,6 +40,14 @@ from mongo_cdc.transform.table_layout import widened
 if TYPE_CHECKING:
     from deltalake.transaction import AddAction
 
+# ``__key``'s bounds cut a MERGE's key ranges (``merge_ranges``), so they are kept exact up to
+# ``KEY_PREFIX_LENGTH`` characters. At Delta's usual 32, an ObjectId's key (34) loses its closing
+# ``"]``, a file's incremented upper bound then equals the next file's lower bound when that is the
+# next ObjectId, and a state of ObjectIds made one after another was one range, MERGEd by one task
+# on any number of executors.
+KEY_PATH = ("__key",)
+KEY_PREFIX_LENGTH = 256
+
 
 class DataFile(NamedTuple):
     path: str  # relative to the table: [<partition column>=<value>/]part-<uuid>-c000.snappy.parquet
@@ -75,7 +83,11 @@ def write_data_file(
     with location.open_output(*directory.split("/"), *relative.split("/")) as out:
         out.write(data)
     stats = file_statistics(
-        writer.writer.metadata, rows.schema, null_counts(rows), lambda path: column_at(rows, path)
+        writer.writer.metadata,
+        rows.schema,
+        null_counts(rows),
+        lambda path: column_at(rows, path),
+        {KEY_PATH: KEY_PREFIX_LENGTH},
     )
     return DataFile(relative, data.size, rows.num_rows, partition, stats.to_json(), _now_ms())
 

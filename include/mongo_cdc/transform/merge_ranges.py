@@ -30,12 +30,10 @@ import pyarrow.compute as pc
 
 from mongo_cdc.lake.file_statistics import FileStatistics
 from mongo_cdc.lake.storage import LakeLocation
-from mongo_cdc.transform.data_files import DataFile, staged_rows
+from mongo_cdc.transform.data_files import KEY_PATH, DataFile, staged_rows
 from mongo_cdc.transform.state_merge import Gone, MergedFiles, merge_files
 from mongo_cdc.transform.stored_rows import KeyedFile
 from mongo_cdc.transform.table_formats import staged_schema
-
-KEY_PATH = ("__key",)
 
 
 class MergeRange(NamedTuple):
