@@ -28,7 +28,7 @@ Starts its own single-member replica set in a temporary directory and, section b
   ``--copy-state``-document collection in another process, as a DAG run does: the backlog's lag
   (``bench.copy_beside``);
 * the transform driver's peak RSS for first builds of ``--driver-events`` and 4 times as many events
-  (``bench.transform.driver_memory``): it must not grow with the run;
+  (``bench.driver_memory``): it must not grow with the run;
 * many small collections against one of as many documents (``bench.many``): first run, a change in
   every collection, an idle run;
 * peak RSS of the snapshot, pull and transform processes.
@@ -58,11 +58,12 @@ from mongo_cdc.lake.storage import LakeLocation
 from mongo_cdc_dev.bench import data, peers
 from mongo_cdc_dev.bench.context import DB, RS, Bench, Measured, alternated, best
 from mongo_cdc_dev.bench.copy_beside import copy_beside
+from mongo_cdc_dev.bench.driver_memory import driver_memory
 from mongo_cdc_dev.bench.many import many_collections
 from mongo_cdc_dev.bench.oplog_recovery import oplog_recovery
 from mongo_cdc_dev.bench.state_scale import state_scale
 from mongo_cdc_dev.bench.table import Row, render
-from mongo_cdc_dev.bench.transform import HOT_DOCS, driver_memory, transform
+from mongo_cdc_dev.bench.transform import HOT_DOCS, transform
 from mongo_cdc_dev.bench.verification import write_state
 from mongo_cdc_dev.bench.worker import RAW, bench_config
 from mongo_cdc_dev.testing import ReplicaSet, exit_on_sigterm
