@@ -20,7 +20,9 @@ Starts its own single-member replica set in a temporary directory and, section b
   ``DRIFTED`` documents spread over its key range, next to a bare cursor read (``bench.verification``
   writes the states);
 * the state table at scale (``bench.state_scale``): spread and recent changes on a ``--state`` and a
-  ``--scaled-state`` state, their time, CPU, state files rewritten and driver peak;
+  ``--scaled-state`` state, their time, CPU, state files rewritten and driver peak; the ``--state``
+  one's spread changes again on a Spark standalone cluster by one executor and by two
+  (``bench.cluster_executors``);
 * a lost oplog's healing recovery of a ``--small``-document collection whose lake missed 1% of its
   documents' changes, against its full re-snapshot, each with its transform: time and bytes to the
   lake (``bench.oplog_recovery``);

@@ -43,7 +43,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -288,16 +288,26 @@ def run_empty_job() -> float:
     return seconds
 
 
-def run_transform(lake: str, prefix: str, echo_log: bool = True, run_id: str = "") -> TransformRun:
+def run_transform(
+    lake: str,
+    prefix: str,
+    echo_log: bool = True,
+    run_id: str = "",
+    master: str = "local[*]",
+    conf: Mapping[str, str] | None = None,
+) -> TransformRun:
     """One run of the Spark job over a lake, timed from spark-submit's start to its exit
-    (``echo_log``: print its log lines, not only the figures; ``run_id``: its ``--run-id``)."""
+    (``echo_log``: print its log lines, not only the figures; ``run_id``: its ``--run-id``; ``master``
+    and ``conf``: spark-submit's ``--master`` and ``--conf`` settings). On a cluster's master, the
+    CPU time and memory are the driver's only: the executors are not in spark-submit's process tree."""
     if not APP.is_file():
         raise RuntimeError(f"{APP} not found: run the benchmark from a checkout of mongo-cdc")
     env = _spark_env()
     command = [
         spark_submit(),
         "--master",
-        "local[*]",
+        master,
+        *(arg for key, value in (conf or {}).items() for arg in ("--conf", f"{key}={value}")),
         str(APP),
         "--lake-root",
         lake,
