@@ -29,6 +29,7 @@ def test_two_executors_are_compared_with_one_and_must_both_run_merge_tasks() -> 
     rows = _by_path(cluster_rows("s", WHAT, [_run(2, 30.0, {"0": 2, "1": 2}), _run(1, 40.0, {"0": 4})]))
     assert rows[" on a 1-executor cluster: wall"].value == 40.0
     assert rows[" on a 2-executor cluster: the MERGE's Spark job"].value == 15.0
+    assert rows[" on a 2-executor cluster: its Spark jobs, summed"].value == 16.0
     ratio = rows[": wall, 2 executors vs 1"]
     assert (ratio.ratio, ratio.met) == (0.75, True)
     ran = rows[" on a 2-executor cluster: executors that ran MERGE tasks"]

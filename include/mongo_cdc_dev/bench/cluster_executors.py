@@ -13,9 +13,10 @@ executors goes first: whatever a cluster's first application pays falls on the r
 wants faster, not on the one it is compared with.
 
 Each driver writes its event log (``spark_event_log``): the executors that ran the state MERGE's
-tasks (the run with two must show two) and the MERGE job's seconds, next to the run's wall time,
-say where the time went. Budget: two executors' wall time at most ``TWO_VS_ONE_MAX`` times one's.
-On a machine of 2 cores the driver's JVM and Python share them with the executors.
+tasks (the run with two must show two), the seconds of the MERGE's job and of every job, next to the
+run's wall time, say where the time went. Budget: two executors' wall time at most
+``TWO_VS_ONE_MAX`` times one's. On a machine of 2 cores the driver's JVM and Python share them with
+the executors.
 """
 
 from __future__ import annotations
@@ -48,6 +49,13 @@ class ClusterRun:
     executors: int
     run: TransformRun
     jobs: list[SparkJob]
+
+    @property
+    def jobs_seconds(self) -> float:
+        """The seconds of its Spark jobs (one after the other: the section's source has one
+        collection); the rest of the wall time is the driver's own (Spark's and the executors'
+        start, reading the tables, planning, commits)."""
+        return sum(job.seconds or 0.0 for job in self.jobs)
 
     @property
     def merge(self) -> SparkJob | None:
@@ -111,8 +119,8 @@ def print_jobs(run: ClusterRun) -> None:
 
 
 def cluster_rows(section: str, what: str, runs: list[ClusterRun]) -> list[Row]:
-    """Each run's wall time and MERGE job, the two executors' wall time as a ratio to one's, and the
-    executors that ran the two-executor MERGE's tasks (it must be both)."""
+    """Each run's wall time, its Spark jobs' and its MERGE job's, the two executors' wall time as a
+    ratio to one's, and the executors that ran the two-executor MERGE's tasks (it must be both)."""
     by_executors = {run.executors: run for run in runs}
     one, two = by_executors[1], by_executors[2]
     rows = []
@@ -121,6 +129,7 @@ def cluster_rows(section: str, what: str, runs: list[ClusterRun]) -> list[Row]:
         merge = run.merge
         rows += [
             Row(section, f"{name}: wall", run.run.seconds, "s"),
+            Row(section, f"{name}: its Spark jobs, summed", run.jobs_seconds, "s"),
             Row(section, f"{name}: the MERGE's Spark job", None if merge is None else merge.seconds, "s",
                 note="" if merge is not None else NO_MERGE),
         ]  # fmt: skip
