@@ -149,3 +149,8 @@ def executors_note(merge: SparkJob | None) -> str:
     if merge.tasks == 1:  # the driver planned one key range: its files' key bounds overlap
         return ONE_TASK
     return ""
+
+
+def skipped_row(section: str, what: str) -> Row:
+    """The row that stands for the cluster rows under ``--no-cluster``."""
+    return Row(section, f"{what} on a standalone cluster", None, "s", note="skipped (--no-cluster)")

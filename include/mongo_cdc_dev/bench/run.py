@@ -418,6 +418,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--only", help=f"comma-separated sections to run, of {', '.join(SECTIONS)}")
     parser.add_argument("--no-dlt", action="store_true", help="leave dlt out")
     parser.add_argument(
+        "--no-cluster",
+        action="store_true",
+        help="leave out the state-scale section's runs on a Spark standalone cluster",
+    )
+    parser.add_argument(
         "--peer-venv",
         type=Path,
         default=peers.DEFAULT_VENV,

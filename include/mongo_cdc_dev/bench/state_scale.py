@@ -34,7 +34,13 @@ from deltalake import DeltaTable
 from pymongo import MongoClient
 
 from mongo_cdc import extjson
-from mongo_cdc_dev.bench.cluster_executors import cluster_rows, cluster_runs, copied_lakes
+from mongo_cdc_dev.bench.cluster_executors import (
+    ClusterRun,
+    cluster_rows,
+    cluster_runs,
+    copied_lakes,
+    skipped_row,
+)
 from mongo_cdc_dev.bench.data import load, small_documents
 from mongo_cdc_dev.bench.table import Row
 from mongo_cdc_dev.bench.transform import (
@@ -103,13 +109,14 @@ def state_scale(bench: Bench) -> list[Row]:
     sizes = (args.state, args.scaled_state)
     spread = args.scaled_state // SPREAD_SHARE
     runs: dict[str, dict[int, ScaledRun]] = {"spread": {}, "recent": {}}
+    on_cluster: list[ClusterRun] = []
     client = bench.rs.client(datetime_conversion=extjson.DECODE_OPTIONS.datetime_conversion)
     with client, quiet_oplog_warnings():
         for size in sizes:
             source = built_source(f"scale{size}", client, bench, size)
             rows = source.pull(spread_changes(source.collection, spread, size + 1, seed=5))
             # the smaller state's landed changes, once more for each run on the cluster
-            lakes = copied_lakes(bench, source) if size == args.state else {}
+            lakes = copied_lakes(bench, source) if size == args.state and not args.no_cluster else {}
             with step(f"{spread:,} changes spread over {source.namespace}"):
                 runs["spread"][size] = measured_run(source, rows)
             if lakes:
@@ -120,7 +127,8 @@ def state_scale(bench: Bench) -> list[Row]:
                 runs["recent"][size] = measured_run(source, rows)
             source.collection.drop()  # its lake stays: the next load has the memory
     what = f"{spread:,} spread changes, {args.state:,} docs"
-    return scale_rows(sizes, spread, args.changes, runs) + cluster_rows(SECTION, what, on_cluster)
+    cluster = cluster_rows(SECTION, what, on_cluster) if on_cluster else [skipped_row(SECTION, what)]
+    return scale_rows(sizes, spread, args.changes, runs) + cluster
 
 
 def scale_rows(
