@@ -34,6 +34,7 @@ def test_two_executors_are_compared_with_one_and_must_both_run_merge_tasks() -> 
     assert (ratio.ratio, ratio.met) == (0.75, True)
     ran = rows[" on a 2-executor cluster: executors that ran MERGE tasks"]
     assert (ran.value, ran.met) == (2, True)
+    assert rows[" on a 2-executor cluster: executors that ran tasks"].value == 2
 
     # slower with two, and every MERGE task on one executor: both budgets missed
     rows = _by_path(cluster_rows("s", WHAT, [_run(2, 50.0, {"1": 4}), _run(1, 40.0, {"0": 4})]))
@@ -42,10 +43,15 @@ def test_two_executors_are_compared_with_one_and_must_both_run_merge_tasks() -> 
 
 
 def test_a_merge_of_one_key_range_is_one_task_whatever_the_executors() -> None:
-    runs = [_run(2, 30.0, {"1": 1}), _run(1, 40.0, {"0": 1})]
+    runs = [_run(2, 30.0, {"0": 1}), _run(1, 40.0, {"0": 1})]
     runs[0].jobs[-1].tasks = 1
-    ran = _by_path(cluster_rows("s", WHAT, runs))[" on a 2-executor cluster: executors that ran MERGE tasks"]
+    rows = _by_path(cluster_rows("s", WHAT, runs))
+    ran = rows[" on a 2-executor cluster: executors that ran MERGE tasks"]
     assert (ran.value, ran.met, ran.note) == (1, False, ONE_TASK)
+    assert rows[" on a 2-executor cluster: executors that ran tasks"].met is False
+    # another job of the run had tasks for the second executor: the run did have two
+    runs[0].jobs[0].executors.update({"1": 1})
+    assert _by_path(cluster_rows("s", WHAT, runs))[" on a 2-executor cluster: executors that ran tasks"].met
 
 
 def test_a_state_written_again_whole_has_no_merge_job_to_show() -> None:

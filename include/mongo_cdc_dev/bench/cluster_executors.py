@@ -5,16 +5,16 @@ The smaller state's lake, with its spread changes landed and not yet transformed
 each run (``copied_lakes``), so both transform the same landed changes on the same state. A cluster of
 two workers of one core each (``spark_cluster.StandaloneCluster``) runs the job (``spark-submit`` in
 client mode on this machine, as the DAG's transform task submits it) on one copy with one executor
-(``spark.cores.max`` 1) and on the other with two (2, one a worker). Spark's default parallelism in
+(``spark.cores.max`` 1) and on the other with two (2, one on each worker). Spark's default parallelism in
 standalone mode is the executors' cores but at least 2, so both drivers plan the same key ranges
 and the same tasks: only the executors running them differ. The executors' Python is this venv's
 (``PYSPARK_PYTHON``, set by ``transform.run_transform``), which has mongo_cdc. The run with two
 executors goes first: whatever a cluster's first application pays falls on the run the budget
 wants faster, not on the one it is compared with.
 
-Each driver writes its event log (``spark_event_log``): the executors that ran the state MERGE's
-tasks (the run with two must show two), the seconds of the MERGE's job and of every job, next to the
-run's wall time, say where the time went. Budget: two executors' wall time at most
+Each driver writes its event log (``spark_event_log``): the executors that ran the run's tasks and
+the state MERGE's (the run with two must show two), the seconds of the MERGE's job and of every job,
+next to the run's wall time, say where the time went. Budget: two executors' wall time at most
 ``TWO_VS_ONE_MAX`` times one's. On a machine of 2 cores the driver's JVM and Python share them with
 the executors.
 """
@@ -56,6 +56,11 @@ class ClusterRun:
         collection); the rest of the wall time is the driver's own (Spark's and the executors'
         start, reading the tables, planning, commits)."""
         return sum(job.seconds or 0.0 for job in self.jobs)
+
+    @property
+    def executors_used(self) -> int:
+        """How many executors ran at least one of its tasks."""
+        return len({name for job in self.jobs for name in job.executors})
 
     @property
     def merge(self) -> SparkJob | None:
@@ -120,7 +125,8 @@ def print_jobs(run: ClusterRun) -> None:
 
 def cluster_rows(section: str, what: str, runs: list[ClusterRun]) -> list[Row]:
     """Each run's wall time, its Spark jobs' and its MERGE job's, the two executors' wall time as a
-    ratio to one's, and the executors that ran the two-executor MERGE's tasks (it must be both)."""
+    ratio to one's, and the executors that ran the two-executor run's tasks and its MERGE's (it must
+    be both)."""
     by_executors = {run.executors: run for run in runs}
     one, two = by_executors[1], by_executors[2]
     rows = []
@@ -137,6 +143,8 @@ def cluster_rows(section: str, what: str, runs: list[ClusterRun]) -> list[Row]:
     return rows + [
         Row(section, f"{what}: wall, 2 executors vs 1", None, "", two.run.seconds / one.run.seconds,
             "1 executor", max_ratio=TWO_VS_ONE_MAX),
+        Row(section, f"{what} on a 2-executor cluster: executors that ran tasks", two.executors_used,
+            "executors", min_value=2),
         Row(section, f"{what} on a 2-executor cluster: executors that ran MERGE tasks", ran, "executors",
             min_value=2, note=executors_note(two.merge)),
     ]  # fmt: skip

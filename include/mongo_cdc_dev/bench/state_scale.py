@@ -16,8 +16,9 @@ recent changes flat (``RECENT_GROWTH_MAX``); the driver's peak flat (``DRIVER_GR
 
 The smaller state's spread changes are also transformed on a Spark standalone cluster, by one
 executor and by two (``cluster_executors``: copies of its lake taken before the run above): each
-run's wall time and its state MERGE job's, the executors that ran the MERGE's tasks, and the two
-executors' wall time as a ratio to one's (budget: at most 1.0x, ``cluster_executors.TWO_VS_ONE_MAX``).
+run's wall time, its Spark jobs' and its state MERGE job's, the executors that ran its tasks and the
+MERGE's, and the two executors' wall time as a ratio to one's (budget: at most 1.0x,
+``cluster_executors.TWO_VS_ONE_MAX``).
 
 On a bigger machine, the same section at 20 M documents:
 ``make bench BENCH_ARGS="--only state-scale --scaled-state 20000000"`` (about 3.4 GB of documents in
