@@ -1,2 +1,3 @@
-"""Developer tooling, never shipped to Spark's executors: ``bench`` (``make bench``) and ``testing``
-(real local mongod replica sets for the tests and the demo)."""
+"""Developer tooling, never shipped to Spark's executors: ``bench`` (``make bench``), ``testing``
+(real local mongod replica sets for the tests and the demo) and ``spark_cluster`` (a real Spark
+standalone cluster on this machine)."""

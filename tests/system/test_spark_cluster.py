@@ -1,7 +1,8 @@
 """The DAG's transform on a real Spark standalone cluster whose executors' Python lacks mongo_cdc.
 
-The cluster: a master and one worker, each its own JVM started with the pinned pyspark's
-``spark-class``, on loopback ports, the worker with 2 cores and 1 GiB for executors.
+The cluster (``mongo_cdc_dev.spark_cluster``): a master and one worker, each its own JVM started with
+the pinned pyspark's ``spark-class``, on loopback ports, the worker with 2 cores and 1 GiB for
+executors.
 
 The executors' Python is a venv the test creates without pip and without the shared venv's
 site-packages; its site-packages holds symlinks to the third-party packages the job needs
@@ -23,21 +24,16 @@ the executors, which have no deltalake, wrote the files.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import sysconfig
 import textwrap
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-import pyspark
 import pytest
 from cdc_support import assert_state_equals_collection
 from datagen import COLLECTIONS, FALLBACK_FIELDS, load
@@ -48,14 +44,12 @@ from mongo_cdc.lake import table_uri
 from mongo_cdc.lake.storage import file_actions
 from mongo_cdc.transform.state_merge import REWRITE_MAX_ROWS
 from mongo_cdc.transform.stored_rows import keyed_files
-from mongo_cdc_dev.testing.mongod import free_ports
+from mongo_cdc_dev.spark_cluster import SPARK_CLASS, StandaloneCluster
+from mongo_cdc_dev.spark_event_log import event_log_conf, spark_jobs
 
-SPARK_HOME = os.path.dirname(os.path.abspath(pyspark.__file__))
-SPARK_CLASS = os.path.join(SPARK_HOME, "bin", "spark-class")
 SPARK_SUBMIT = os.path.join(os.path.dirname(sys.executable), "spark-submit")
 EXECUTOR_PACKAGES = ("pyarrow", "orjson", "bson")
 WORKER_CORES, WORKER_MEMORY, EXECUTOR_MEMORY = 2, "1g", "512m"
-STARTUP_TIMEOUT_S = 120
 
 pytestmark = [
     pytest.mark.slow,
@@ -63,88 +57,12 @@ pytestmark = [
 ]
 
 
-class StandaloneCluster:
-    """A Spark standalone master and one worker on 127.0.0.1, each a JVM in its own process group."""
-
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
-        self.work_dir = directory / "work"
-        directory.mkdir(parents=True)
-        master_port, self.webui_port, worker_port, worker_webui_port = free_ports(4)
-        self.url = f"spark://127.0.0.1:{master_port}"
-        self.env = {
-            **{k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
-            "SPARK_HOME": SPARK_HOME,
-            "SPARK_DAEMON_MEMORY": "256m",
-            "SPARK_LOCAL_IP": "127.0.0.1",
-        }
-        self.commands = {
-            "master": [
-                "org.apache.spark.deploy.master.Master",
-                *("--host", "127.0.0.1", "--port", str(master_port), "--webui-port", str(self.webui_port)),
-            ],
-            "worker": [
-                "org.apache.spark.deploy.worker.Worker",
-                *("--host", "127.0.0.1", "--port", str(worker_port), "--webui-port", str(worker_webui_port)),
-                *("--cores", str(WORKER_CORES), "--memory", WORKER_MEMORY, "--work-dir", str(self.work_dir)),
-                self.url,
-            ],
-        }
-        self.processes: dict[str, subprocess.Popen] = {}
-
-    def start(self) -> None:
-        for name in ("master", "worker"):
-            with open(self.directory / f"{name}.log", "wb") as log:
-                self.processes[name] = subprocess.Popen(
-                    [SPARK_CLASS, *self.commands[name]],
-                    env=self.env,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,  # its own group: stop() also ends the worker's executors
-                )
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while self.master_status().get("aliveworkers", 0) < 1:
-            for name, process in self.processes.items():
-                if process.poll() is not None:
-                    tail = self.log_tail(name)
-                    raise RuntimeError(f"Spark {name} exited with {process.returncode}:\n{tail}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"no Spark worker registered in time:\n{self.log_tail('worker')}")
-            time.sleep(0.5)
-
-    def master_status(self) -> dict:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.webui_port}/json/", timeout=5) as response:
-                return json.load(response)
-        except (OSError, ValueError):  # not listening yet, or the UI answers before its JSON page is up
-            return {}
-
-    def log_tail(self, name: str, lines: int = 30) -> str:
-        return "\n".join((self.directory / f"{name}.log").read_text(errors="replace").splitlines()[-lines:])
-
-    def stop(self) -> None:
-        for name in ("worker", "master"):
-            process = self.processes.get(name)
-            if process is None or process.poll() is not None:
-                continue
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
-
-
 # One cluster, executor Python and probe for the module: both lakes' runs share them.
 @pytest.fixture(scope="module")
 def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneCluster]:
-    cluster = StandaloneCluster(tmp_path_factory.mktemp("cluster") / "spark")
-    try:
-        cluster.start()
+    directory = tmp_path_factory.mktemp("cluster") / "spark"
+    with StandaloneCluster(directory, workers=1, cores=WORKER_CORES, memory=WORKER_MEMORY) as cluster:
         yield cluster
-    finally:
-        cluster.stop()
 
 
 @pytest.fixture(scope="module")
@@ -201,7 +119,7 @@ def probe(
     """What a Python worker on the cluster's executor can import when nothing is shipped, and the
     probe's application directory on the worker (``app``)."""
     found = probe_executor(spark_cluster, cluster_conf(executor_python), tmp_path_factory.mktemp("probe"))
-    (app,) = spark_cluster.work_dir.glob("app-*")
+    (app,) = spark_cluster.work_dir().glob("app-*")
     return {**found, "app": app}
 
 
@@ -241,7 +159,7 @@ def test_transform_runs_on_a_standalone_cluster_whose_executors_lack_mongo_cdc(
         **dict.fromkeys(EXECUTOR_PACKAGES, True),
         "app": probe["app"],
     }
-    apps_before = set(spark_cluster.work_dir.glob("app-*"))
+    apps_before = set(spark_cluster.work_dir().glob("app-*"))
 
     monkeypatch.setenv(
         "AIRFLOW_CONN_SPARK_DEFAULT",
@@ -265,14 +183,14 @@ def test_transform_runs_on_a_standalone_cluster_whose_executors_lack_mongo_cdc(
 
     # the transform's executor ran on this cluster and fetched the package the task shipped; the
     # probe's executor, with nothing shipped, did not get it
-    (transform_app,) = set(spark_cluster.work_dir.glob("app-*")) - apps_before
+    (transform_app,) = set(spark_cluster.work_dir().glob("app-*")) - apps_before
     assert not list(probe["app"].glob("*/mongo_cdc-*.zip"))
     assert list(transform_app.glob("*/mongo_cdc-*.zip")), sorted(transform_app.rglob("*"))
     if lake == "s3":  # nor is the secret in the master's, the worker's or the executors' logs
         secret = location.storage_options["AWS_SECRET_ACCESS_KEY"]
         logs = [
             *spark_cluster.directory.glob("*.log"),
-            *(p for p in spark_cluster.work_dir.rglob("*") if p.is_file()),
+            *(p for p in spark_cluster.work_dir().rglob("*") if p.is_file()),
         ]
         assert logs and not [log for log in logs if secret.encode() in log.read_bytes()]
         assert not (tmp_path / "lake").exists()
@@ -285,10 +203,7 @@ def test_a_state_merge_of_several_files_runs_on_the_executors(
     # the driver's event log: each Spark job it ran, with its description and its tasks
     events = tmp_path / "spark-events"
     events.mkdir()
-    conf = {**cluster_conf(executor_python), "spark.eventLog.enabled": "true"}
-    # one plain JSON file a run (Spark 4 rolls and compresses it by default)
-    conf |= {"spark.eventLog.dir": str(events), "spark.eventLog.compress": "false"}
-    conf["spark.eventLog.rolling.enabled"] = "false"
+    conf = {**cluster_conf(executor_python), **event_log_conf(events)}
     monkeypatch.setenv(
         "AIRFLOW_CONN_SPARK_DEFAULT",
         json.dumps({"conn_type": "spark", "host": spark_cluster.url, "extra": {"conf": conf}}),
@@ -318,14 +233,9 @@ def test_a_state_merge_of_several_files_runs_on_the_executors(
     assert {file.path for file in files} - kept == holding  # only those files were written again
     assert "MERGE" not in {entry.get("operation") for entry in state.history()}  # no delta-rs MERGE
     (driver_log,) = set(events.iterdir()) - logs_before  # the last run's driver
-    lines = driver_log.read_text().splitlines()
     merges = [
-        sum(stage["Number of Tasks"] for stage in event["Stage Infos"])
-        for event in map(json.loads, lines)
-        if event["Event"] == "SparkListenerJobStart"
-        and re.fullmatch(
-            rf"{db_name}\.items: state MERGE of \d+ key ranges",
-            event.get("Properties", {}).get("spark.job.description", ""),
-        )
+        job.tasks
+        for job in spark_jobs(driver_log.read_text().splitlines())
+        if re.fullmatch(rf"{db_name}\.items: state MERGE of \d+ key ranges", job.description)
     ]
     assert len(merges) == 1 and merges[0] >= 2, merges  # one Spark job of a task per key range

@@ -20,7 +20,9 @@ Starts its own single-member replica set in a temporary directory and, section b
   ``DRIFTED`` documents spread over its key range, next to a bare cursor read (``bench.verification``
   writes the states);
 * the state table at scale (``bench.state_scale``): spread and recent changes on a ``--state`` and a
-  ``--scaled-state`` state, their time, CPU, state files rewritten and driver peak;
+  ``--scaled-state`` state, their time, CPU, state files rewritten and driver peak; the ``--state``
+  one's spread changes again on a Spark standalone cluster by one executor and by two
+  (``bench.cluster_executors``);
 * a lost oplog's healing recovery of a ``--small``-document collection whose lake missed 1% of its
   documents' changes, against its full re-snapshot, each with its transform: time and bytes to the
   lake (``bench.oplog_recovery``);
@@ -28,7 +30,7 @@ Starts its own single-member replica set in a temporary directory and, section b
   ``--copy-state``-document collection in another process, as a DAG run does: the backlog's lag
   (``bench.copy_beside``);
 * the transform driver's peak RSS for first builds of ``--driver-events`` and 4 times as many events
-  (``bench.transform.driver_memory``): it must not grow with the run;
+  (``bench.driver_memory``): it must not grow with the run;
 * many small collections against one of as many documents (``bench.many``): first run, a change in
   every collection, an idle run;
 * peak RSS of the snapshot, pull and transform processes.
@@ -58,11 +60,12 @@ from mongo_cdc.lake.storage import LakeLocation
 from mongo_cdc_dev.bench import data, peers
 from mongo_cdc_dev.bench.context import DB, RS, Bench, Measured, alternated, best
 from mongo_cdc_dev.bench.copy_beside import copy_beside
+from mongo_cdc_dev.bench.driver_memory import driver_memory
 from mongo_cdc_dev.bench.many import many_collections
 from mongo_cdc_dev.bench.oplog_recovery import oplog_recovery
 from mongo_cdc_dev.bench.state_scale import state_scale
 from mongo_cdc_dev.bench.table import Row, render
-from mongo_cdc_dev.bench.transform import HOT_DOCS, driver_memory, transform
+from mongo_cdc_dev.bench.transform import HOT_DOCS, transform
 from mongo_cdc_dev.bench.verification import write_state
 from mongo_cdc_dev.bench.worker import RAW, bench_config
 from mongo_cdc_dev.testing import ReplicaSet, exit_on_sigterm
@@ -414,6 +417,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.add_argument(flag, dest=name, type=int, help=f"size of the {name} data (default {default:,})")
     parser.add_argument("--only", help=f"comma-separated sections to run, of {', '.join(SECTIONS)}")
     parser.add_argument("--no-dlt", action="store_true", help="leave dlt out")
+    parser.add_argument(
+        "--no-cluster",
+        action="store_true",
+        help="leave out the state-scale section's runs on a Spark standalone cluster",
+    )
     parser.add_argument(
         "--peer-venv",
         type=Path,

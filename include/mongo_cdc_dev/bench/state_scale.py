@@ -14,6 +14,12 @@ larger state at most ``SPREAD_GROWTH_MAX`` times the smaller one's (the budget w
 vectors: this lake does not write them yet, so the 1.3x budget with them is not measured); the
 recent changes flat (``RECENT_GROWTH_MAX``); the driver's peak flat (``DRIVER_GROWTH_MAX``).
 
+The smaller state's spread changes are also transformed on a Spark standalone cluster, by one
+executor and by two (``cluster_executors``: copies of its lake taken before the run above): each
+run's wall time, its Spark jobs' and its state MERGE job's, the executors that ran its tasks and the
+MERGE's, and the two executors' wall time as a ratio to one's (budget: at most 1.0x,
+``cluster_executors.TWO_VS_ONE_MAX``).
+
 On a bigger machine, the same section at 20 M documents:
 ``make bench BENCH_ARGS="--only state-scale --scaled-state 20000000"`` (about 3.4 GB of documents in
 mongod, and the lake on the bench's scratch directory, ``$TMPDIR``).
@@ -29,6 +35,13 @@ from deltalake import DeltaTable
 from pymongo import MongoClient
 
 from mongo_cdc import extjson
+from mongo_cdc_dev.bench.cluster_executors import (
+    ClusterRun,
+    cluster_rows,
+    cluster_runs,
+    copied_lakes,
+    skipped_row,
+)
 from mongo_cdc_dev.bench.data import load, small_documents
 from mongo_cdc_dev.bench.table import Row
 from mongo_cdc_dev.bench.transform import (
@@ -49,6 +62,7 @@ SPREAD_GROWTH_MAX = 4.0
 RECENT_GROWTH_MAX = 1.2
 DRIVER_GROWTH_MAX = 1.1
 MB = 1e6
+SECTION = "state at scale"
 
 
 @dataclass(frozen=True)
@@ -96,19 +110,26 @@ def state_scale(bench: Bench) -> list[Row]:
     sizes = (args.state, args.scaled_state)
     spread = args.scaled_state // SPREAD_SHARE
     runs: dict[str, dict[int, ScaledRun]] = {"spread": {}, "recent": {}}
+    on_cluster: list[ClusterRun] = []
     client = bench.rs.client(datetime_conversion=extjson.DECODE_OPTIONS.datetime_conversion)
     with client, quiet_oplog_warnings():
         for size in sizes:
             source = built_source(f"scale{size}", client, bench, size)
             rows = source.pull(spread_changes(source.collection, spread, size + 1, seed=5))
+            # the smaller state's landed changes, once more for each run on the cluster
+            lakes = copied_lakes(bench, source) if size == args.state and not args.no_cluster else {}
             with step(f"{spread:,} changes spread over {source.namespace}"):
                 runs["spread"][size] = measured_run(source, rows)
+            if lakes:
+                on_cluster = cluster_runs(bench, source, rows, lakes)
             first_new = size + 1 + spread
             rows = source.pull(apply_changes(source.collection, args.changes, first_new, seed=6))
             with step(f"{args.changes:,} recent changes on {source.namespace}"):
                 runs["recent"][size] = measured_run(source, rows)
             source.collection.drop()  # its lake stays: the next load has the memory
-    return scale_rows(sizes, spread, args.changes, runs)
+    what = f"{spread:,} spread changes, {args.state:,} docs"
+    cluster = cluster_rows(SECTION, what, on_cluster) if on_cluster else [skipped_row(SECTION, what)]
+    return scale_rows(sizes, spread, args.changes, runs) + cluster
 
 
 def scale_rows(
@@ -116,7 +137,7 @@ def scale_rows(
 ) -> list[Row]:
     """Spread changes are over the whole key range, recent ones among the newest documents."""
     small, large = sizes
-    section = "state at scale"
+    section = SECTION
     rows = []
     for kind, count, max_ratio in (
         ("spread", spread, SPREAD_GROWTH_MAX),

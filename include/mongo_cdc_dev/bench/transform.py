@@ -43,7 +43,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -85,9 +85,6 @@ FIRST_BUILD_MIN_OWN_EVENTS_S = 150_000
 FIRST_BUILD_MAX_SECONDS = 14
 NESTED_VS_LANDING_MIN = 0.25
 SPREAD_VS_CHANGES_MAX = 2.0
-# issue 25: the driver's memory is bounded by the batch, not the run
-DRIVER_GROWTH = 4  # the larger first build has this many times the events of the smaller one
-DRIVER_RSS_GROWTH_MAX = 1.25
 
 
 # ---------------------------------------------------------------------------------------- memory
@@ -291,16 +288,26 @@ def run_empty_job() -> float:
     return seconds
 
 
-def run_transform(lake: str, prefix: str, echo_log: bool = True, run_id: str = "") -> TransformRun:
+def run_transform(
+    lake: str,
+    prefix: str,
+    echo_log: bool = True,
+    run_id: str = "",
+    master: str = "local[*]",
+    conf: Mapping[str, str] | None = None,
+) -> TransformRun:
     """One run of the Spark job over a lake, timed from spark-submit's start to its exit
-    (``echo_log``: print its log lines, not only the figures; ``run_id``: its ``--run-id``)."""
+    (``echo_log``: print its log lines, not only the figures; ``run_id``: its ``--run-id``; ``master``
+    and ``conf``: spark-submit's ``--master`` and ``--conf`` settings). On a cluster's master, the
+    CPU time and memory are the driver's only: the executors are not in spark-submit's process tree."""
     if not APP.is_file():
         raise RuntimeError(f"{APP} not found: run the benchmark from a checkout of mongo-cdc")
     env = _spark_env()
     command = [
         spark_submit(),
         "--master",
-        "local[*]",
+        master,
+        *(arg for key, value in (conf or {}).items() for arg in ("--conf", f"{key}={value}")),
         str(APP),
         "--lake-root",
         lake,
@@ -554,46 +561,3 @@ def check_run(run: TransformRun, source: Source, events: int) -> None:
     live = source.collection.estimated_document_count()
     if summary["state_rows"] != live:
         raise AssertionError(f"{source.namespace}: the state holds {summary['state_rows']} rows, not {live}")
-
-
-# ---------------------------------------------------------------------------------------- driver memory
-
-
-def driver_memory(bench: Bench) -> list[Row]:
-    """``make bench``'s driver-memory section: the peak RSS of the transform's driver for first
-    builds of ``--driver-events`` and DRIVER_GROWTH times as many events (each a collection of its
-    own, loaded and snapshotted here): the Python driver (the process running cdc_transform.py,
-    where the job's driver code runs) and the driver JVM (in local mode the executors' memory too:
-    the JVM grows toward its heap limit with Spark's work, whoever asks for it). Budget: the larger
-    build's Python driver at most DRIVER_RSS_GROWTH_MAX times the smaller one's."""
-    events = bench.args.driver_events
-    client = bench.rs.client(datetime_conversion=extjson.DECODE_OPTIONS.datetime_conversion)
-    runs = {}
-    with client, quiet_oplog_warnings():
-        lake = bench.lake("driver-memory")
-        for size in (events, events * DRIVER_GROWTH):
-            source = Source(f"driver{size}", client, bench.rs.name, lake, size)
-            with step(f"loading {size:,} documents into {source.namespace}"):
-                load(source.collection, size, small_documents)
-            with step(f"snapshot of {source.namespace}"):
-                source.snapshot()
-            with step(f"first build of {source.namespace}"):
-                runs[size] = source.transform()
-            check_run(runs[size], source, size)
-            source.collection.drop()  # its lake stays: the next one's load has the memory
-    small, large = runs[events], runs[events * DRIVER_GROWTH]
-    section = "transform driver peak RSS"
-    rows = [
-        Row(section, f"first build, {size:,} events, {name}", getattr(run, attribute), "MiB")
-        for size, run in runs.items()
-        for name, attribute in (("Python driver", "driver_mib"), ("driver JVM", "jvm_mib"))
-    ]
-    rows.append(
-        Row(section, f"Python driver, {events * DRIVER_GROWTH:,} events vs {events:,}", None, "",
-            large.driver_mib / small.driver_mib, f"{events:,} events", max_ratio=DRIVER_RSS_GROWTH_MAX)
-    )  # fmt: skip
-    rows.append(
-        Row(section, f"driver JVM, {events * DRIVER_GROWTH:,} events vs {events:,}", None, "",
-            large.jvm_mib / small.jvm_mib, f"{events:,} events")
-    )  # fmt: skip
-    return rows
