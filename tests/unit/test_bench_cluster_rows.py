@@ -32,6 +32,8 @@ def test_two_executors_are_compared_with_one_and_must_both_run_merge_tasks() -> 
     assert rows[" on a 2-executor cluster: its Spark jobs, summed"].value == 16.0
     ratio = rows[": wall, 2 executors vs 1"]
     assert (ratio.ratio, ratio.met) == (0.75, True)
+    rewrite = rows[": the MERGE's Spark job, 2 executors vs 1"]
+    assert (rewrite.ratio, rewrite.met) == (0.75, True)
     ran = rows[" on a 2-executor cluster: executors that ran MERGE tasks"]
     assert (ran.value, ran.met) == (2, True)
     assert rows[" on a 2-executor cluster: executors that ran tasks"].value == 2
@@ -59,3 +61,4 @@ def test_a_state_written_again_whole_has_no_merge_job_to_show() -> None:
     ran = rows[" on a 2-executor cluster: executors that ran MERGE tasks"]
     assert (ran.value, ran.met, ran.note) == (None, None, NO_MERGE)
     assert rows[" on a 1-executor cluster: the MERGE's Spark job"].note == NO_MERGE
+    assert rows[": the MERGE's Spark job, 2 executors vs 1"].ratio is None

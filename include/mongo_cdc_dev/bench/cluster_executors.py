@@ -124,9 +124,9 @@ def print_jobs(run: ClusterRun) -> None:
 
 
 def cluster_rows(section: str, what: str, runs: list[ClusterRun]) -> list[Row]:
-    """Each run's wall time, its Spark jobs' and its MERGE job's, the two executors' wall time as a
-    ratio to one's, and the executors that ran the two-executor run's tasks and its MERGE's (it must
-    be both)."""
+    """Each run's wall time, its Spark jobs' and its MERGE job's, the two executors' wall time and
+    MERGE job as ratios to one's, and the executors that ran the two-executor run's tasks and its
+    MERGE's (it must be both)."""
     by_executors = {run.executors: run for run in runs}
     one, two = by_executors[1], by_executors[2]
     rows = []
@@ -140,9 +140,15 @@ def cluster_rows(section: str, what: str, runs: list[ClusterRun]) -> list[Row]:
                 note="" if merge is not None else NO_MERGE),
         ]  # fmt: skip
     ran = None if two.merge is None else len(two.merge.executors)
+    # the rewrite itself (the MERGE's job) apart from the run's fixed costs, which a second
+    # executor's start raises on 2 cores shared with the driver
+    merges = [run.merge.seconds for run in (two, one) if run.merge is not None and run.merge.seconds]
     return rows + [
         Row(section, f"{what}: wall, 2 executors vs 1", None, "", two.run.seconds / one.run.seconds,
             "1 executor", max_ratio=TWO_VS_ONE_MAX),
+        Row(section, f"{what}: the MERGE's Spark job, 2 executors vs 1", None, "",
+            merges[0] / merges[1] if len(merges) == 2 else None, "1 executor", max_ratio=TWO_VS_ONE_MAX,
+            note="" if len(merges) == 2 else NO_MERGE),
         Row(section, f"{what} on a 2-executor cluster: executors that ran tasks", two.executors_used,
             "executors", min_value=2),
         Row(section, f"{what} on a 2-executor cluster: executors that ran MERGE tasks", ran, "executors",
