@@ -36,7 +36,7 @@ from mongo_cdc.verify.verification import VerificationResult
 DB = "verification"
 FIRST_RUN = dt.datetime(2025, 1, 1, 5, tzinfo=dt.timezone.utc)
 MIXED = frozenset({"_id"})  # _ids of several types: Extended JSON text in the state
-SETTINGS = {"snapshot.chunk.size": 40, "lake.optimize.interval.hours": 0}
+SETTINGS = {"snapshot.chunk.size": 40}
 
 
 def _mixed_ids() -> list:
