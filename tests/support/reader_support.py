@@ -95,14 +95,18 @@ def _type_at(schema: pa.Schema, column: str) -> pa.DataType | None:
     return kind
 
 
+# the columns that tell a table's rows apart, of those it has
+_IDENTITY = ("__key", "key", "__event_order", "__cluster_time", "_id")
+
+
+def _identity(names: list[str]) -> list[str]:
+    return [name for name in _IDENTITY if name in names]
+
+
 def _ids(rows: pa.Table) -> list[str]:
     """The rows' identities, as sorted text: the reader's types and order do not matter."""
-    columns = [
-        name
-        for name in ("__key", "key", "__event_order", "__cluster_time", "_id")
-        if name in rows.column_names
-    ]
-    return sorted("|".join(str(row[name]) for name in columns) for row in rows.select(columns).to_pylist())
+    values = rows.select(_identity(rows.column_names)).to_pydict().values()
+    return sorted("|".join(map(str, row)) for row in zip(*values, strict=True))
 
 
 def _polars_ids(frame: pl.DataFrame) -> list[str]:
@@ -122,7 +126,10 @@ def check_every_reader(uri: str, predicates: list[Predicate], spark: Any = None)
     duck.execute(f"CREATE TABLE everything AS SELECT * FROM delta_scan('{uri}')")
     polars_full = pl.read_delta(uri)
     spark_full = None if spark is None else spark_table(spark, uri)
-    spark_afterwards = {} if spark_full is None else _spark_full_read_filtered(spark_full, predicates)
+    identity = _identity(schema.names)  # what Spark's rows bring back: the rows, not their values
+    spark_afterwards = (
+        {} if spark_full is None else _spark_full_read_filtered(spark_full, predicates, identity)
+    )
     matched = 0
     for number, (column, op, value, kind) in enumerate(predicates):
         where = f"{uri}: {column} {op} {value!r}"
@@ -145,7 +152,7 @@ def check_every_reader(uri: str, predicates: list[Predicate], spark: Any = None)
         afterwards = duck.execute(f"SELECT * FROM everything WHERE {sql}", parameters).to_arrow_table()
         assert _ids(filtered) == _ids(afterwards), where
         if number in spark_afterwards:
-            filtered_rows = spark_full.where(_spark_where(column, op, value)).collect()
+            filtered_rows = spark_full.where(_spark_where(column, op, value)).select(*identity).collect()
             assert _spark_ids(filtered_rows) == spark_afterwards[number], where
     return matched
 
@@ -158,16 +165,19 @@ def _spark_ids(rows: list[Any]) -> list[str]:
     return sorted(str(tuple(row)) for row in rows)
 
 
-def _spark_full_read_filtered(full: Any, predicates: list[Predicate]) -> dict[int, list[str]]:
+def _spark_full_read_filtered(
+    full: Any, predicates: list[Predicate], identity: list[str]
+) -> dict[int, list[str]]:
     """Spark's full read of a table filtered afterwards by each of the ``SPARK_OPERATORS``
-    predicates, by their number, in one job: a flag column per predicate beside every row (a null
-    is no match, as in WHERE). Each filtered read stays a query of its own: its pushdown is tested."""
+    predicates, by their number, in one job: a flag column per predicate beside every row's
+    ``identity`` columns (a null is no match, as in WHERE). Each filtered read stays a query of its
+    own: its pushdown is tested."""
     checked = {n: p[:3] for n, p in enumerate(predicates) if p[1] in SPARK_OPERATORS}
-    width = len(full.columns)
+    width = len(identity)
     flags = [
         f"coalesce({_spark_where(*predicate)}, false) AS __matches_{n}" for n, predicate in checked.items()
     ]
-    rows = full.selectExpr("*", *flags).collect()
+    rows = full.selectExpr(*(f"`{name}`" for name in identity), *flags).collect()
     return {n: _spark_ids([row[:width] for row in rows if row[f"__matches_{n}"]]) for n in checked}
 
 
