@@ -8,6 +8,7 @@ import pyarrow as pa
 from deltalake import CommitProperties, Transaction, write_deltalake
 
 from mongo_cdc import lake
+from mongo_cdc.lake import landing
 from mongo_cdc.lake.batch_log import Batch
 from mongo_cdc.lake.landing import SourceLake
 from mongo_cdc.lake.maintenance import MaintenanceSettings
@@ -164,3 +165,17 @@ def test_a_copied_collection_without_rows_has_its_missing_tables_to_create_once(
     assert {namespace: w.reasons for namespace, w in work.items()} == {
         EMPTY: ["state batches to apply", "changes batches to apply"]
     }
+
+
+def test_the_batch_log_is_read_again_only_when_a_commit_moved_it(tmp_path, monkeypatch):
+    source_lake = SourceLake(LakeLocation(str(tmp_path)), "shop")
+    commit(source_lake, "rs0", 1, (ORDERS,))
+    reads = []
+    read_rows = landing.read_rows
+    monkeypatch.setattr(
+        landing, "read_rows", lambda table, **kw: reads.append(table) or read_rows(table, **kw)
+    )
+    assert source_lake.batches() == source_lake.batches() and len(reads) == 1  # one read of version 1
+    commit(source_lake, "rs0", 2, (USERS,))
+    commit(SourceLake(LakeLocation(str(tmp_path)), "shop"), "rs1", 1, (ORDERS,))  # another writer's
+    assert [(batch.rs, batch.seq) for batch in source_lake.batches()] == [("rs0", 1), ("rs0", 2), ("rs1", 1)]

@@ -80,6 +80,9 @@ class SourceLake:
         # (table uri, app id) -> the last batch this object committed to that table with that app
         # transaction (``_landed_here``)
         self._own_commits: dict[tuple[str, str], int] = {}
+        # the batch log's version and its batches as ``batches`` last read them: a task's steps
+        # (the pull, the views' and the time-series reads) each ask for the whole log
+        self._batches_read: tuple[int, tuple[Batch, ...]] | None = None
 
     def app_id(self, rs: str) -> str:
         return f"mongo-cdc/{self.prefix}/{rs}"
@@ -265,8 +268,11 @@ class SourceLake:
         table = self._table(self.source_uri(lake.BATCH_LOG))
         if table is None:
             return []
-        rows = read_rows(table).sort_by([("rs", "ascending"), ("seq", "ascending")])
-        return [Batch.from_row(row) for row in rows.to_pylist()]
+        version = table.version()
+        if self._batches_read is None or self._batches_read[0] != version:
+            rows = read_rows(table).sort_by([("rs", "ascending"), ("seq", "ascending")])
+            self._batches_read = (version, tuple(Batch.from_row(row) for row in rows.to_pylist()))
+        return list(self._batches_read[1])
 
     def last_batch(self, rs: str) -> Batch | None:
         """The replica set's last committed batch (the one its app transaction names)."""
