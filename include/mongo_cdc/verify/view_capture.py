@@ -72,19 +72,20 @@ def capture_views(capture: ReplicaSetCapture, views: list[str]) -> ViewReads:
     found = ViewReads()
     batches = capture.lake.batches()
     dropped = dropped_views(capture, batches, views)
-    if not views and not dropped:
+    to_read = [*views, *dropped]
+    if not to_read:
         return found
     offset = capture.keeper.load_checked()
     if offset is None or offset.resume_token is None or not offset.snapshot_complete:
-        found.not_read = dict.fromkeys(views, "the replica set has no complete snapshot and position yet")
+        found.not_read = dict.fromkeys(to_read, "the replica set has no complete snapshot and position yet")
     elif capture.lake.last_planned_seq(capture.rs) > offset.batch_seq:
-        found.not_read = dict.fromkeys([*views, *dropped], "a snapshot of the replica set is unfinished")
+        found.not_read = dict.fromkeys(to_read, "a snapshot of the replica set is unfinished")
     if found.not_read:
         _log(found)
         return found
     repairs: dict[str, dict[str, object]] = {}
     in_state: dict[str, set[str]] = {}
-    for namespace in [*views, *dropped]:
+    for namespace in to_read:
         db, name = Namespace.parse(namespace)
         if namespace in dropped:
             log.info("view %s is gone from MongoDB: the documents of its state land as deletes", namespace)
